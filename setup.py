@@ -1,0 +1,47 @@
+"""t5lite: a compact T5X-style training system on JAX/Flax."""
+import pathlib
+
+from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).parent
+
+RUNTIME = [
+    "jax>=0.4.35",
+    "flax>=0.10.0",
+    "optax>=0.2.3",
+    "orbax-checkpoint>=0.6.0",
+    "gin-config>=0.5.0",
+    "numpy>=1.26",
+    "sentencepiece>=0.2.0",
+    "safetensors>=0.4",
+    "clu>=0.0.12",
+    # The data edge. t5 pins seqio-nightly and tfds-nightly; the released seqio and
+    # tensorflow-datasets are listed here so that they are the ones installed too,
+    # and t5lite/_deps.py checks that they are the ones that import.
+    "seqio>=0.0.19",
+    "tensorflow-datasets>=4.9.6",
+    "t5>=0.9.4",
+]
+
+setup(
+    name="t5lite",
+    version="0.1.0",
+    description="T5X-style training of T5 v1.1, GPT and LLaMA models in JAX/Flax, small and fast.",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["t5lite", "t5lite.*"]),
+    include_package_data=True,
+    package_data={"t5lite": ["configs/**/*.gin"]},
+    install_requires=RUNTIME,
+    extras_require={
+        "test": [
+            "pytest>=7",
+            "torch==2.13.0",
+            "transformers>=4.40",
+            "safetensors>=0.4",
+        ],
+        "gpu": ["jax[cuda12]>=0.4.35"],
+        "te": ["transformer-engine[jax]>=1.11"],
+    },
+)

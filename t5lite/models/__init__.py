@@ -1,0 +1,1 @@
+"""Model library: networks, layers and wrappers (no TensorFlow, SeqIO or t5 here)."""

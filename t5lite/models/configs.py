@@ -1,0 +1,143 @@
+"""Architecture settings of the two model families, as plain frozen dataclasses.
+
+Gin binds these at the edges (`t5lite/configurables.py`); nothing here imports gin.
+
+Parameter tree naming (unscanned, unfused; every kernel in float32):
+
+Encoder-decoder (`T5Config`)::
+
+    token_embedder/embedding                          [vocab, embed]
+    encoder/relpos_bias/rel_embedding                 [heads, relpos_buckets]
+    encoder/layers_{i}/pre_attention_layer_norm/scale [embed]
+    encoder/layers_{i}/attention/{query,key,value}/kernel  [embed, heads, kv]
+    encoder/layers_{i}/attention/out/kernel           [heads, kv, embed]
+    encoder/layers_{i}/pre_mlp_layer_norm/scale       [embed]
+    encoder/layers_{i}/mlp/wi_0/kernel, wi_1/kernel   [embed, mlp]  (wi/kernel if not gated)
+    encoder/layers_{i}/mlp/wo/kernel                  [mlp, embed]
+    encoder/encoder_norm/scale                        [embed]
+    decoder/relpos_bias/rel_embedding                 [heads, relpos_buckets]
+    decoder/layers_{i}/pre_self_attention_layer_norm/scale
+    decoder/layers_{i}/self_attention/...             (as encoder attention)
+    decoder/layers_{i}/pre_cross_attention_layer_norm/scale
+    decoder/layers_{i}/encoder_decoder_attention/{query,key,value,out}/kernel
+    decoder/layers_{i}/pre_mlp_layer_norm/scale, mlp/...
+    decoder/decoder_norm/scale                        [embed]
+    decoder/logits_dense/kernel                       [embed, vocab] (absent if logits_via_embedding)
+
+Decoder-only (`DecoderConfig`)::
+
+    token_embedder/embedding                          [vocab, embed]
+    position_embedder/embedding                       [abspos_buckets, embed] (learned
+                                                      positions; max_length rows)
+    decoder/layers_{i}/pre_self_attention_layer_norm/{scale,bias}
+    decoder/layers_{i}/self_attention/{query,key,value}/kernel (+bias with use_bias)
+    decoder/layers_{i}/self_attention/out/kernel      [heads, kv, embed]
+    decoder/layers_{i}/pre_mlp_layer_norm/{scale,bias}
+    decoder/layers_{i}/mlp/{wi_0,wi_1 | wi, wo}/kernel (+bias)
+    decoder/decoder_norm/{scale,bias}
+    logits_dense/kernel                               [embed, vocab] (absent if tied)
+
+Switch layouts: with `fuse_qkv` a self-attention holds `qkv/kernel`
+[embed, stack, heads, kv] where stack = num_heads // num_kv_heads + 2 and the heads axis
+counts kv heads (query head h = kv_head * group + g sits at stack index g); a
+cross-attention holds `query/kernel` and `kv/kernel` [embed, 2, heads, kv]. With
+`scan_layers` the `layers_{i}` subtrees become one `layers` subtree whose leaves gain a
+leading `layers` axis. `t5lite.models.layouts` converts between all four layouts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
+ATTENTION_IMPLS = ("xla", "dot_product", "cudnn")
+PRECISIONS = ("bf16", "fp8")
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """T5 v1.1 (and original T5) encoder-decoder architecture and switches."""
+
+    vocab_size: int = 32128
+    emb_dim: int = 512
+    num_heads: int = 6
+    head_dim: int = 64
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+    mlp_dim: int = 1024
+    mlp_activations: Tuple[str, ...] = ("gelu", "linear")
+    dropout_rate: float = 0.0
+    logits_via_embedding: bool = False
+    relpos_num_buckets: int = 32
+    relpos_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    # switches
+    dtype: str = "bfloat16"
+    fuse_qkv: bool = False
+    transpose_bs: bool = False
+    fp8: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
+    attention_impl: str = "xla"
+
+    def __post_init__(self):
+        _check_switches(self)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Decoder-only architecture (GPT and LLaMA) and switches."""
+
+    vocab_size: int = 32000
+    emb_dim: int = 4096
+    num_heads: int = 32
+    num_kv_heads: Optional[int] = None  # None: multi-head attention (== num_heads)
+    head_dim: int = 128
+    num_layers: int = 32
+    mlp_dim: int = 11008
+    mlp_activations: Tuple[str, ...] = ("silu", "linear")
+    norm_type: str = "rms"  # "rms" (LLaMA) or "layer" (GPT, with bias)
+    layer_norm_epsilon: float = 1e-5
+    position_embedding: str = "rope"  # "rope" (LLaMA) or "learned" (GPT)
+    max_length: int = 4096  # table size for learned positions
+    rope_theta: float = 10000.0
+    use_bias: bool = False  # biases on every projection (GPT)
+    tie_embeddings: bool = False
+    dropout_rate: float = 0.0
+    # switches
+    dtype: str = "bfloat16"
+    fuse_qkv: bool = False
+    transpose_bs: bool = False
+    fp8: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
+    attention_impl: str = "xla"
+
+    def __post_init__(self):
+        _check_switches(self)
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.norm_type not in ("rms", "layer"):
+            raise ValueError(f"norm_type must be 'rms' or 'layer', got {self.norm_type!r}")
+        if self.position_embedding not in ("rope", "learned"):
+            raise ValueError(
+                f"position_embedding must be 'rope' or 'learned', got {self.position_embedding!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+
+def _check_switches(cfg) -> None:
+    if cfg.remat_policy not in REMAT_POLICIES:
+        raise ValueError(f"remat_policy must be one of {REMAT_POLICIES}, got {cfg.remat_policy!r}")
+    if cfg.attention_impl not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"attention_impl must be one of {ATTENTION_IMPLS}, got {cfg.attention_impl!r}")
+    if cfg.dtype not in ("bfloat16", "float32", "float16"):
+        raise ValueError(f"dtype must be bfloat16, float32 or float16, got {cfg.dtype!r}")

@@ -1,0 +1,108 @@
+"""Decoder-only transformer: GPT (LayerNorm with bias, learned positions, GELU MLP, biases,
+tied or untied output) and LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query attention), one
+network configured by `DecoderConfig`.
+
+Attention is causal; packed sequences are kept apart by `decoder_segment_ids`. Right
+padding needs no mask (causal attention never looks ahead), so token id 0 stays an
+ordinary token, as it is in GPT and LLaMA vocabularies.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.configs import DecoderConfig
+from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, attention_mask,
+                                  get_dtype, make_norm)
+from t5lite.models.stack import run_layers
+
+Array = jax.Array
+
+
+class DecoderOnlyLayer(nn.Module):
+    cfg: DecoderConfig
+    deterministic: bool = True
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Optional[Array], positions: Array):
+        """x [batch, length, embed] (or SB); mask [batch, 1, l, l] or None (causal only is
+        then applied); positions [batch, length] (or SB) for RoPE."""
+        c = self.cfg
+        lay, dtype = Layout(c.transpose_bs), get_dtype(c.dtype)
+
+        def dropout(y):
+            return nn.Dropout(c.dropout_rate, broadcast_dims=(lay.length_axis,))(
+                y, deterministic=self.deterministic)
+
+        h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
+        h = Attention(
+            num_heads=c.num_heads, num_kv_heads=c.kv_heads, head_dim=c.head_dim, layout=lay,
+            dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=c.fp8,
+            logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
+            deterministic=self.deterministic, attention_impl=c.attention_impl,
+            rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
+            name="self_attention")(h, h, None, mask, positions, positions)
+        x = lay.constrain(x + dropout(h), "embed")
+        h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
+        h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
+                use_bias=c.use_bias, fp8=c.fp8, dropout_rate=c.dropout_rate,
+                deterministic=self.deterministic, name="mlp")(h)
+        x = lay.constrain(x + dropout(h), "embed")
+        return (x, None) if self.scanned else x
+
+
+class DecoderStack(nn.Module):
+    cfg: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, positions: Array, deterministic: bool) -> Array:
+        c = self.cfg
+        x = run_layers(DecoderOnlyLayer, c.num_layers, x, (mask, positions), scan=c.scan_layers,
+                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+        return make_norm(c.norm_type, c.layer_norm_epsilon, get_dtype(c.dtype), "decoder_norm")(x)
+
+
+class DecoderOnly(nn.Module):
+    """Tokens [batch, length] -> float32 logits [batch, length, vocab]."""
+
+    cfg: DecoderConfig
+
+    def setup(self):
+        c, dtype = self.cfg, get_dtype(self.cfg.dtype)
+        self.token_embedder = Embed(c.vocab_size, c.emb_dim, dtype)
+        if c.position_embedding == "learned":
+            self.position_embedder = Embed(c.max_length, c.emb_dim, dtype,
+                                           axes=("abspos_buckets", "embed"))
+        self.embed_dropout = nn.Dropout(c.dropout_rate,
+                                        broadcast_dims=(Layout(c.transpose_bs).length_axis,))
+        self.decoder = DecoderStack(c)
+        if not c.tie_embeddings:
+            self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), dtype=dtype, fp8=c.fp8)
+
+    def __call__(self, decoder_input_tokens: Array,
+                 decoder_target_tokens: Optional[Array] = None,
+                 decoder_segment_ids: Optional[Array] = None,
+                 decoder_positions: Optional[Array] = None,
+                 deterministic: bool = True) -> Array:
+        del decoder_target_tokens  # no padding mask needed: see the module docstring
+        c, lay = self.cfg, Layout(self.cfg.transpose_bs)
+        batch, length = decoder_input_tokens.shape
+        if decoder_positions is None:
+            decoder_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
+                                                 (batch, length))
+        valid = jnp.ones((batch, length), bool)
+        mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
+        x = self.token_embedder(lay.to_internal(decoder_input_tokens))
+        positions = lay.to_internal(decoder_positions)
+        if c.position_embedding == "learned":
+            x = x + self.position_embedder(positions)
+        x = self.embed_dropout(x, deterministic=deterministic)
+        x = lay.constrain(x, "embed")
+        x = self.decoder(x, mask, positions, deterministic)
+        logits = self.token_embedder.attend(x) if c.tie_embeddings else self.logits_dense(x)
+        logits = lay.constrain(logits, "vocab")
+        return lay.to_external(logits).astype(jnp.float32)

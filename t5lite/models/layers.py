@@ -1,0 +1,400 @@
+"""Building blocks shared by every network: dense projections, attention, MLP, norms,
+embeddings, relative position bias, RoPE and the batch/sequence layout helpers.
+
+Array shapes use logical axis names: `batch`, `length` (also `q_length`/`kv_length`),
+`embed`, `heads`, `kv` (head_dim), `stack` (q/k/v slot of a fused kernel), `mlp`, `vocab`,
+`relpos_buckets`. Activations run either as [batch, length, ...] ("BS") or, with the
+transposed layout switch, as [length, batch, ...] ("SB"); `Layout` names the axes.
+Parameters are float32; matmuls run in the activation dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from t5lite.models import precision
+
+Array = jax.Array
+NEG_INF = -1e10  # added to masked attention logits (float32)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Order of the batch and length axes of activations ([b, l, ...] or [l, b, ...])."""
+
+    transposed: bool = False
+
+    @property
+    def length_axis(self) -> int:
+        return 0 if self.transposed else 1
+
+    def names(self, *rest: str) -> Tuple[str, ...]:
+        """Logical axis names of an activation whose trailing axes are `rest`."""
+        return (("length", "batch") if self.transposed else ("batch", "length")) + rest
+
+    def to_internal(self, x: Array) -> Array:
+        """[batch, length, ...] -> this layout."""
+        return jnp.swapaxes(x, 0, 1) if self.transposed else x
+
+    def to_external(self, x: Array) -> Array:
+        """This layout -> [batch, length, ...]."""
+        return jnp.swapaxes(x, 0, 1) if self.transposed else x
+
+    def constrain(self, x: Array, *rest: str) -> Array:
+        return nn.with_logical_constraint(x, self.names(*rest))
+
+
+def get_dtype(name: str):
+    return {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float16": jnp.float16}[name]
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def fan_in_init(scale: float = 1.0, n_in: int = 1) -> Callable:
+    """Truncated-normal variance scaling over the first `n_in` (input) axes of a kernel."""
+
+    def init(key, shape, dtype=jnp.float32):
+        fan_in = int(np.prod(shape[:n_in]))
+        flat = nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")(
+            key, (fan_in, int(np.prod(shape[n_in:]))), dtype)
+        return flat.reshape(shape)
+
+    return init
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+class Dense(nn.Module):
+    """y = x . kernel, contracting the trailing `n_in` axes of x with the leading axes of
+    kernel [*in, *features]; optional bias [*features]. With `fp8` the matmul runs through
+    flax's native FP8 op (scales and amax histories in the FP8 collection).
+    """
+
+    features: Tuple[int, ...]
+    kernel_axes: Tuple[str, ...]
+    n_in: int = 1
+    dtype: jnp.dtype = jnp.bfloat16
+    use_bias: bool = False
+    fp8: bool = False
+    init_scale: float = 1.0
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        in_shape = x.shape[x.ndim - self.n_in:]
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(fan_in_init(self.init_scale, self.n_in), self.kernel_axes),
+            tuple(in_shape) + tuple(self.features), jnp.float32)
+        kernel = jnp.asarray(kernel, self.dtype)
+        x = jnp.asarray(x, self.dtype)
+        dims = (((tuple(range(x.ndim - self.n_in, x.ndim))), tuple(range(self.n_in))), ((), ()))
+        dot = precision.fp8_dot_general(name="fp8") if self.fp8 else jax.lax.dot_general
+        y = dot(x, kernel, dims)
+        if self.use_bias:
+            bias = self.param(
+                "bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                     self.kernel_axes[self.n_in:]),
+                tuple(self.features), jnp.float32)
+            y = y + jnp.asarray(bias, self.dtype)
+        return y
+
+
+# ----------------------------------------------------------------------------- norms
+
+
+class RMSNorm(nn.Module):
+    """T5 "LayerNorm": x * rsqrt(mean(x^2) + eps) * scale, in float32. x: [..., embed]."""
+
+    epsilon: float = 1e-6
+    dtype: jnp.dtype = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = jnp.asarray(x, jnp.float32)
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                                 ("embed",)),
+                           (x.shape[-1],), jnp.float32)
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
+        return jnp.asarray(y * scale, self.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with bias (GPT), in float32. x: [..., embed]."""
+
+    epsilon: float = 1e-5
+    dtype: jnp.dtype = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x = jnp.asarray(x, jnp.float32)
+        d = x.shape[-1]
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                                 ("embed",)), (d,), jnp.float32)
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                               ("embed",)), (d,), jnp.float32)
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        y = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+        return jnp.asarray(y * scale + bias, self.dtype)
+
+
+def make_norm(kind: str, epsilon: float, dtype, name: str) -> nn.Module:
+    return (RMSNorm if kind == "rms" else LayerNorm)(epsilon=epsilon, dtype=dtype, name=name)
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+
+class Embed(nn.Module):
+    """Token table [vocab, embed]; `attend` gives logits against the same table."""
+
+    num_embeddings: int
+    features: int
+    dtype: jnp.dtype = jnp.bfloat16
+    axes: Tuple[str, str] = ("vocab", "embed")
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(nn.initializers.normal(1.0), self.axes),
+            (self.num_embeddings, self.features), jnp.float32)
+
+    def __call__(self, ids: Array) -> Array:
+        """ids [...] int -> [..., embed]."""
+        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+
+    def attend(self, x: Array) -> Array:
+        """x [..., embed] -> [..., vocab]."""
+        return jnp.einsum("...d,vd->...v", jnp.asarray(x, self.dtype),
+                          jnp.asarray(self.embedding, self.dtype))
+
+
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> np.ndarray:
+    """T5's bucketing of (key position - query position); float32 arithmetic as in T5."""
+    ret = np.zeros_like(relative_position)
+    n = -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).astype(np.int64) * num_buckets
+        n = np.abs(n)
+    else:
+        n = np.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    with np.errstate(divide="ignore"):
+        large = (np.log(n.astype(np.float32) / np.float32(max_exact))
+                 / np.float32(math.log(max_distance / max_exact))
+                 * np.float32(num_buckets - max_exact))
+    large = max_exact + np.where(is_small, 0, large).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    return ret + np.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    """One table [heads, relpos_buckets] per stack; returns bias [1, heads, q, k] (float32)."""
+
+    num_heads: int
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    @nn.compact
+    def __call__(self, q_length: int, k_length: int) -> Array:
+        table = self.param(
+            "rel_embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(1.0 / math.sqrt(self.num_buckets)),
+                                         ("heads", "relpos_buckets")),
+            (self.num_heads, self.num_buckets), jnp.float32)
+        rel = np.arange(k_length)[None, :] - np.arange(q_length)[:, None]
+        buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
+                                           self.max_distance)
+        return jnp.take(table, jnp.asarray(buckets, jnp.int32), axis=1)[None]
+
+
+def apply_rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding, half-split pairing (i, i + d/2). x [..., length, heads, kv] with
+    positions [..., length] in the same (layout) order; computed in float32."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., length, d/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[..., None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (xf * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def attention_mask(q_valid: Array, k_valid: Array, causal: bool = False,
+                   q_segments: Optional[Array] = None,
+                   k_segments: Optional[Array] = None) -> Array:
+    """Boolean mask [batch, 1, q, k] from validity [batch, q] / [batch, k], optional
+    causality and packed-segment ids (attention only within one segment)."""
+    mask = q_valid[:, None, :, None] & k_valid[:, None, None, :]
+    if causal:
+        q_len, k_len = q_valid.shape[1], k_valid.shape[1]
+        mask = mask & jnp.asarray(np.tril(np.ones((q_len, k_len), bool)))[None, None]
+    if q_segments is not None and k_segments is not None:
+        mask = mask & (q_segments[:, None, :, None] == k_segments[:, None, None, :])
+    return mask
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query dot-product attention.
+
+    x_q: [batch, q_length, embed] (or [q_length, batch, embed] in the SB layout);
+    x_kv: same with kv_length; bias: float32 [1|batch, heads, q, k] or None;
+    mask: bool [batch, 1, q, k] or None. Returns the same layout as x_q.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layout: Layout
+    dtype: jnp.dtype = jnp.bfloat16
+    is_cross: bool = False
+    fuse_qkv: bool = False
+    use_bias: bool = False
+    fp8: bool = False
+    logits_scale: float = 1.0
+    query_init_scale: float = 1.0
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+    attention_impl: str = "xla"
+    rope_theta: Optional[float] = None
+
+    def _dense(self, features, axes, name, n_in=1, init_scale=1.0):
+        return Dense(features=features, kernel_axes=axes, n_in=n_in, dtype=self.dtype,
+                     use_bias=self.use_bias, fp8=self.fp8, init_scale=init_scale, name=name)
+
+    def _project(self, x_q: Array, x_kv: Array):
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        group = h // hkv
+        if self.fuse_qkv and not self.is_cross:
+            y = self._dense((group + 2, hkv, d), ("embed", "stack", "heads", "kv"), "qkv")(x_q)
+            y = checkpoint_name(y, "qkv_proj")
+            q = jnp.swapaxes(y[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
+            q = q.reshape(q.shape[:-3] + (h, d))
+            return q, y[..., group, :, :], y[..., group + 1, :, :]
+        q = self._dense((h, d), ("embed", "heads", "kv"), "query",
+                        init_scale=self.query_init_scale)(x_q)
+        q = checkpoint_name(q, "query_proj")
+        if self.fuse_qkv:  # cross-attention: one kernel for k and v
+            y = checkpoint_name(self._dense((2, hkv, d), ("embed", "stack", "heads", "kv"), "kv")(x_kv),
+                                "kv_proj")
+            return q, y[..., 0, :, :], y[..., 1, :, :]
+        k = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "key")(x_kv), "key_proj")
+        v = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "value")(x_kv),
+                            "value_proj")
+        return q, k, v
+
+    @nn.compact
+    def __call__(self, x_q: Array, x_kv: Array, bias: Optional[Array] = None,
+                 mask: Optional[Array] = None, q_positions: Optional[Array] = None,
+                 kv_positions: Optional[Array] = None) -> Array:
+        lay = self.layout
+        q, k, v = self._project(x_q, x_kv)  # [b, l, heads, kv] (or [l, b, ...])
+        if self.rope_theta is not None:
+            q = apply_rope(q, q_positions, self.rope_theta)
+            k = apply_rope(k, kv_positions, self.rope_theta)
+        q = lay.constrain(q, "heads", "kv")
+        k = lay.constrain(k, "heads", "kv")
+        v = lay.constrain(v, "heads", "kv")
+        if self.attention_impl == "xla":
+            out = self._einsum_attention(q, k, v, bias, mask)
+        else:
+            out = self._jax_nn_attention(q, k, v, bias, mask)
+        out = lay.constrain(out, "heads", "kv")
+        y = self._dense((x_q.shape[-1],), ("heads", "kv", "embed"), "out", n_in=2)(out)
+        return checkpoint_name(y, "out_proj")
+
+    def _einsum_attention(self, q, k, v, bias, mask):
+        """Plain XLA attention; softmax in float32. q [.., h, d], k/v [.., hkv, d]."""
+        h, hkv = self.num_heads, self.num_kv_heads
+        g = h // hkv
+        bl = "lb" if self.layout.transposed else "bl"
+        qs = bl.replace("l", "q")
+        ks = bl.replace("l", "k")
+        q = q.reshape(q.shape[:-2] + (hkv, g, self.head_dim))
+        logits = jnp.einsum(f"{qs}hgd,{ks}hd->bhgqk", q, k,
+                            preferred_element_type=jnp.float32) * self.logits_scale
+        b, _, _, ql, kl = logits.shape
+        if bias is not None:
+            logits = logits + bias.reshape(bias.shape[0], hkv, g, ql, kl).astype(jnp.float32)
+        if mask is not None:
+            logits = jnp.where(mask[:, :, None], logits, NEG_INF)
+        probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+        if self.dropout_rate > 0.0 and not self.deterministic:
+            probs = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(probs, deterministic=False)
+        out = jnp.einsum(f"bhgqk,{ks}hd->{qs}hgd", probs, v)
+        return out.reshape(out.shape[:-3] + (h, self.head_dim))
+
+    def _jax_nn_attention(self, q, k, v, bias, mask):
+        """`jax.nn.dot_product_attention` ("cudnn": cuDNN flash attention on GPU;
+        "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv]."""
+        if self.layout.transposed:
+            q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
+        impl = "cudnn" if self.attention_impl == "cudnn" else None
+        out = jax.nn.dot_product_attention(
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+            scale=self.logits_scale, implementation=impl)
+        return jnp.swapaxes(out, 0, 1) if self.layout.transposed else out
+
+
+# ----------------------------------------------------------------------------- mlp
+
+ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "linear": lambda x: x,
+}
+
+
+class MLP(nn.Module):
+    """wo(act_0(wi_0 x) * act_1(wi_1 x) ...): gated when two activations are given.
+    x: [..., embed] -> [..., embed]; hidden [..., mlp]."""
+
+    mlp_dim: int
+    activations: Sequence[str]
+    layout: Layout
+    dtype: jnp.dtype = jnp.bfloat16
+    use_bias: bool = False
+    fp8: bool = False
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        hidden = None
+        for i, act in enumerate(self.activations):
+            name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+            y = Dense((self.mlp_dim,), ("embed", "mlp"), dtype=self.dtype, use_bias=self.use_bias,
+                      fp8=self.fp8, name=name)(x)
+            y = ACTIVATIONS[act](y)
+            hidden = y if hidden is None else hidden * y
+        hidden = checkpoint_name(self.layout.constrain(hidden, "mlp"), "mlpwi")
+        hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
+            hidden, deterministic=self.deterministic)
+        y = Dense((x.shape[-1],), ("mlp", "embed"), dtype=self.dtype, use_bias=self.use_bias,
+                  fp8=self.fp8, name="wo")(hidden)
+        return checkpoint_name(y, "mlpwo")

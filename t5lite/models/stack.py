@@ -1,0 +1,56 @@
+"""Running a stack of identical layers: a Python loop (`layers_0..layers_{n-1}`) or
+`nn.scan` over one `layers` subtree whose parameters gain a leading `layers` axis, each
+optionally rematerialized with a policy chosen by `checkpoint_name` tags.
+
+Tags set by the layers: query_proj, key_proj, value_proj, qkv_proj, kv_proj, out_proj,
+mlpwi, mlpwo.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+
+from t5lite.models.precision import FP8_COLLECTION
+
+_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj")
+
+
+def remat_policy(name: str):
+    """Map a REMAT_POLICY name to a jax checkpoint policy (None: no remat)."""
+    cp = jax.checkpoint_policies
+    return {
+        "none": None,
+        "full": cp.nothing_saveable,
+        "minimal": cp.dots_with_no_batch_dims_saveable,
+        "save_qkv_proj": cp.save_only_these_names(*_PROJECTIONS),
+        "save_out_proj": cp.save_only_these_names("out_proj"),
+        "save_dot_except_mlp": cp.save_only_these_names(*_PROJECTIONS, "out_proj"),
+    }[name]
+
+
+def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[Any], *,
+               scan: bool, remat: str, **layer_kwargs) -> jax.Array:
+    """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
+    `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
+    method of the parent module. Layers take a `scanned` attribute and return
+    `(x, None)` when it is set, as nn.scan requires."""
+    policy = remat_policy(remat)
+    cls = layer_cls
+    if policy is not None:
+        cls = nn.remat(layer_cls, policy=policy, prevent_cse=not scan)
+    if scan:
+        scanned = nn.scan(
+            cls,
+            variable_axes={"params": 0, FP8_COLLECTION: 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(args),
+            length=num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = scanned(scanned=True, name="layers", **layer_kwargs)(x, *args)
+        return x
+    for i in range(num_layers):
+        x = cls(name=f"layers_{i}", **layer_kwargs)(x, *args)
+    return x

@@ -1,0 +1,191 @@
+"""T5 v1.1 encoder-decoder network (and original T5 through two settings).
+
+Pre-norm RMSNorm layers; one relative-position table per stack (bidirectional in the
+encoder, causal in the decoder) shared by its layers; unscaled attention logits (the
+1/sqrt(head_dim) lives in the query initializer); gated tanh-GELU MLP; token embedding
+shared by encoder and decoder; untied logits kernel unless `logits_via_embedding`.
+Padding is token id 0.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5lite.models.configs import T5Config
+from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, RelativePositionBias,
+                                  RMSNorm, attention_mask, get_dtype)
+from t5lite.models.stack import run_layers
+
+Array = jax.Array
+
+
+class _T5Layer(nn.Module):
+    """Shared helpers of the encoder and decoder layers."""
+
+    cfg: T5Config
+    deterministic: bool = True
+    scanned: bool = False
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.cfg.transpose_bs)
+
+    def norm(self, name: str) -> RMSNorm:
+        return RMSNorm(self.cfg.layer_norm_epsilon, get_dtype(self.cfg.dtype), name=name)
+
+    def attention(self, name: str, is_cross: bool) -> Attention:
+        c = self.cfg
+        return Attention(
+            num_heads=c.num_heads, num_kv_heads=c.num_heads, head_dim=c.head_dim,
+            layout=self.layout, dtype=get_dtype(c.dtype), is_cross=is_cross,
+            fuse_qkv=c.fuse_qkv, fp8=c.fp8, logits_scale=1.0,
+            query_init_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
+            deterministic=self.deterministic, attention_impl=c.attention_impl, name=name)
+
+    def mlp(self) -> MLP:
+        c = self.cfg
+        return MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=self.layout,
+                   dtype=get_dtype(c.dtype), fp8=c.fp8, dropout_rate=c.dropout_rate,
+                   deterministic=self.deterministic, name="mlp")
+
+    def residual(self, x: Array, y: Array) -> Array:
+        y = nn.Dropout(self.cfg.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
+            y, deterministic=self.deterministic)
+        return self.layout.constrain(x + y, "embed")
+
+    def output(self, x: Array):
+        return (x, None) if self.scanned else x
+
+
+class EncoderLayer(_T5Layer):
+    @nn.compact
+    def __call__(self, x: Array, bias: Array, mask: Array):
+        """x [batch, length, embed] (or SB); bias [1, heads, l, l]; mask [batch, 1, l, l]."""
+        h = self.norm("pre_attention_layer_norm")(x)
+        x = self.residual(x, self.attention("attention", False)(h, h, bias, mask))
+        h = self.norm("pre_mlp_layer_norm")(x)
+        return self.output(self.residual(x, self.mlp()(h)))
+
+
+class DecoderLayer(_T5Layer):
+    @nn.compact
+    def __call__(self, x: Array, encoded: Array, bias: Array, self_mask: Array,
+                 cross_mask: Array):
+        """x [batch, dec_length, embed]; encoded [batch, enc_length, embed] (or SB)."""
+        h = self.norm("pre_self_attention_layer_norm")(x)
+        x = self.residual(x, self.attention("self_attention", False)(h, h, bias, self_mask))
+        h = self.norm("pre_cross_attention_layer_norm")(x)
+        x = self.residual(
+            x, self.attention("encoder_decoder_attention", True)(h, encoded, None, cross_mask))
+        h = self.norm("pre_mlp_layer_norm")(x)
+        return self.output(self.residual(x, self.mlp()(h)))
+
+
+def _dropout(cfg: T5Config, x: Array, deterministic: bool) -> Array:
+    axis = Layout(cfg.transpose_bs).length_axis
+    return nn.Dropout(cfg.dropout_rate, broadcast_dims=(axis,))(x, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+    cfg: T5Config
+    embedder: Embed
+
+    @nn.compact
+    def __call__(self, tokens: Array, segment_ids: Optional[Array] = None,
+                 deterministic: bool = True) -> Array:
+        """tokens [batch, length] -> encoded [batch, length, embed] (SB layout when
+        transposed: it stays internal and feeds the decoder's cross-attention)."""
+        c, lay = self.cfg, Layout(self.cfg.transpose_bs)
+        x = _dropout(c, self.embedder(lay.to_internal(tokens)), deterministic)
+        x = lay.constrain(x, "embed")
+        length = tokens.shape[1]
+        bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
+                                    bidirectional=True, name="relpos_bias")(length, length)
+        valid = tokens > 0
+        mask = attention_mask(valid, valid, False, segment_ids, segment_ids)
+        x = run_layers(EncoderLayer, c.num_encoder_layers, x, (bias, mask), scan=c.scan_layers,
+                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+        x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="encoder_norm")(x)
+        return _dropout(c, x, deterministic)
+
+
+class Decoder(nn.Module):
+    cfg: T5Config
+    embedder: Embed
+
+    @nn.compact
+    def __call__(self, encoded: Array, encoder_tokens: Array, decoder_input_tokens: Array,
+                 decoder_target_tokens: Optional[Array] = None,
+                 encoder_segment_ids: Optional[Array] = None,
+                 decoder_segment_ids: Optional[Array] = None,
+                 deterministic: bool = True) -> Array:
+        """Returns float32 logits [batch, dec_length, vocab]."""
+        c, lay = self.cfg, Layout(self.cfg.transpose_bs)
+        length = decoder_input_tokens.shape[1]
+        valid = (decoder_target_tokens > 0 if decoder_target_tokens is not None
+                 else jnp.ones(decoder_input_tokens.shape, bool))
+        self_mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
+        cross_mask = attention_mask(valid, encoder_tokens > 0, False, decoder_segment_ids,
+                                    encoder_segment_ids)
+        bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
+                                    bidirectional=False, name="relpos_bias")(length, length)
+        x = _dropout(c, self.embedder(lay.to_internal(decoder_input_tokens)), deterministic)
+        x = lay.constrain(x, "embed")
+        x = run_layers(DecoderLayer, c.num_decoder_layers, x,
+                       (encoded, bias, self_mask, cross_mask), scan=c.scan_layers,
+                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+        x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="decoder_norm")(x)
+        x = _dropout(c, x, deterministic)
+        if c.logits_via_embedding:
+            logits = self.embedder.attend(x * (c.emb_dim ** -0.5))
+        else:
+            logits = Dense((c.vocab_size,), ("embed", "vocab"), dtype=get_dtype(c.dtype),
+                           fp8=c.fp8, name="logits_dense")(x)
+        logits = lay.constrain(logits, "vocab")
+        return lay.to_external(logits).astype(jnp.float32)
+
+
+class T5(nn.Module):
+    """Encoder-decoder transformer. Methods `encode` and `decode` let decoding reuse the
+    encoder output; `__call__` runs both."""
+
+    cfg: T5Config
+
+    def setup(self):
+        c = self.cfg
+        self.token_embedder = Embed(c.vocab_size, c.emb_dim, get_dtype(c.dtype))
+        self.encoder = Encoder(c, self.token_embedder)
+        self.decoder = Decoder(c, self.token_embedder)
+
+    def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+        return self.encoder(encoder_input_tokens, encoder_segment_ids, deterministic)
+
+    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               decoder_target_tokens: Optional[Array] = None,
+               encoder_segment_ids: Optional[Array] = None,
+               decoder_segment_ids: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+        return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                            decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                            deterministic)
+
+    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                 decoder_target_tokens: Optional[Array] = None,
+                 encoder_segment_ids: Optional[Array] = None,
+                 decoder_segment_ids: Optional[Array] = None,
+                 encoder_positions: Optional[Array] = None,
+                 decoder_positions: Optional[Array] = None,
+                 deterministic: bool = True) -> Array:
+        """Tokens [batch, length] int32 -> float32 logits [batch, dec_length, vocab].
+
+        Positions are accepted for T5X batch compatibility; relative attention only
+        needs in-segment distances, which packing preserves."""
+        del encoder_positions, decoder_positions
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, deterministic)
+        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                           decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                           deterministic)

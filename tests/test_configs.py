@@ -1,0 +1,161 @@
+"""Shipped gin configs, flag parsing, and one-line configuration errors."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+
+from t5lite import gin_utils, info
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+MODEL_CONFIGS = sorted(p for p in (CONFIGS / "models").rglob("*.gin")
+                       if not p.name.startswith("_"))
+
+EXPECTED_PARAMS = {
+    "models/t5_1_1/small.gin": 76_961_152,
+    "models/t5_1_1/base.gin": 247_577_856,
+    "models/t5_1_1/large.gin": 783_150_080,
+    "models/t5_1_1/xl.gin": 2_849_757_184,
+    "models/t5_1_1/xxl.gin": 11_135_332_352,
+    "models/llama2/7b.gin": 6_738_415_616,
+    "models/llama2/13b.gin": 13_015_864_320,
+    "models/llama2/70b.gin": 68_976_648_192,
+}
+SWITCH_DEFAULTS = {"FUSE_QKV": False, "TRANSPOSE_BS": False, "FP8": False,
+                   "REMAT_POLICY": "none", "SCAN_LAYERS": False, "DROPOUT_RATE": 0.0,
+                   "ACTIVATION_DTYPE": "bfloat16", "ATTENTION_IMPL": "xla"}
+
+
+def _model(gin_file, *bindings):
+    gin_utils.parse_gin([gin_file], list(bindings))
+    return gin_utils.resolve_macro("MODEL")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.gin")), ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_config_parses(path):
+    # Run configs may leave %gin.REQUIRED macros for the user, so no finalize here.
+    gin_utils.parse_gin([str(path)], finalize=False)
+
+
+@pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_model_configs_bind_model_and_switches(path):
+    model = _model(str(path.relative_to(CONFIGS)))  # found through the shipped search path
+    assert hasattr(model, "config")
+    for name, default in SWITCH_DEFAULTS.items():
+        value = gin_utils.gin.query_parameter(f"{name}/gin.macro.value")
+        if not (path.name == "5b.gin" and name == "SCAN_LAYERS"):
+            assert value == default, (path, name)
+
+
+@pytest.mark.parametrize("gin_file", list(EXPECTED_PARAMS))
+def test_parameter_counts_via_eval_shape(gin_file):
+    model = _model(gin_file)
+    start = time.perf_counter()
+    params = info.abstract_params(model, model.config)
+    elapsed = time.perf_counter() - start
+    leaves = jax.tree_util.tree_leaves(params)
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert info.param_count(params) == EXPECTED_PARAMS[gin_file]
+    assert elapsed < 30, f"eval_shape took {elapsed:.1f}s: is something being allocated?"
+
+
+def test_switch_macros_reach_the_config():
+    default = _model("models/gpt/5b.gin").config
+    assert default.scan_layers  # 5B scans by default
+    cfg = _model("models/gpt/5b.gin", "SCAN_LAYERS = False", "FUSE_QKV = True",
+                 "REMAT_POLICY = 'full'", "ATTENTION_IMPL = 'cudnn'", "DROPOUT_RATE = 0.1").config
+    assert (cfg.scan_layers, cfg.fuse_qkv, cfg.remat_policy, cfg.attention_impl,
+            cfg.dropout_rate) == (False, True, "full", "cudnn", 0.1)
+
+
+def test_rewrite_gin_args_keeps_order():
+    argv = ["--gin_file=a.gin", "--gin.BATCH_SIZE=8", "--gin_bindings=X = 1",
+            "--gin.MODEL_DIR='/tmp/x=y'"]
+    assert gin_utils.rewrite_gin_args(argv) == [
+        "--gin_file=a.gin", "--gin_bindings=BATCH_SIZE = 8", "--gin_bindings=X = 1",
+        "--gin_bindings=MODEL_DIR = '/tmp/x=y'"]
+    with pytest.raises(gin_utils.ConfigError, match="--gin.FOO"):
+        gin_utils.rewrite_gin_args(["--gin.FOO"])
+
+
+def test_search_path_includes_cwd_and_configs(tmp_path):
+    paths = gin_utils.search_paths(["/a,/b", "/c"])
+    assert paths[0] == os.getcwd() and paths[1:4] == ["/a", "/b", "/c"]
+    assert str(CONFIGS) in paths
+
+
+def test_required_macro_is_reported_with_its_file(tmp_path):
+    gin = tmp_path / "run.gin"
+    gin.write_text("include 'models/t5_1_1/tiny.gin'\nMODEL_DIR = %gin.REQUIRED\n")
+    with pytest.raises(gin_utils.ConfigError, match=r"MODEL_DIR .*run.gin:2"):
+        gin_utils.parse_gin([str(gin)])
+    gin_utils.parse_gin([str(gin)], ["MODEL_DIR = '/tmp/m'"])  # set: fine
+
+
+# --------------------------------------------------------------------------- subprocess
+
+def _info(*args, cwd=REPO):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_info_json_t5_base():
+    proc = _info("--gin_file=configs/models/t5_1_1/base.gin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["params"] == 247_577_856
+    assert round(report["train_flops_per_example"] / 1e9) == 437
+    assert report["param_bytes"] == 4 * 247_577_856
+    assert report["total_bytes"] == report["param_bytes"] + report["optimizer_state_bytes"]
+    assert "247,577,856" in proc.stderr  # the table
+
+
+def test_info_json_llama_adamw_from_another_directory(tmp_path):
+    proc = _info("--gin_file=models/llama2/7b.gin", "--optimizer=adamw", "--seq_length=4096",
+                 "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["params"] == 6_738_415_616
+    assert report["optimizer_state_bytes"] == 8 * 6_738_415_616
+    assert report["train_flops_per_example"] == 4096 * report["train_flops_per_token"]
+
+
+def _write(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize("case", ["syntax", "unknown_configurable", "unknown_parameter",
+                                  "missing_file", "missing_include", "required",
+                                  "bad_flag_binding"])
+def test_config_errors_are_one_line(tmp_path, case):
+    tiny = "include 'models/t5_1_1/tiny.gin'\n"
+    args, expect = {
+        "syntax": ([_write(tmp_path, "typo.gin", tiny + "T5Config.emb_dim = = 3\n")],
+                   ["typo.gin:2", "syntax"]),
+        "unknown_configurable": ([_write(tmp_path, "u.gin", tiny + "T5Confg.emb_dim = 3\n")],
+                                 ["T5Confg", "u.gin:2"]),
+        "unknown_parameter": ([_write(tmp_path, "p.gin", tiny + "T5Config.emb_dimm = 3\n")],
+                              ["emb_dimm", "p.gin:2"]),
+        "missing_file": (["nope/missing.gin"], ["nope/missing.gin", "not found"]),
+        "missing_include": ([_write(tmp_path, "i.gin", "include 'models/t5_1_1/tinyy.gin'\n")],
+                            ["models/t5_1_1/tinyy.gin", "i.gin:1"]),
+        "required": ([_write(tmp_path, "r.gin", tiny + "BATCH_SIZE = %gin.REQUIRED\n")],
+                     ["BATCH_SIZE", "r.gin:2"]),
+        "bad_flag_binding": (["models/t5_1_1/tiny.gin", "--gin.REMAT_POLICY=full"],
+                             ["REMAT_POLICY", "quotes"]),
+    }[case]
+    argv = [a if a.startswith("--") else f"--gin_file={a}" for a in args]
+    proc = _info(*argv)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in expect:
+        assert word in lines[0], lines[0]

@@ -1,0 +1,56 @@
+"""Model-FLOP formulas (REFERENCE.md, "Model FLOPs")."""
+import pytest
+
+from t5lite import flops
+from t5lite.models.configs import DecoderConfig, T5Config
+
+T5_SIZES = {  # name: (d_model, heads, layers per stack, d_ff, GFLOP per example at 512/128)
+    "small": (512, 6, 8, 1024, 110),
+    "base": (768, 12, 12, 2048, 437),
+    "large": (1024, 16, 24, 2816, 1501),
+    "xl": (2048, 32, 24, 5120, 5467),
+    "xxl": (4096, 64, 24, 10240, 21371),
+}
+
+
+@pytest.mark.parametrize("size", list(T5_SIZES))
+def test_t5_v1_1_reference_gflops(size):
+    d, h, layers, ff, gflop = T5_SIZES[size]
+    cfg = T5Config(emb_dim=d, num_heads=h, head_dim=64, num_encoder_layers=layers,
+                   num_decoder_layers=layers, mlp_dim=ff)
+    got = flops.encoder_decoder_train_flops_per_example(cfg, 512, 128)
+    assert round(got / 1e9) == gflop
+    assert flops.train_flops_per_example(cfg, inputs_length=512, targets_length=128) == got
+
+
+def _toy_decoder(**kw):
+    base = dict(vocab_size=10, emb_dim=8, num_heads=2, num_kv_heads=1, head_dim=4,
+                num_layers=2, mlp_dim=16)
+    return DecoderConfig(**{**base, **kw})
+
+
+def test_decoder_only_by_hand_gated_gqa():
+    cfg = _toy_decoder(mlp_activations=("silu", "linear"))
+    # d=8, H=2, Hkv=1, hd=4, ff=16, n_in=2, V=10, L=2, S=6
+    qkv = 2 * 8 * (2 + 2 * 1) * 4          # 256
+    out = 2 * 8 * 2 * 4                    # 128
+    mlp = 2 * 8 * 16 * (2 + 1)             # 768
+    attn = 4 * 6 * 2 * 4 // 2              # 96 (causal: halved)
+    assert qkv + out + mlp + attn == 1248
+    forward = 2 * 1248 + 2 * 8 * 10        # 2656
+    assert flops.decoder_only_train_flops_per_token(cfg, 6) == 3 * forward == 7968
+    assert flops.decoder_only_train_flops_per_example(cfg, 6) == 6 * 7968 == 47808
+    assert flops.train_flops_per_example(cfg, seq_length=6) == 47808
+
+
+def test_decoder_only_by_hand_plain_gelu():
+    cfg = _toy_decoder(mlp_activations=("gelu",), num_kv_heads=None)
+    # MHA: Hkv = H = 2; one MLP input projection (n_in = 1)
+    per_layer = 2 * 8 * (2 + 4) * 4 + 2 * 8 * 2 * 4 + 2 * 8 * 16 * 2 + 4 * 6 * 2 * 4 // 2
+    assert per_layer == 384 + 128 + 512 + 96 == 1120
+    assert flops.decoder_only_train_flops_per_token(cfg, 6) == 3 * (2 * 1120 + 160) == 7200
+
+
+def test_rejects_other_configs():
+    with pytest.raises(TypeError):
+        flops.train_flops_per_example(object())
