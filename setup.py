@@ -30,9 +30,13 @@ setup(
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["t5lite", "t5lite.*"]),
+    # The repo keeps gin files in top-level configs/; a wheel ships them as the data
+    # package t5lite/configs (found by t5lite.gin_utils.shipped_configs_dir). An editable
+    # install keeps using configs/ in the checkout.
+    packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite.configs"],
+    package_dir={"t5lite.configs": "configs"},
     include_package_data=True,
-    package_data={"t5lite": ["configs/**/*.gin"]},
+    package_data={"t5lite.configs": ["*.gin", "**/*.gin"]},
     install_requires=RUNTIME,
     extras_require={
         "test": [

@@ -194,10 +194,10 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
         n = np.maximum(n, 0)
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    with np.errstate(divide="ignore"):
-        large = (np.log(n.astype(np.float32) / np.float32(max_exact))
-                 / np.float32(math.log(max_distance / max_exact))
-                 * np.float32(num_buckets - max_exact))
+    n_large = np.maximum(n, max_exact).astype(np.float32)  # log only where not small
+    large = (np.log(n_large / np.float32(max_exact))
+             / np.float32(math.log(max_distance / max_exact))
+             * np.float32(num_buckets - max_exact))
     large = max_exact + np.where(is_small, 0, large).astype(np.int64)
     large = np.minimum(large, num_buckets - 1)
     return ret + np.where(is_small, n, large)

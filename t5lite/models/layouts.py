@@ -1,0 +1,173 @@
+"""Parameter-layout conversions between the fused/unfused QKV and scanned/unscanned
+switches, so that one set of weights runs under every switch setting.
+
+Layouts (see `t5lite.models.configs` for the full tree):
+
+- unfused self-attention: query [embed, heads, kv], key / value [embed, kv_heads, kv];
+  fused: qkv [embed, group + 2, kv_heads, kv] with group = heads // kv_heads (query head
+  h = kv_head * group + g at stack index g, then key, then value). Biases follow the same
+  scheme without the embed axis.
+- unfused cross-attention: key / value [embed, heads, kv]; fused: kv [embed, 2, heads, kv].
+- unscanned: `layers_0 .. layers_{n-1}` under each stack; scanned: one `layers` subtree,
+  every leaf with a leading `layers` axis.
+
+Conversions are pure functions on the variables dict `{"params": ..., [FP8 collection]}`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping
+
+import jax.numpy as jnp
+
+from t5lite.models.precision import FP8_COLLECTION
+
+Tree = Dict[str, Any]
+_LAYER = re.compile(r"^layers_(\d+)$")
+_STACKS = ("encoder", "decoder")
+
+
+# ----------------------------------------------------------------------------- qkv fusion
+
+
+def fuse_qkv_arrays(q, k, v):
+    """q [..., heads, kv], k / v [..., kv_heads, kv] -> [..., group + 2, kv_heads, kv]."""
+    hkv, d = k.shape[-2:]
+    group = q.shape[-2] // hkv
+    lead = q.shape[:-2]
+    qg = jnp.moveaxis(jnp.reshape(q, lead + (hkv, group, d)), -2, -3)  # [..., group, hkv, d]
+    return jnp.concatenate([qg, k[..., None, :, :], v[..., None, :, :]], axis=-3)
+
+
+def unfuse_qkv_arrays(qkv):
+    """Inverse of `fuse_qkv_arrays`."""
+    group = qkv.shape[-3] - 2
+    hkv, d = qkv.shape[-2:]
+    q = jnp.moveaxis(qkv[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
+    q = jnp.reshape(q, qkv.shape[:-3] + (hkv * group, d))
+    return q, qkv[..., group, :, :], qkv[..., group + 1, :, :]
+
+
+def _leaf_names(*subtrees: Mapping[str, Any]):
+    return sorted(set().union(*(t.keys() for t in subtrees)))
+
+
+def _fuse_attention(att: Tree, is_cross: bool) -> Tree:
+    out = {k: v for k, v in att.items() if k not in ("query", "key", "value")}
+    if is_cross:
+        out["query"] = att["query"]
+        out["kv"] = {n: jnp.stack([att["key"][n], att["value"][n]], axis=-3)
+                     for n in _leaf_names(att["key"], att["value"])}
+    else:
+        out["qkv"] = {n: fuse_qkv_arrays(att["query"][n], att["key"][n], att["value"][n])
+                      for n in _leaf_names(att["query"], att["key"], att["value"])}
+    return out
+
+
+def _unfuse_attention(att: Tree, is_cross: bool) -> Tree:
+    out = {k: v for k, v in att.items() if k not in ("qkv", "kv")}
+    if is_cross:
+        out["key"] = {n: a[..., 0, :, :] for n, a in att["kv"].items()}
+        out["value"] = {n: a[..., 1, :, :] for n, a in att["kv"].items()}
+    else:
+        parts = {n: unfuse_qkv_arrays(a) for n, a in att["qkv"].items()}
+        for i, name in enumerate(("query", "key", "value")):
+            out[name] = {n: p[i] for n, p in parts.items()}
+    return out
+
+
+def _map_attention(tree: Tree, fn) -> Tree:
+    """Apply fn(subtree, is_cross) to every attention subtree of an unscanned tree."""
+    out = {}
+    for key, sub in tree.items():
+        if not isinstance(sub, Mapping):
+            out[key] = sub
+        elif key.endswith("attention"):
+            out[key] = fn(dict(sub), key == "encoder_decoder_attention")
+        else:
+            out[key] = _map_attention(sub, fn)
+    return out
+
+
+def fuse_qkv(params: Tree) -> Tree:
+    """Unfused -> fused attention kernels (unscanned `params` tree)."""
+    return _map_attention(params, _fuse_attention)
+
+
+def unfuse_qkv(params: Tree) -> Tree:
+    """Fused -> unfused attention kernels (unscanned `params` tree)."""
+    return _map_attention(params, _unfuse_attention)
+
+
+# ----------------------------------------------------------------------------- scanning
+
+
+def _stack_trees(trees):
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: _stack_trees([t[k] for t in trees]) for k in first}
+    return jnp.stack(trees, axis=0)
+
+
+def _index_tree(tree, i):
+    if isinstance(tree, Mapping):
+        return {k: _index_tree(v, i) for k, v in tree.items()}
+    return tree[i]
+
+
+def _num_layers(tree) -> int:
+    while isinstance(tree, Mapping):
+        tree = next(iter(tree.values()))
+    return tree.shape[0]
+
+
+def scan_layers(tree: Tree) -> Tree:
+    """`layers_{i}` subtrees -> one `layers` subtree with a leading layers axis."""
+    out = {}
+    for name, sub in tree.items():
+        if not isinstance(sub, Mapping):
+            out[name] = sub
+            continue
+        layer_keys = sorted((k for k in sub if _LAYER.match(k)), key=lambda k: int(k[7:]))
+        if name in _STACKS and layer_keys:
+            rest = {k: v for k, v in sub.items() if k not in layer_keys}
+            out[name] = {**rest, "layers": _stack_trees([sub[k] for k in layer_keys])}
+        else:
+            out[name] = sub
+    return out
+
+
+def unscan_layers(tree: Tree) -> Tree:
+    """Inverse of `scan_layers`."""
+    out = {}
+    for name, sub in tree.items():
+        if isinstance(sub, Mapping) and name in _STACKS and "layers" in sub:
+            rest = {k: v for k, v in sub.items() if k != "layers"}
+            n = _num_layers(sub["layers"])
+            out[name] = {**rest, **{f"layers_{i}": _index_tree(sub["layers"], i)
+                                    for i in range(n)}}
+        else:
+            out[name] = sub
+    return out
+
+
+# ----------------------------------------------------------------------------- both
+
+
+def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
+    """Convert a variables dict from `src_cfg`'s layout to `dst_cfg`'s (fuse_qkv and
+    scan_layers). The FP8 collection, if any, follows the scan conversion; it is dropped
+    when the QKV fusion changes (its per-matmul statistics no longer apply; the model
+    re-initializes it)."""
+    out = {}
+    for collection, tree in variables.items():
+        if src_cfg.scan_layers:
+            tree = unscan_layers(tree)
+        if collection == "params" and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
+            tree = fuse_qkv(tree) if dst_cfg.fuse_qkv else unfuse_qkv(tree)
+        elif collection == FP8_COLLECTION and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
+            continue
+        if dst_cfg.scan_layers:
+            tree = scan_layers(tree)
+        out[collection] = tree
+    return out
