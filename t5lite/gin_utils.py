@@ -154,7 +154,7 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
         try:
             gin.finalize()
         except (ValueError, RuntimeError) as e:
-            raise ConfigError(_required_message(str(e), gin_files, bindings, paths)) from None
+            raise ConfigError(_required_message(str(e), gin_files, paths)) from None
 
 
 def configure(args: argparse.Namespace, finalize: bool = True) -> None:
@@ -238,7 +238,7 @@ def _squash(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _required_message(text: str, gin_files, bindings, paths) -> str:
+def _required_message(text: str, gin_files, paths) -> str:
     """Names the %gin.REQUIRED binding left unset, and the file that declared it."""
     m = re.match(r"(?P<key>\S+) set to `%gin.REQUIRED`", text)
     if not m:

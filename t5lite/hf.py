@@ -109,7 +109,7 @@ def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
         with safe_open(str(file), framework="numpy") as f:
             for name in f.keys():
                 if name in tensors:
-                    raise ValueError(f"tensor {name!r} appears in more than one shard ({file.name})")
+                    raise ValueError(f"tensor {name!r} is in more than one shard ({file.name})")
                 tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
     return tensors
 

@@ -203,6 +203,26 @@ def test_t5_original_tied_relu_parity(tmp_path):
     assert diff <= TOL
 
 
+@pytest.mark.parametrize("untie, tie, scaled", [(False, False, False), (True, None, True)],
+                         ids=["v11_lm_head_is_embedding", "scaled_distinct_lm_head"])
+def test_t5_output_head_variants(tmp_path, untie, tie, scaled):
+    """transformers 5.x: an unscaled T5 whose lm_head stays tied to `shared` (a fresh
+    v1.1 model) -> logits_dense is a copy of the embedding; a scaled one with a distinct
+    lm_head -> logits_dense with d_model**-0.5 folded in."""
+    kw = {} if tie is None else {"tie_word_embeddings": tie}
+    hf_model = make_hf_t5(4, untie=untie, feed_forward_proj="gated-gelu",
+                          relative_attention_num_buckets=16,
+                          relative_attention_max_distance=16, **kw)
+    assert hf_model.config.scale_decoder_outputs == scaled
+    model, variables = hf.load_pretrained(save_hf(hf_model, tmp_path), dtype="float32")
+    assert not model.config.logits_via_embedding
+    batch = t5_batch(4)
+    diff = max_diff(logits(model, variables, batch), hf_t5_logits(hf_model, batch), batch)
+    print(f"\nT5 head variant (lm_head distinct={untie}, scaled={scaled}): "
+          f"max |diff| = {diff:.3g}")
+    assert diff <= TOL
+
+
 def test_t5_tied_file_with_lm_head_copy(tmp_path):
     """tie_word_embeddings with an lm_head.weight equal to shared (old conversions)."""
     hf_model = make_hf_t5(3, feed_forward_proj="relu")
@@ -228,6 +248,22 @@ def test_llama_gqa_parity(llama):
     batch = lm_batch(2)
     diff = max_diff(logits(model, variables, batch), hf_lm_logits(hf_model, batch), batch)
     print(f"\nLLaMA (4 heads, 2 kv heads): max |diff| = {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_llama_attention_bias_only_parity(tmp_path):
+    """attention_bias without mlp_bias: use_bias with zero MLP biases."""
+    hf_model = make_hf_llama(6, attention_bias=True)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+    model, variables = hf.load_pretrained(save_hf(hf_model, tmp_path), dtype="float32")
+    assert model.config.use_bias
+    assert not np.any(variables["params"]["decoder"]["layers_0"]["mlp"]["wo"]["bias"])
+    batch = lm_batch(6)
+    diff = max_diff(logits(model, variables, batch), hf_lm_logits(hf_model, batch), batch)
+    print(f"\nLLaMA (attention_bias only): max |diff| = {diff:.3g}")
     assert diff <= TOL
 
 
@@ -367,3 +403,12 @@ def test_bad_overrides_refused(llama):
         hf.load_pretrained(path, not_a_field=1)
     with pytest.raises(ValueError, match="shape|architecture"):
         hf.load_pretrained(path, emb_dim=128)
+
+
+def test_save_pretrained_refuses_gpt(tmp_path):
+    cfg = DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8, num_layers=1,
+                        mlp_dim=48, mlp_activations=("gelu",), norm_type="layer",
+                        position_embedding="learned", max_length=32, use_bias=True)
+    model = DecoderOnlyModel(cfg)
+    with pytest.raises(ValueError, match="norm_type.*position_embedding"):
+        hf.save_pretrained(model, random_variables(model, 0), tmp_path)

@@ -14,7 +14,8 @@ from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
 
 T5_TINY = T5Config(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
-                   num_decoder_layers=3, mlp_dim=48, relpos_max_distance=16, dtype="float32")
+                   num_decoder_layers=3, mlp_dim=48, relpos_num_buckets=8, relpos_max_distance=12,
+                   dtype="float32")
 LLAMA_TINY = DecoderConfig(vocab_size=96, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                            num_layers=3, mlp_dim=48, dtype="float32")
 GPT_TINY = DecoderConfig(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, num_layers=2,
@@ -67,9 +68,19 @@ def reference(request):
     return cfg, params
 
 
-@pytest.mark.parametrize("fuse,transpose,scan",
-                         list(itertools.product([False, True], repeat=3)))
-@pytest.mark.parametrize("packed", [False, True])
+def _layout_cases():
+    """All 8 switch combinations on an unpacked batch; on a packed batch the two extreme
+    combinations by default and the rest under `slow`."""
+    cases = []
+    for fuse, transpose, scan in itertools.product([False, True], repeat=3):
+        cases.append(pytest.param(fuse, transpose, scan, False))
+        slow = len({fuse, transpose, scan}) > 1
+        cases.append(pytest.param(fuse, transpose, scan, True,
+                                  marks=[pytest.mark.slow] if slow else []))
+    return cases
+
+
+@pytest.mark.parametrize("fuse,transpose,scan,packed", _layout_cases())
 def test_layout_switches_same_logits(reference, fuse, transpose, scan, packed):
     cfg, params = reference
     batch = batch_for(cfg, packed)
@@ -104,9 +115,18 @@ def test_fused_gqa_layout_puts_query_groups_first():
     np.testing.assert_array_equal(fused[:, 3], v)
 
 
-@pytest.mark.parametrize("policy", ["full", "minimal", "save_qkv_proj", "save_dot_except_mlp"])
-def test_remat_policies_same_loss_and_grads(reference, policy):
-    cfg, params = reference
+def _remat_cases():
+    """Every policy on every family; full remat on t5 / llama compiles slowly: `slow`."""
+    for name, cfg in CASES:
+        for policy in ("full", "minimal", "save_qkv_proj", "save_dot_except_mlp"):
+            slow = policy == "full" and name != "gpt"
+            yield pytest.param(cfg, policy, id=f"{name}-{policy}",
+                               marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("cfg,policy", _remat_cases())
+def test_remat_policies_same_loss_and_grads(cfg, policy):
+    params = make_model(cfg).init(jax.random.PRNGKey(0))
     batch = batch_for(cfg)
     model, model2 = make_model(cfg), make_model(dataclasses.replace(cfg, remat_policy=policy))
     loss, grads = jax.value_and_grad(lambda p: model.loss_fn(p, batch)[0])(params)
@@ -163,7 +183,10 @@ def test_bf16_compute_close_to_float32(reference):
     assert err < 0.05 * scale, (err, scale)
 
 
-@pytest.mark.parametrize("name,cfg", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,cfg", [
+    pytest.param("t5", T5_TINY, marks=pytest.mark.slow),
+    pytest.param("llama_gqa", LLAMA_TINY, marks=pytest.mark.slow),
+    pytest.param("gpt", GPT_TINY)])
 def test_fp8_close_to_bf16_and_uses_f8(name, cfg):
     """Native FP8 (flax fp8 ops): logits within a few percent of bf16 on the same weights;
     the compiled HLO carries f8 types; the FP8 state lives in its own collection."""

@@ -82,6 +82,10 @@ class T5Config:
 
     def __post_init__(self):
         _check_switches(self)
+        if self.relpos_max_distance <= self.relpos_num_buckets // 2:
+            raise ValueError(
+                f"relpos_max_distance={self.relpos_max_distance} must exceed relpos_num_buckets // 2 "
+                f"= {self.relpos_num_buckets // 2} (the exact buckets of the causal decoder)")
 
     @property
     def kv_heads(self) -> int:

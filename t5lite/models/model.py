@@ -107,8 +107,9 @@ class EncoderDecoderModel(BaseModel):
                 "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
                 "decoder_positions")
 
-    def __init__(self, config: T5Config, **loss_kwargs):
-        super().__init__(**loss_kwargs)
+    def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
+                 loss_normalizing_factor: losses.NormalizingFactor = None):
+        super().__init__(z_loss, label_smoothing, loss_normalizing_factor)
         self.config = config
         self.module = T5(config)
 
@@ -126,8 +127,9 @@ class DecoderOnlyModel(BaseModel):
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
                 "decoder_positions")
 
-    def __init__(self, config: DecoderConfig, **loss_kwargs):
-        super().__init__(**loss_kwargs)
+    def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
+                 loss_normalizing_factor: losses.NormalizingFactor = None):
+        super().__init__(z_loss, label_smoothing, loss_normalizing_factor)
         self.config = config
         self.module = DecoderOnly(config)
 

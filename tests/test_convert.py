@@ -1,0 +1,155 @@
+"""`python -m t5lite.convert --from=hf`: Orbax params + model.gin from an HF directory."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import t5lite.configurables  # noqa: E402,F401  (gin registrations)
+from t5lite import checkpoint_io, convert, gin_utils, hf  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "t5lite.convert", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def assert_trees_equal(a, b):
+    la = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(a)}
+    lb = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(b)}
+    assert la.keys() == lb.keys()
+    for k in la:
+        np.testing.assert_array_equal(np.asarray(la[k]), np.asarray(lb[k]), err_msg=k)
+
+
+def model_from_gin(path):
+    gin.clear_config()
+    try:
+        gin.parse_config_file(str(path))
+        return gin_utils.resolve_macro("MODEL", str(path))
+    finally:
+        gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def hf_t5(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                num_heads=4, feed_forward_proj="gated-gelu",
+                                tie_word_embeddings=False, relative_attention_num_buckets=16,
+                                relative_attention_max_distance=20)
+    path = tmp_path_factory.mktemp("hf_t5")
+    transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
+                                                                 safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory):
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("hf_llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def test_convert_t5_fused_scanned(hf_t5, tmp_path):
+    out = tmp_path / "ckpt"
+    proc = run_cli("--from=hf", f"--input={hf_t5}", f"--output={out}", "--fuse_qkv",
+                   "--scan_layers")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "checkpoints" / "0" / "params").is_dir()
+
+    model, variables = hf.load_pretrained(hf_t5, fuse_qkv=True, scan_layers=True)
+    assert_trees_equal(checkpoint_io.load_params(out), variables)
+    assert_trees_equal(checkpoint_io.load_params(out / "checkpoints" / "0"), variables)
+
+    built = model_from_gin(out / "model.gin")
+    assert type(built).__name__ == "EncoderDecoderModel"
+    assert built.config == model.config
+    assert built.config.fuse_qkv and built.config.scan_layers
+
+
+def test_convert_llama_gin_and_params(hf_llama, tmp_path):
+    out = tmp_path / "ckpt"
+    out.mkdir()  # an existing empty directory is fine
+    proc = run_cli("--from=hf", f"--input={hf_llama}", f"--output={out}", "--dtype=float32")
+    assert proc.returncode == 0, proc.stderr
+    model, variables = hf.load_pretrained(hf_llama, dtype="float32")
+    assert model.config.tie_embeddings and model.config.num_kv_heads == 2
+    assert_trees_equal(checkpoint_io.load_params(out), variables)
+    built = model_from_gin(out / "model.gin")
+    assert type(built).__name__ == "DecoderOnlyModel"
+    assert built.config == model.config
+
+
+def test_convert_in_process_matches_gin_text(hf_t5, tmp_path):
+    """The library entry point, and the gin text against the registered names."""
+    out = convert.convert_hf(str(hf_t5), str(tmp_path / "c"))
+    text = (out / "model.gin").read_text()
+    assert "MODEL = @EncoderDecoderModel()" in text
+    assert "EncoderDecoderModel.config = @T5Config()" in text
+    assert "T5Config.emb_dim = 32" in text and "FUSE_QKV = False" in text
+    assert set(t5lite.configurables.REGISTERED) >= {"EncoderDecoderModel", "T5Config"}
+
+
+def test_save_params_rejects_existing_step_and_load_missing(tmp_path):
+    tree = {"params": {"w": np.arange(4, dtype=np.float32)}}
+    checkpoint_io.save_params(tmp_path, tree, step=3)
+    with pytest.raises(FileExistsError):
+        checkpoint_io.save_params(tmp_path, tree, step=3)
+    assert_trees_equal(checkpoint_io.load_params(tmp_path / "checkpoints"), tree)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoint found"):
+        checkpoint_io.load_params(empty)
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+        checkpoint_io.load_params(tmp_path / "nope")
+
+
+def test_cli_errors(hf_t5, tmp_path):
+    assert_one_line_error(run_cli("--from=hf", f"--input={tmp_path / 'missing'}",
+                                  f"--output={tmp_path / 'o1'}"), "missing", "not a directory")
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((hf_t5 / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    assert_one_line_error(run_cli("--from=hf", f"--input={pickled}",
+                                  f"--output={tmp_path / 'o2'}"), "pickle", "safetensors")
+    assert not (tmp_path / "o2").exists()
+
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (bert / "model.safetensors").symlink_to(hf_t5 / "model.safetensors")
+    assert_one_line_error(run_cli("--from=hf", f"--input={bert}", f"--output={tmp_path / 'o3'}"),
+                          "model_type", "bert")
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "something").write_text("x")
+    assert_one_line_error(run_cli("--from=hf", f"--input={hf_t5}", f"--output={full}"),
+                          "not an empty directory")
