@@ -21,6 +21,9 @@ Output logits follow the installed transformers (5.x) semantics:
   `logits_dense` kernel (the lm_head, or a copy of the embedding); scaled with a distinct
   lm_head -> `logits_dense` with the scale folded into the kernel.
 - LLaMA: `tie_word_embeddings` and no distinct `lm_head.weight` -> `tie_embeddings=True`.
+
+The config.json <-> t5lite config mapping lives in `t5lite.hf_config`; `read_hf_config`
+and `config_from_hf` are re-exported here.
 """
 from __future__ import annotations
 
@@ -35,23 +38,18 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from t5lite.hf_config import (  # noqa: F401  (read_hf_config, config_from_hf: public API)
+    CONFIG_NAME, SUPPORTED_MODEL_TYPES, PathLike, config_from_hf, llama_hf_config,
+    read_hf_config, t5_hf_config, t5_scales_output)
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
 
-PathLike = Union[str, Path]
 Model = Union[EncoderDecoderModel, DecoderOnlyModel]
-CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-SUPPORTED_MODEL_TYPES = ("t5", "llama")
 # Fields an override may change without touching the parameter layout.
 LAYOUT_FIELDS = ("fuse_qkv", "scan_layers")
-
-# HF activation name -> t5lite activation name, and back.
-_ACT_FROM_HF = {"relu": "relu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
-                "gelu": "gelu_exact", "silu": "silu", "swish": "silu"}
-_ACT_TO_HF = {"relu": "relu", "gelu": "gelu_new", "gelu_exact": "gelu", "silu": "silu"}
 
 
 # --------------------------------------------------------------------------- files
@@ -85,23 +83,6 @@ def _weight_files(path: Path) -> List[Path]:
     raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}, {INDEX_NAME} or *.safetensors file")
 
 
-def read_hf_config(path: PathLike) -> Dict[str, Any]:
-    """config.json of a local HF model directory, as a dict."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: not a directory (expected a local HF model dir)")
-    cfg_file = path / CONFIG_NAME
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{path}: no {CONFIG_NAME}")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_file}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_file}: expected a JSON object")
-    return cfg
-
-
 def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
     """Every tensor of a model directory's safetensors file(s), as float32 numpy arrays."""
     tensors: Dict[str, np.ndarray] = {}
@@ -112,107 +93,6 @@ def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
                     raise ValueError(f"tensor {name!r} is in more than one shard ({file.name})")
                 tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
     return tensors
-
-
-# --------------------------------------------------------------------------- configs
-
-
-def _act_from_hf(name: str, field: str) -> str:
-    if name not in _ACT_FROM_HF:
-        raise ValueError(f"{field}: activation {name!r} is not supported "
-                         f"(supported: {sorted(_ACT_FROM_HF)})")
-    return _ACT_FROM_HF[name]
-
-
-def _t5_config(hf: Mapping[str, Any]) -> T5Config:
-    ffp = hf.get("feed_forward_proj", "relu")
-    parts = ffp.split("-")
-    gated = len(parts) == 2 and parts[0] == "gated"
-    if len(parts) > 2 or (len(parts) == 2 and not gated):
-        raise ValueError(f"feed_forward_proj: {ffp!r} is not 'ACT' or 'gated-ACT'")
-    act = "gelu_new" if ffp == "gated-gelu" else parts[-1]  # as transformers does
-    act = _act_from_hf(act, f"feed_forward_proj={ffp!r}")
-    num_layers = hf.get("num_layers", 6)
-    dec_layers = hf.get("num_decoder_layers")
-    return T5Config(
-        vocab_size=hf.get("vocab_size", 32128),
-        emb_dim=hf.get("d_model", 512),
-        num_heads=hf.get("num_heads", 8),
-        head_dim=hf.get("d_kv", 64),
-        num_encoder_layers=num_layers,
-        num_decoder_layers=num_layers if dec_layers is None else dec_layers,
-        mlp_dim=hf.get("d_ff", 2048),
-        mlp_activations=(act, "linear") if gated else (act,),
-        dropout_rate=float(hf.get("dropout_rate", 0.1)),
-        relpos_num_buckets=hf.get("relative_attention_num_buckets", 32),
-        relpos_max_distance=hf.get("relative_attention_max_distance", 128),
-        layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
-    )
-
-
-def _t5_scales_output(hf: Mapping[str, Any]) -> bool:
-    """Whether transformers multiplies the T5 decoder output by d_model**-0.5."""
-    if "scale_decoder_outputs" in hf:
-        return bool(hf["scale_decoder_outputs"])
-    return hf.get("tie_word_embeddings", True) is not False
-
-
-def _check_rope(hf: Mapping[str, Any]) -> float:
-    """rope theta of a LLaMA config; refuses RoPE scaling variants."""
-    params = hf.get("rope_parameters") or {}
-    for field in ("rope_parameters", "rope_scaling"):
-        spec = hf.get(field)
-        if spec is None:
-            continue
-        if not isinstance(spec, dict):
-            raise ValueError(f"{field}: expected an object or null, got {spec!r}")
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{field}: rope type {kind!r} is not supported (only plain RoPE, "
-                             f"rope_type 'default'); got {spec}")
-        if spec.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(f"{field}: partial_rotary_factor is not supported")
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial_rotary_factor is not supported")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-
-
-def _llama_config(hf: Mapping[str, Any]) -> DecoderConfig:
-    theta = _check_rope(hf)
-    hidden = hf.get("hidden_size", 4096)
-    heads = hf.get("num_attention_heads", 32)
-    kv = hf.get("num_key_value_heads") or heads
-    act = _act_from_hf(hf.get("hidden_act", "silu"), "hidden_act")
-    return DecoderConfig(
-        vocab_size=hf.get("vocab_size", 32000),
-        emb_dim=hidden,
-        num_heads=heads,
-        num_kv_heads=None if kv == heads else kv,
-        head_dim=hf.get("head_dim") or hidden // heads,
-        num_layers=hf.get("num_hidden_layers", 32),
-        mlp_dim=hf.get("intermediate_size", 11008),
-        mlp_activations=(act, "linear"),
-        norm_type="rms",
-        layer_norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
-        position_embedding="rope",
-        max_length=hf.get("max_position_embeddings", 2048),
-        rope_theta=theta,
-        use_bias=bool(hf.get("attention_bias", False) or hf.get("mlp_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        dropout_rate=0.0,
-    )
-
-
-def config_from_hf(hf: Mapping[str, Any]) -> Union[T5Config, DecoderConfig]:
-    """t5lite config matching an HF config dict (unfused, unscanned, default dtype).
-    For T5, `logits_via_embedding` is decided later from the weights (see module doc)."""
-    model_type = hf.get("model_type")
-    if model_type == "t5":
-        return _t5_config(hf)
-    if model_type == "llama":
-        return _llama_config(hf)
-    raise ValueError(f"model_type: {model_type!r} is not supported "
-                     f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
 
 
 # --------------------------------------------------------------------------- weight maps
@@ -383,7 +263,7 @@ def _decide_output_head(cfg, hf: Mapping[str, Any], tensors: Dict[str, np.ndarra
     tied = lm_head is None or (lm_head.shape == embedding.shape
                                and np.array_equal(lm_head, embedding))
     if isinstance(cfg, T5Config):
-        if _t5_scales_output(hf):
+        if t5_scales_output(hf):
             if tied:
                 return dataclasses.replace(cfg, logits_via_embedding=True), None
             # transformers 5.x unties a distinct lm_head and still scales: fold the scale.
@@ -495,82 +375,6 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
 # --------------------------------------------------------------------------- save
 
 
-def _t5_hf_config(cfg: T5Config) -> Dict[str, Any]:
-    acts = tuple(cfg.mlp_activations)
-    if len(acts) == 1:
-        ffp = _ACT_TO_HF.get(acts[0])
-    elif len(acts) == 2 and acts[1] == "linear" and acts[0] in _ACT_TO_HF:
-        # transformers reads "gated-gelu" as the tanh GELU; exact gated GELU has no name.
-        ffp = {"gelu": "gated-gelu", "gelu_exact": None}.get(acts[0], f"gated-{acts[0]}")
-    else:
-        ffp = None
-    if ffp is None:
-        raise ValueError(f"mlp_activations={acts} has no transformers T5 feed_forward_proj")
-    tied = bool(cfg.logits_via_embedding)
-    return {
-        "architectures": ["T5ForConditionalGeneration"],
-        "model_type": "t5",
-        "vocab_size": cfg.vocab_size,
-        "d_model": cfg.emb_dim,
-        "d_kv": cfg.head_dim,
-        "d_ff": cfg.mlp_dim,
-        "num_layers": cfg.num_encoder_layers,
-        "num_decoder_layers": cfg.num_decoder_layers,
-        "num_heads": cfg.num_heads,
-        "relative_attention_num_buckets": cfg.relpos_num_buckets,
-        "relative_attention_max_distance": cfg.relpos_max_distance,
-        "dropout_rate": cfg.dropout_rate,
-        "layer_norm_epsilon": cfg.layer_norm_epsilon,
-        "initializer_factor": 1.0,
-        "feed_forward_proj": ffp,
-        "is_encoder_decoder": True,
-        "tie_word_embeddings": tied,
-        "scale_decoder_outputs": tied,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "decoder_start_token_id": 0,
-        "use_cache": True,
-        "dtype": "float32",
-    }
-
-
-def _llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
-    acts = tuple(cfg.mlp_activations)
-    problems = []
-    if cfg.norm_type != "rms":
-        problems.append(f"norm_type={cfg.norm_type!r} (needs 'rms')")
-    if cfg.position_embedding != "rope":
-        problems.append(f"position_embedding={cfg.position_embedding!r} (needs 'rope')")
-    if len(acts) != 2 or acts[1] != "linear" or acts[0] not in _ACT_TO_HF:
-        problems.append(f"mlp_activations={acts} (needs (ACT, 'linear'))")
-    if problems:
-        raise ValueError("save_pretrained writes decoder-only models as LLaMA; this config "
-                         "has " + ", ".join(problems))
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.emb_dim,
-        "intermediate_size": cfg.mlp_dim,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": _ACT_TO_HF[acts[0]],
-        "max_position_embeddings": cfg.max_length,
-        "rms_norm_eps": cfg.layer_norm_epsilon,
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "attention_bias": bool(cfg.use_bias),
-        "mlp_bias": bool(cfg.use_bias),
-        "tie_word_embeddings": bool(cfg.tie_embeddings),
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "use_cache": True,
-        "dtype": "float32",
-    }
-
-
 def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
                      ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """(HF config dict, HF state dict of float32 numpy arrays) for a t5lite model."""
@@ -582,11 +386,11 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
         tree = _on_host(layouts.convert_params, {"params": tree}, cfg, base)["params"]
     flat = {k: np.asarray(v, dtype=np.float32) for k, v in _flatten(tree).items()}
     if isinstance(cfg, T5Config):
-        hf_cfg, entries = _t5_hf_config(cfg), _t5_entries(cfg)
+        hf_cfg, entries = t5_hf_config(cfg), _t5_entries(cfg)
         embed_name, head_key = "shared.weight", "decoder/logits_dense/kernel"
         has_head = not cfg.logits_via_embedding
     elif isinstance(cfg, DecoderConfig):
-        hf_cfg, entries = _llama_hf_config(cfg), _llama_entries(cfg)
+        hf_cfg, entries = llama_hf_config(cfg), _llama_entries(cfg)
         embed_name, head_key = "model.embed_tokens.weight", "logits_dense/kernel"
         has_head = not cfg.tie_embeddings
     else:
