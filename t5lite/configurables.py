@@ -23,3 +23,32 @@ EncoderDecoderModel = gin.external_configurable(_model.EncoderDecoderModel, modu
 DecoderOnlyModel = gin.external_configurable(_model.DecoderOnlyModel, module=MODULE)
 
 REGISTERED = ("T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel")
+
+# ----------------------------------------------------------------------------- optimizers
+# Schedules and optimizers (t5lite/optimizers.py). In gin:
+#   adamw.learning_rate = @cosine_with_warmup()
+#   cosine_with_warmup.peak = 6e-4  (and warmup_steps, decay_steps)
+# A plain number also works: `adamw.learning_rate = 1e-4`. gin has a builtin `constant`
+# too, so the constant schedule must be written qualified: `@t5lite.constant()`.
+
+from t5lite import optimizers as _optimizers  # noqa: E402
+
+constant = gin.external_configurable(_optimizers.constant, module=MODULE)
+rsqrt_decay = gin.external_configurable(_optimizers.rsqrt_decay, module=MODULE)
+linear_decay = gin.external_configurable(_optimizers.linear_decay, module=MODULE)
+cosine_with_warmup = gin.external_configurable(_optimizers.cosine_with_warmup, module=MODULE)
+adafactor = gin.external_configurable(_optimizers.adafactor, module=MODULE)
+adamw = gin.external_configurable(_optimizers.adamw, module=MODULE)
+
+OPTIMIZER_REGISTERED = ("constant", "rsqrt_decay", "linear_decay", "cosine_with_warmup",
+                        "adafactor", "adamw")
+REGISTERED = REGISTERED + OPTIMIZER_REGISTERED
+
+# ----------------------------------------------------------------------------- training
+# `python -m t5lite.train` calls `train(model=<MODEL>)`; configs/runs/*.gin bind the rest
+# from T5X's macro vocabulary.
+
+from t5lite import train as _train  # noqa: E402
+
+train = gin.external_configurable(_train.train, module=MODULE)
+REGISTERED = REGISTERED + ("train",)

@@ -171,3 +171,33 @@ def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
             tree = scan_layers(tree)
         out[collection] = tree
     return out
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def detect_layout(params: Mapping[str, Any]) -> Dict[str, bool]:
+    """The layout switches a parameter tree was built with, read from its structure:
+    `{"fuse_qkv": ..., "scan_layers": ...}`.
+
+    `params` is a variables dict `{"params": ...}` or the bare params tree; its leaves may
+    be arrays, jax.ShapeDtypeStruct or checkpoint metadata (only the keys are read).
+    fuse_qkv: an attention subtree holds `qkv` or `kv`; scan_layers: a stack
+    (`encoder` / `decoder`) holds one `layers` subtree. A tree with neither (no attention
+    or no stacks) reads as False for both."""
+    tree = params.get("params", params) if isinstance(params, Mapping) else params
+    fused = scanned = False
+
+    def visit(node: Mapping[str, Any], name: str) -> None:
+        nonlocal fused, scanned
+        if name.endswith("attention") and ("qkv" in node or "kv" in node):
+            fused = True
+        if name in _STACKS and isinstance(node.get("layers"), Mapping):
+            scanned = True
+        for key, sub in node.items():
+            if isinstance(sub, Mapping):
+                visit(sub, str(key))
+
+    if isinstance(tree, Mapping):
+        visit(tree, "")
+    return {"fuse_qkv": fused, "scan_layers": scanned}

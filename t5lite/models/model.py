@@ -74,27 +74,45 @@ class BaseModel:
         return self.module.apply(params, **self._network_inputs(batch),
                                  deterministic=rng is None, rngs=rngs)
 
-    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        """Scalar loss (cross entropy + z-loss, normalized) and metrics sums:
-        (loss, {"loss", "z_loss", "weight_sum", "correct"})."""
+    def loss_sums(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """Token sums, before normalization: (loss_sum, {"z_loss", "correct",
+        "weight_sum", "nonpadding"}). Sums add across microbatches, so accumulated
+        gradients equal the whole batch's."""
         logits = self.logits(params, batch, rng)
         targets = batch["decoder_target_tokens"]
+        weights = self._weights(batch)
+        tok_loss, tok_z = losses.cross_entropy_with_logits(logits, targets, self.z_loss,
+                                                           self.label_smoothing)
+        sums = {"z_loss": jnp.sum(tok_z * weights),
+                "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights),
+                "weight_sum": jnp.sum(weights),
+                "nonpadding": jnp.sum(targets > 0).astype(jnp.float32)}
+        return jnp.sum(tok_loss * weights), sums
+
+    def normalizer(self, batch: Batch) -> jax.Array:
+        """What the loss sums of `batch` are divided by (LOSS_NORMALIZING_FACTOR)."""
+        return losses.normalizer(self._weights(batch), self.loss_normalizing_factor)
+
+    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """Scalar loss (cross entropy + z-loss, normalized) and metrics:
+        (loss, {"loss", "z_loss", "weight_sum", "correct", "nonpadding"})."""
+        loss_sum, sums = self.loss_sums(params, batch, rng)
+        norm = self.normalizer(batch)
+        loss = loss_sum / norm
+        return loss, {**sums, "loss": loss, "z_loss": sums["z_loss"] / norm}
+
+    @staticmethod
+    def _weights(batch: Batch) -> jax.Array:
         weights = batch.get("decoder_loss_weights")
         if weights is None:
-            weights = (targets > 0).astype(jnp.float32)
-        loss, z = losses.weighted_loss(logits, targets, weights, self.z_loss,
-                                       self.label_smoothing, self.loss_normalizing_factor)
-        correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
-        return loss, {"loss": loss, "z_loss": z, "weight_sum": jnp.sum(weights),
-                      "correct": correct}
+            weights = batch["decoder_target_tokens"] > 0
+        return jnp.asarray(weights, jnp.float32)
 
     def score_batch(self, params, batch: Batch) -> jax.Array:
         """Sum over target tokens of log p(target) with the loss weights: [batch]."""
         logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
-        weights = batch.get("decoder_loss_weights")
-        if weights is None:
-            weights = (targets > 0).astype(jnp.float32)
+        weights = self._weights(batch)
         logp = jax.nn.log_softmax(logits, axis=-1)
         tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         return jnp.sum(tok * weights, axis=-1)

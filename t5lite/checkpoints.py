@@ -1,0 +1,457 @@
+"""Training checkpoints (Orbax): save, resume, and the finetuning restore.
+
+On disk (the same root that `t5lite.checkpoint_io` writes converted checkpoints to)::
+
+    MODEL_DIR/checkpoints/
+      <step>/                    one Orbax CheckpointManager step, complete once committed
+        _CHECKPOINT_METADATA     (commit_timestamp_nsecs set at commit)
+        commit_success.txt       the commit marker
+        state/                   item "state": TrainState.as_dict() (StandardSave)
+        data/                    item "data": the data iterator position (JSON)
+      <step>.orbax-checkpoint-tmp-<t>/   a save in flight (or a crash's leftover)
+
+A converted checkpoint holds a `params` item (`{"params": ...}`) instead of `state`.
+
+Restore order (`restore_or_init`): the latest complete checkpoint in MODEL_DIR (the whole
+state and data position) -> else INITIAL_CHECKPOINT_PATH (parameters only, converted to
+the model's fuse_qkv / scan_layers layout) -> else fresh initialization.
+
+Nothing here imports TensorFlow, SeqIO or t5.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+import types
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from t5lite.models import layouts
+from t5lite.train_state import TrainState
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "epath.PathLike"]
+CHECKPOINTS_DIR = "checkpoints"
+STATE_ITEM = "state"
+DATA_ITEM = "data"
+PARAMS_ITEM = "params"  # converted checkpoints (t5lite.checkpoint_io)
+_COMMIT_FILE = "commit_success.txt"
+_STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+_TMP_MARK = ".orbax-checkpoint-tmp"
+_INCOMPLETE_MARK = ".incomplete-"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's tree or shapes do not match the model; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- on disk
+
+
+def _absolute(path: PathLike) -> epath.Path:
+    path = epath.Path(path)
+    return path if "://" in str(path) else path.absolute()
+
+
+def _is_committed(step_dir: epath.Path) -> bool:
+    """Orbax's commit: the marker file (written last, before the atomic rename), or for
+    older Orbax versions a commit timestamp in the step metadata."""
+    if (step_dir / _COMMIT_FILE).exists():
+        return True
+    meta = step_dir / _STEP_METADATA_FILE
+    if not meta.exists():
+        return False
+    try:
+        return json.loads(meta.read_text()).get("commit_timestamp_nsecs") is not None
+    except (ValueError, OSError):
+        return False
+
+
+def _step_dirs(checkpoints: epath.Path) -> Dict[int, epath.Path]:
+    """Directories named by a bare step number (committed or not); tmp dirs excluded."""
+    if not checkpoints.is_dir():
+        return {}
+    return {int(p.name): p for p in checkpoints.iterdir() if p.name.isdigit() and p.is_dir()}
+
+
+def complete_steps(checkpoints: PathLike, items: Tuple[str, ...] = (STATE_ITEM,)) -> List[int]:
+    """Sorted steps under a `checkpoints` directory that are committed and hold one of
+    `items`. In-flight saves (tmp dirs), crashed saves (leftover tmp dirs, or a step dir
+    without its commit marker) and steps of another kind are left out."""
+    out = []
+    for step, d in _step_dirs(epath.Path(checkpoints)).items():
+        if _is_committed(d) and any((d / item).is_dir() for item in items):
+            out.append(step)
+    return sorted(out)
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _set_aside_uncommitted(checkpoints: epath.Path) -> None:
+    """Rename step dirs without a commit (a crash mid-save on a file system where Orbax
+    writes in place) to `<step>.incomplete-<ns>`: Orbax would count them as checkpoints
+    (and refuse to save that step again). They are renamed, never deleted."""
+    if jax.process_index() == 0:
+        for step, d in sorted(_step_dirs(checkpoints).items()):
+            if not _is_committed(d):
+                dest = checkpoints / f"{step}{_INCOMPLETE_MARK}{time.time_ns()}"
+                log.warning("checkpoint %s was never committed (a crash mid-save?); moved to %s",
+                            d, dest.name)
+                d.rename(dest)
+    _sync("t5lite_checkpoints_set_aside")
+
+
+# ----------------------------------------------------------------------------- tree checks
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _flat_shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
+    """{"a/b/c": shape} over the leaves; None and empty containers have no leaves.
+    Namedtuples (targets) and dicts (Orbax metadata of namedtuples) name fields alike."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key_name(k) for k in path):
+            tuple(leaf.shape if hasattr(leaf, "shape") else np.shape(leaf))
+            for path, leaf in flat}
+
+
+def _natural(path: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
+
+
+def _first_difference(ckpt: Dict[str, tuple], model: Dict[str, tuple]) -> Optional[str]:
+    """The first difference as a clause, shapes first, then missing, then extra."""
+    for path in sorted(model, key=_natural):
+        if path in ckpt and tuple(ckpt[path]) != tuple(model[path]):
+            return (f"{path} has shape {tuple(ckpt[path])} in the checkpoint but "
+                    f"{tuple(model[path])} in the model")
+    missing = sorted((p for p in model if p not in ckpt), key=_natural)
+    extra = sorted((p for p in ckpt if p not in model), key=_natural)
+    if missing:
+        more = f", {len(extra)} in the checkpoint only" if extra else ""
+        return (f"{missing[0]} is in the model but not in the checkpoint ({len(missing)} "
+                f"missing{more})")
+    if extra:
+        return (f"{extra[0]} is in the checkpoint but not in the model ({len(extra)} "
+                f"in the checkpoint only)")
+    return None
+
+
+def _layout_str(layout: Mapping[str, bool]) -> str:
+    return f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
+
+
+def _state_groups(tree: Mapping[str, Any]) -> Dict[str, Dict[str, tuple]]:
+    """Flat shapes of a state dict by group; params paths shown as variables paths
+    (`params/encoder/...`), the others prefixed by their field."""
+    groups = {}
+    for field in ("params", "fp8", "opt_state"):
+        flat = _flat_shapes(tree.get(field, {}) if isinstance(tree, Mapping) else {})
+        groups[field] = flat if field == "params" else {f"{field}/{k}": v for k, v in flat.items()}
+    rest = {k: v for k, v in tree.items() if k not in groups} if isinstance(tree, Mapping) else {}
+    groups["other"] = _flat_shapes(rest)
+    return groups
+
+
+def check_state_matches(ckpt_tree: Mapping[str, Any], target: Mapping[str, Any],
+                        where: str) -> None:
+    """Raise CheckpointMismatchError (one line) when a training checkpoint's state tree
+    (Orbax metadata) does not fit the abstract target state dict."""
+    ck, md = _state_groups(ckpt_tree), _state_groups(target)
+    head = f"checkpoint {where} does not match the model: "
+    diff = _first_difference(ck["params"], md["params"])
+    if diff:
+        ck_layout = layouts.detect_layout(ckpt_tree.get("params", {}))
+        md_layout = layouts.detect_layout(target.get("params", {}))
+        if ck_layout != md_layout:
+            cause = (f"the checkpoint has the parameter layout {_layout_str(ck_layout)} but the "
+                     f"model {_layout_str(md_layout)} — resume with the same switches, or start "
+                     f"a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} (converts layouts)")
+        elif " has shape " in diff:
+            cause = ("MODEL_DIR probably holds a run of another model size — use a new "
+                     "MODEL_DIR")
+        else:
+            cause = ("MODEL_DIR probably holds a run of another model or architecture — use a "
+                     "new MODEL_DIR")
+        raise CheckpointMismatchError(head + diff + "; " + cause)
+    diff = _first_difference(ck["fp8"], md["fp8"])
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + "; the FP8 setting (or the FP8-using layers) differs from the run "
+            f"that wrote it — keep the same precision, or start a new MODEL_DIR with "
+            f"INITIAL_CHECKPOINT_PATH={where} (parameters only)")
+    diff = _first_difference(ck["opt_state"], md["opt_state"])
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + "; the optimizer differs from the one that wrote it — use the same "
+            f"optimizer, or start a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} "
+            "(parameters only, fresh optimizer)")
+    diff = _first_difference(ck["other"], md["other"])
+    if diff:
+        raise CheckpointMismatchError(head + diff + "; it was not written by this version of "
+                                      "t5lite's trainer — use a new MODEL_DIR")
+
+
+def _item_metadata_tree(item_dir: epath.Path) -> Any:
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        return handler.metadata(item_dir).tree
+    finally:
+        handler.close()
+
+
+# ----------------------------------------------------------------------------- manager
+
+
+class Checkpointer:
+    """Saves and restores the TrainState and the data position under MODEL_DIR.
+
+    keep: how many complete checkpoints to keep (None: all). period: `save` writes when
+    step % period == 0 (None: every call) or when forced. async_save: `save` returns once
+    the arrays are copied off the devices and writes in the background (`wait` blocks).
+    """
+
+    def __init__(self, model_dir: PathLike, keep: Optional[int] = 2,
+                 period: Optional[int] = None, async_save: bool = True):
+        self.model_dir = _absolute(model_dir)
+        self.directory = self.model_dir / CHECKPOINTS_DIR
+        self.keep, self.period = keep, period
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
+        if period is not None and period < 1:
+            raise ValueError(f"period must be >= 1 or None (every call), got {period}")
+        foreign = [s for s in complete_steps(self.directory, (PARAMS_ITEM,))
+                   if s not in complete_steps(self.directory, (STATE_ITEM,))]
+        if foreign:
+            raise ValueError(
+                f"{self.directory / str(foreign[0])} holds a converted parameter checkpoint, "
+                f"not a training run (its old steps would be deleted as new ones are kept) — "
+                f"give {self.model_dir} as INITIAL_CHECKPOINT_PATH and use a new MODEL_DIR")
+        _set_aside_uncommitted(self.directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True)
+        self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE_ITEM, DATA_ITEM),
+                                              options=options)
+
+    # -- saving -----------------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        return self.period is None or int(step) % self.period == 0
+
+    def save(self, step: int, state: TrainState, data_state: Optional[dict] = None,
+             force: bool = False) -> bool:
+        """Save `state` and `data_state` (JSON-able; None is stored as {}) as `step` if the
+        period says so or `force`. Returns whether a save started. A step that is already
+        saved (or being saved) is not written again."""
+        step = int(step)
+        if not (force or self.should_save(step)):
+            return False
+        if step in self._manager.all_steps() or step in self.all_steps():
+            log.info("checkpoint %d already saved; not saving it again", step)
+            return False
+        args = ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state.as_dict()),
+            DATA_ITEM: ocp.args.JsonSave(dict(data_state or {}))})
+        return bool(self._manager.save(step, args=args, force=True))
+
+    def wait(self) -> None:
+        """Block until background saves are committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- reading ----------------------------------------------------------------------
+    def all_steps(self) -> List[int]:
+        """Complete (committed) training checkpoints, oldest first."""
+        return complete_steps(self.directory)
+
+    def latest_step(self) -> Optional[int]:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def step_dir(self, step: int) -> epath.Path:
+        return self.directory / str(int(step))
+
+    def restore(self, step: Optional[int], abstract_state: TrainState
+                ) -> Tuple[TrainState, dict]:
+        """Restore checkpoint `step` (None: the latest) into the shapes, dtypes and
+        shardings of `abstract_state` (a TrainState of jax.ShapeDtypeStruct with
+        `.sharding`); any mesh or device count works. Returns (state, data_state).
+        Raises CheckpointMismatchError before reading any array when the trees differ."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"{self.directory}: no complete checkpoint to restore")
+        step = int(step)
+        if step not in self.all_steps():
+            raise FileNotFoundError(
+                f"{self.step_dir(step)}: no complete checkpoint (complete steps: "
+                f"{self.all_steps() or 'none'})")
+        target = abstract_state.as_dict()
+        check_state_matches(_item_metadata_tree(self.step_dir(step) / STATE_ITEM), target,
+                            str(self.step_dir(step)))
+        items = {STATE_ITEM: ocp.args.StandardRestore(target)}
+        has_data = (self.step_dir(step) / DATA_ITEM).is_dir()
+        if has_data:
+            items[DATA_ITEM] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        data = restored[DATA_ITEM] if has_data else None
+        return TrainState(**restored[STATE_ITEM]), (data if data is not None else {})
+
+
+# ----------------------------------------------------------------------------- finetuning
+
+
+def _resolve_item(path: PathLike) -> Tuple[epath.Path, str]:
+    """(item directory, item name) for an INITIAL_CHECKPOINT_PATH: a MODEL_DIR (latest
+    step under path/checkpoints), a `checkpoints` directory, one step directory, or an
+    item directory; the item is `params` (converted) or `state` (a training run)."""
+    p = _absolute(path)
+    if not p.exists():
+        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
+    if not p.is_dir():
+        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} is not a directory")
+    if p.name in (PARAMS_ITEM, STATE_ITEM) and (p / "_METADATA").exists():
+        return p, p.name
+    for item in (PARAMS_ITEM, STATE_ITEM):
+        if (p / item).is_dir():
+            if not _is_committed(p):
+                raise FileNotFoundError(
+                    f"INITIAL_CHECKPOINT_PATH {path} is an incomplete checkpoint (no commit "
+                    f"marker: the save that wrote it did not finish)")
+            return p / item, item
+    for checkpoints in (p / CHECKPOINTS_DIR, p):
+        steps = complete_steps(checkpoints, (PARAMS_ITEM, STATE_ITEM))
+        if steps:
+            d = checkpoints / str(steps[-1])
+            item = PARAMS_ITEM if (d / PARAMS_ITEM).is_dir() else STATE_ITEM
+            return d / item, item
+    raise FileNotFoundError(
+        f"INITIAL_CHECKPOINT_PATH {path} holds no complete checkpoint (expected "
+        f"{CHECKPOINTS_DIR}/<step>/{{{PARAMS_ITEM},{STATE_ITEM}}}, <step>/{{...}} or the "
+        f"step directory itself)")
+
+
+def _layout_cfg(model, layout: Mapping[str, bool]):
+    if model is not None and dataclasses.is_dataclass(getattr(model, "config", None)):
+        return dataclasses.replace(model.config, **layout)
+    return types.SimpleNamespace(**layout)
+
+
+def _place(x: np.ndarray, like: Any) -> Any:
+    x = np.asarray(x, dtype=like.dtype)
+    sharding = getattr(like, "sharding", None)
+    if sharding is None:
+        return x
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any]
+                                  ) -> Dict[str, Any]:
+    """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH; see
+    `_resolve_item`), as `abstract_params` (`{"params": ...}` of jax.ShapeDtypeStruct with
+    shardings) describes them. A training checkpoint gives its `params` only. A stored
+    layout other than the model's (fused / unfused QKV, scanned / unscanned layers) is
+    converted (on the host); then the shapes are checked (CheckpointMismatchError)."""
+    item_dir, item = _resolve_item(path)
+    where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
+    meta = _item_metadata_tree(item_dir)
+    stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
+    if not isinstance(stored, Mapping) or "params" not in stored:
+        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path}: {item_dir} holds no "
+                                f"'params' collection")
+    bare = "params" not in abstract_params  # a bare params tree: return one alike
+    target = {"params": abstract_params if bare else abstract_params["params"]}
+    src_layout = layouts.detect_layout(stored)
+    if model is not None and hasattr(model, "config"):
+        dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
+                      "scan_layers": bool(model.config.scan_layers)}
+    else:
+        dst_layout = layouts.detect_layout(target)
+    head = f"checkpoint {where} does not match the model: "
+    cause = ("INITIAL_CHECKPOINT_PATH probably holds another model size or architecture — "
+             "point it at a checkpoint of this model (or fix the model config)")
+
+    if src_layout == dst_layout:
+        diff = _first_difference(_flat_shapes(stored), _flat_shapes(target))
+        if diff:
+            raise CheckpointMismatchError(head + diff + "; " + cause)
+        request = {"params": target} if item == STATE_ITEM else target
+        with ocp.PyTreeCheckpointer() as ckpt:
+            restored = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
+                item=request, restore_args=ocp.checkpoint_utils.construct_restore_args(request),
+                partial_restore=True))
+        restored = restored["params"] if item == STATE_ITEM else restored
+        return restored["params"] if bare else restored
+
+    # Another layout: read to host memory, convert there, check, then place.
+    log.info("converting %s from %s to %s", where, _layout_str(src_layout), _layout_str(dst_layout))
+    host = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
+    request = {"params": host} if item == STATE_ITEM else host
+    with ocp.PyTreeCheckpointer() as ckpt:
+        loaded = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
+            item=request, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(
+                restore_type=np.ndarray), request), partial_restore=True))
+    loaded = loaded["params"] if item == STATE_ITEM else loaded
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        converted = layouts.convert_params({"params": loaded["params"]},
+                                           _layout_cfg(model, src_layout),
+                                           _layout_cfg(model, dst_layout))
+        converted = jax.tree.map(np.asarray, converted)
+    diff = _first_difference(_flat_shapes(converted), _flat_shapes(target))
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + f" (after converting from {_layout_str(src_layout)} to "
+            f"{_layout_str(dst_layout)}); " + cause)
+    placed = jax.tree.map(_place, converted, target)
+    return placed["params"] if bare else placed
+
+
+# ----------------------------------------------------------------------------- order
+
+
+def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
+                    init_fn: Callable[[], TrainState],
+                    initial_checkpoint_path: Optional[PathLike] = None, model: Any = None
+                    ) -> Tuple[TrainState, Optional[dict], str]:
+    """The restore order: the latest complete checkpoint in MODEL_DIR (state and data
+    position) -> else `initial_checkpoint_path` (parameters only; step 0, fresh optimizer
+    and FP8 state from `init_fn()`) -> else `init_fn()`.
+
+    Returns (state, data_state or None, source) with source "resume:<step>",
+    "initial:<path>" or "init"."""
+    step = checkpointer.latest_step()
+    if step is not None:
+        state, data = checkpointer.restore(step, abstract_state)
+        return state, data, f"resume:{step}"
+    if initial_checkpoint_path:
+        params = restore_params_for_finetuning(initial_checkpoint_path, model,
+                                               abstract_state.params)
+        state = init_fn()
+        return state.replace(params=params), None, f"initial:{initial_checkpoint_path}"
+    return init_fn(), None, "init"

@@ -1,0 +1,478 @@
+"""Training metrics: throughput and MFU, TensorBoard writers, the log line, a progress bar.
+
+    writer = MetricWriter(model_dir, jax.process_index(), log_every=100, total_steps=N)
+    if writer.due(step):                          # the host syncs only on logging steps
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        m.update(throughput(step_time, batch, targets_len, flops_per_example,
+                            jax.device_count(), jax.devices()[0].device_kind))
+        writer.write_scalars(step, m)            # TensorBoard + one log line, process 0 only
+
+`flops_per_example` comes from `t5lite.flops` (model FLOPs, fwd + bwd); MFU is achieved
+model FLOP/s per device over the dense bf16 peak of the device (None where unknown, e.g.
+CPU). TensorBoard events go to MODEL_DIR/train (and MODEL_DIR/eval for an eval writer):
+through clu.metric_writers when clu and its TensorFlow/TensorBoard import, otherwise
+through a small built-in event-file writer (no dependencies; the GPU image has no clu).
+Nothing here imports TensorFlow or clu at module import time.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import struct
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+# Dense (no sparsity) peak TFLOP/s per device, matched in order as case-insensitive
+# substrings of `jax.devices()[0].device_kind`, e.g. "NVIDIA H100 80GB HBM3".
+PEAK_BF16_TFLOPS: Dict[str, float] = {
+    "GH200": 989.4,
+    "H200": 989.4,
+    "H100 PCIe": 756.0,   # PCIe card: lower clocks and fewer SMs than SXM
+    "H100": 989.4,        # SXM
+    "A100": 312.0,
+}
+PEAK_FP8_TFLOPS: Dict[str, float] = {
+    "GH200": 1978.9,
+    "H200": 1978.9,
+    "H100 PCIe": 1513.0,
+    "H100": 1978.9,
+}
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------
+# Throughput and MFU
+# ---------------------------------------------------------------------------------------
+def _lookup(table: Mapping[str, float], device_kind: Optional[str]) -> Optional[float]:
+    if device_kind is None:
+        import jax  # lazily: the pure functions below need no backend
+        device_kind = jax.devices()[0].device_kind
+    kind = device_kind.lower()
+    for name, tflops in table.items():
+        if name.lower() in kind:
+            return tflops
+    return None
+
+
+def peak_bf16_tflops(device_kind: Optional[str] = None) -> Optional[float]:
+    """Dense bf16 peak TFLOP/s of `device_kind` (default: the first JAX device), or None."""
+    return _lookup(PEAK_BF16_TFLOPS, device_kind)
+
+
+def peak_fp8_tflops(device_kind: Optional[str] = None) -> Optional[float]:
+    """Dense FP8 peak TFLOP/s of `device_kind` (default: the first JAX device), or None."""
+    return _lookup(PEAK_FP8_TFLOPS, device_kind)
+
+
+def throughput(step_time_s: float, batch_size: int, target_tokens_per_example: int,
+               flops_per_example: Optional[float], num_devices: int,
+               device_kind: Optional[str], *, fp8: bool = False) -> Dict[str, Any]:
+    """Throughput of one training step of `batch_size` global examples.
+
+    Returns step_time_s, seq_per_s, target_tokens_per_s, tflops_per_device (model FLOPs;
+    None without `flops_per_example`) and mfu (fraction of the dense bf16 peak; None when
+    the peak or the FLOPs are unknown). With fp8=True also mfu_fp8 against the FP8 peak.
+    """
+    if not step_time_s > 0:
+        raise ValueError(f"step_time_s must be positive, got {step_time_s}")
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    seq_per_s = batch_size / step_time_s
+    out: Dict[str, Any] = {
+        "step_time_s": float(step_time_s),
+        "seq_per_s": seq_per_s,
+        "target_tokens_per_s": seq_per_s * target_tokens_per_example,
+        "tflops_per_device": None,
+        "mfu": None,
+    }
+    if flops_per_example is not None:
+        tflops = flops_per_example * seq_per_s / num_devices / 1e12
+        out["tflops_per_device"] = tflops
+        peak = peak_bf16_tflops(device_kind) if device_kind is not None else None
+        out["mfu"] = tflops / peak if peak else None
+        if fp8:
+            peak8 = peak_fp8_tflops(device_kind) if device_kind is not None else None
+            out["mfu_fp8"] = tflops / peak8 if peak8 else None
+    elif fp8:
+        out["mfu_fp8"] = None
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The log line
+# ---------------------------------------------------------------------------------------
+def _num(v: Any) -> Optional[float]:
+    if v is None:
+        return None
+    try:
+        return float(v)  # python / numpy / 0-d jax values
+    except (TypeError, ValueError):
+        return None
+
+
+# (metric key, accepted aliases, template, number format); None shows as "-".
+_LOG_FIELDS = (
+    ("loss", (), "loss {}", "small"),
+    ("z_loss", (), "z_loss {}", "small"),
+    ("accuracy", ("acc",), "acc {}", ".3f"),
+    ("learning_rate", ("lr",), "lr {}", ".1e"),
+    ("grad_norm", (), "grad_norm {}", ".2f"),
+    ("step_time_s", (), "{} s/step", ".3f"),
+    ("seq_per_s", (), "{} seq/s", ".1f"),
+    ("target_tokens_per_s", ("tokens_per_s",), "{} tok/s", ".0f"),
+    ("tflops_per_device", (), "{} TFLOP/s/dev", ".2f"),
+    ("mfu", (), "MFU {}", "percent"),
+    ("mfu_fp8", (), "MFU(fp8) {}", "percent"),
+)
+
+
+def _format_number(v: float, spec: str) -> str:
+    if spec == "small":  # losses: 3 decimals, scientific when tiny
+        return f"{v:.2e}" if v != 0 and abs(v) < 1e-3 else f"{v:.3f}"
+    if spec == "percent":
+        return f"{100 * v:.1f}%"
+    return format(v, spec)
+
+
+def format_log_line(step: int, total_steps: Optional[int], metrics: Mapping[str, Any]) -> str:
+    """`step 120/1000 | loss 3.214 | ... | 1.23 TFLOP/s/dev | MFU -`.
+
+    Known keys come first in a fixed order and format; a value of None shows as `-`
+    (MFU on a device of unknown peak); any other key follows as `name value`.
+    """
+    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    used = set()
+    for key, aliases, template, spec in _LOG_FIELDS:
+        name = next((k for k in (key, *aliases) if k in metrics), None)
+        if name is None:
+            continue
+        used.add(name)
+        v = _num(metrics[name])
+        parts.append(template.format("-" if v is None else _format_number(v, spec)))
+    for name, value in metrics.items():
+        if name not in used:
+            v = _num(value)
+            parts.append(f"{name} {'-' if v is None else format(v, '.4g')}")
+    return " | ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# TensorBoard event files without dependencies (TFRecord framing of `Event` protos)
+# ---------------------------------------------------------------------------------------
+_CRC_TABLE: List[int] = []
+
+
+def _crc32c(data: bytes) -> int:
+    if not _CRC_TABLE:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            _CRC_TABLE.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    if wire == 2:
+        payload = _varint(len(payload)) + payload
+    return _varint(number << 3 | wire) + payload
+
+
+def _event(step: int, wall_time: float, *, file_version: Optional[str] = None,
+           scalars: Optional[Mapping[str, float]] = None) -> bytes:
+    """Serialized tensorflow `Event` (wall_time=1, step=2, file_version=3, summary=5)."""
+    out = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
+    if file_version is not None:
+        out += _field(3, 2, file_version.encode())
+    if scalars:
+        summary = b"".join(  # Summary.value=1 -> Value(tag=1, simple_value=2)
+            _field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
+            for tag, v in scalars.items())
+        out += _field(5, 2, summary)
+    return out
+
+
+class _EventFileWriter:
+    """Appends scalar summaries to one `events.out.tfevents.*` file that TensorBoard reads."""
+
+    _ids = itertools.count()
+
+    def __init__(self, logdir: str):
+        os.makedirs(logdir, exist_ok=True)
+        name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+                f"{os.getpid()}.{next(self._ids)}.v2")
+        self.path = os.path.join(logdir, name)
+        self._file = open(self.path, "ab")
+        self._record(_event(0, time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def _record(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + struct.pack("<I", _masked_crc(header)) + data
+                         + struct.pack("<I", _masked_crc(data)))
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        self._record(_event(step, time.time(), scalars=scalars))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+def _parse(buf: bytes):
+    """Yield (field number, wire type, value) of a protobuf message (value: int or bytes)."""
+    i = 0
+    while i < len(buf):
+        key, i = _read_varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            n, i = _read_varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def _read_varint(buf: bytes, i: int) -> Tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return result, i
+
+
+def _tensor_scalar(buf: bytes) -> Optional[float]:
+    """A float value from a TensorProto (dtype=1, tensor_content=4, float_val=5, double=6)."""
+    dtype, content = 1, None
+    for number, wire, value in _parse(buf):
+        if number == 1:
+            dtype = value
+        elif number == 4:
+            content = value
+        elif number == 5:
+            return struct.unpack("<f", value[:4])[0]  # packed (wire 2) or single (wire 5)
+        elif number == 6:
+            return struct.unpack("<d", value[:8])[0]
+    if content:
+        return struct.unpack("<d" if dtype == 2 else "<f", content[:8 if dtype == 2 else 4])[0]
+    return None
+
+
+def read_scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:
+    """{tag: [(step, value), ...]} from every event file in `logdir` (oldest file first).
+
+    Reads both `simple_value` scalars (the built-in writer) and scalar tensors (clu /
+    tf.summary). For tests and quick checks; TensorBoard itself reads the same files.
+    """
+    out: Dict[str, List[Tuple[int, float]]] = {}
+    names = sorted(n for n in os.listdir(logdir) if "tfevents" in n) if os.path.isdir(logdir) \
+        else []
+    for name in names:
+        with open(os.path.join(logdir, name), "rb") as f:
+            data = f.read()
+        i = 0
+        while i + 12 <= len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            record = data[i + 12:i + 12 + n]
+            if len(record) < n or struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] \
+                    != _masked_crc(record):
+                break  # a partly written last record
+            i += 16 + n
+            step = 0
+            for number, _, value in _parse(record):
+                if number == 2:
+                    step = value
+                elif number == 5:
+                    for vnum, _, v in _parse(value):
+                        if vnum != 1:
+                            continue
+                        tag, scalar = None, None
+                        for f_num, _, f_val in _parse(v):
+                            if f_num == 1:
+                                tag = f_val.decode()
+                            elif f_num == 2:
+                                scalar = struct.unpack("<f", f_val)[0]
+                            elif f_num == 8:
+                                scalar = _tensor_scalar(f_val)
+                        if tag is not None and scalar is not None:
+                            out.setdefault(tag, []).append((step, scalar))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------
+def hide_tensorflow_gpus() -> None:
+    """Keep an imported TensorFlow off the GPUs (it would otherwise grab their memory)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except Exception as e:  # noqa: BLE001 - already initialized, or no GPU support
+        log.debug("could not hide GPUs from TensorFlow: %s", e)
+
+
+def _clu_summary_writer(logdir: str):
+    """clu's asynchronous TensorBoard writer, or raise ImportError when it cannot import."""
+    import importlib.util
+    for module in ("clu", "tensorflow", "tensorboard"):  # look before importing TF
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"{module} is not installed")
+    import tensorflow  # noqa: F401 - clu's SummaryWriter is built on tf.summary
+    hide_tensorflow_gpus()
+    from clu import metric_writers
+    return metric_writers.AsyncWriter(metric_writers.SummaryWriter(logdir))
+
+
+class MetricWriter:
+    """TensorBoard scalars under MODEL_DIR/<subdir> and a log line; process 0 only.
+
+    backend: "auto" (clu.metric_writers if it imports, else the built-in event writer),
+    "clu", "builtin", or "none" (log lines only). `write_scalars` writes every call to
+    TensorBoard and logs a line when `due(step)`: step % log_every == 0 or the last step.
+    None values are logged as `-` and left out of TensorBoard.
+    """
+
+    def __init__(self, model_dir: str, process_index: Optional[int] = None, *,
+                 log_every: int = 100, total_steps: Optional[int] = None,
+                 subdir: str = "train", backend: str = "auto"):
+        if backend not in ("auto", "clu", "builtin", "none"):
+            raise ValueError(f"backend must be auto, clu, builtin or none, got {backend!r}")
+        if process_index is None:
+            import jax
+            process_index = jax.process_index()
+        self.process_index = process_index
+        self.log_every = max(1, int(log_every))
+        self.total_steps = total_steps
+        self.subdir = subdir
+        self.logdir = os.path.join(model_dir, subdir)
+        self.backend = "none"
+        self._writer = None
+        if process_index != 0 or backend == "none":
+            return
+        if backend in ("auto", "clu"):
+            try:
+                self._writer = _clu_summary_writer(self.logdir)
+                self.backend = "clu"
+            except ImportError as e:
+                if backend == "clu":
+                    raise
+                log.info("clu.metric_writers unavailable (%s); writing TensorBoard scalars "
+                         "with t5lite's built-in event writer", e)
+        if self._writer is None:
+            self._writer = _EventFileWriter(self.logdir)
+            self.backend = "builtin"
+
+    def due(self, step: int) -> bool:
+        """Whether `step` is a logging step (worth a host sync to fetch metrics)."""
+        return step % self.log_every == 0 or (self.total_steps is not None
+                                              and step == self.total_steps)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        if self.process_index != 0:
+            return
+        values = {k: _num(v) for k, v in scalars.items()}
+        numeric = {k: v for k, v in values.items() if v is not None}  # NaN loss is kept
+        if self._writer is not None and numeric:
+            self._writer.write_scalars(int(step), numeric)
+        if self.due(step):
+            prefix = "" if self.subdir == "train" else f"[{self.subdir}] "
+            log.info("%s%s", prefix, format_log_line(step, self.total_steps, scalars))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "MetricWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Progress bar
+# ---------------------------------------------------------------------------------------
+class Progress:
+    """A tqdm bar on an interactive stderr (process 0), otherwise nothing at all."""
+
+    def __init__(self, total: Optional[int], initial: int = 0, *, desc: str = "train",
+                 process_index: int = 0, enable: Optional[bool] = None, file=None):
+        file = sys.stderr if file is None else file
+        if enable is None:
+            enable = process_index == 0 and hasattr(file, "isatty") and file.isatty()
+        self._bar = None
+        if enable:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, initial=initial, desc=desc, file=file,
+                             dynamic_ncols=True, leave=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self._bar is not None
+
+    def update(self, step: int, postfix: Optional[Mapping[str, Any]] = None) -> None:
+        if self._bar is None:
+            return
+        if postfix:
+            shown = {}
+            for k, v in postfix.items():
+                x = _num(v)
+                shown[k] = "-" if x is None else format(x, ".4g")
+            self._bar.set_postfix(shown, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

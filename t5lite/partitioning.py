@@ -1,0 +1,250 @@
+"""The partitioner shared by every model family: a (data, fsdp, tensor) device mesh, the
+logical-axis rules that map the models' axis names onto it, shardings for parameters,
+optimizer and FP8 state and batches, host-slice -> global-array batches, and the
+multi-process start.
+
+Models never name a mesh axis; they tag parameters and activations with logical names
+(`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
+`layers`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp, embed -> fsdp, heads /
+joined_kv / mlp / vocab -> tensor, everything else replicated. Extra rules from gin
+(`Partitioner.extra_rules = [("kv", "tensor")]`) are tried before the defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Order matters: an earlier rule claims its mesh axes first (so an activation's `embed`
+# does not take `fsdp` once its `batch` has it).
+DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("joined_kv", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("kv", None),
+    ("length", None),
+    ("layers", None),
+    ("stack", None),
+    ("relpos_buckets", None),
+    ("abspos_buckets", None),
+)
+
+
+class PartitioningError(ValueError):
+    """A mesh or batch that does not fit the devices; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           process_count: Optional[int] = None,
+                           process_index: Optional[int] = None,
+                           multiprocess: bool = False) -> None:
+    """Start JAX's multi-process runtime when asked (explicit coordinator, --multiprocess,
+    or SLURM with more than one task); a no-op for a single process."""
+    explicit = coordinator_address is not None
+    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    if not (explicit or multiprocess or slurm):
+        return
+    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if explicit:
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=process_count, process_id=process_index)
+    else:
+        jax.distributed.initialize()  # auto-detects SLURM / cluster environments
+    logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+                 jax.process_index(), jax.process_count(), jax.local_device_count(),
+                 jax.device_count())
+
+
+# ----------------------------------------------------------------------------- mesh
+
+
+def _fill(shape: Sequence[int], total: int, what: str) -> Tuple[int, ...]:
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(MESH_AXES):
+        raise PartitioningError(f"{what} must have {len(MESH_AXES)} entries {MESH_AXES}, "
+                                f"got {shape}")
+    if shape.count(-1) > 1:
+        raise PartitioningError(f"{what}={shape} has more than one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if total % known:
+            raise PartitioningError(f"{what}={shape}: {total} devices do not divide by {known}")
+        shape = tuple(total // known if s == -1 else s for s in shape)
+    return shape
+
+
+def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
+              dcn_mesh_shape: Sequence[int] = (1, 1, 1),
+              devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """Mesh over (data, fsdp, tensor). `ici_mesh_shape` lays out the devices within one
+    host (or slice), `dcn_mesh_shape` the hosts; the full mesh is their product. One -1
+    entry in each fills the remaining devices."""
+    devices = list(devices if devices is not None else jax.devices())
+    n = len(devices)
+    dcn = _fill(dcn_mesh_shape, jax.process_count(), "DCN_MESH_SHAPE")
+    n_dcn = math.prod(dcn)
+    if n % n_dcn:
+        raise PartitioningError(f"DCN_MESH_SHAPE={dcn} does not divide the {n} devices")
+    ici = _fill(ici_mesh_shape, n // n_dcn, "ICI_MESH_SHAPE")
+    if math.prod(ici) * n_dcn != n:
+        raise PartitioningError(
+            f"mesh ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} has "
+            f"{math.prod(ici) * n_dcn} devices but {n} are present; make the product of "
+            f"the two shapes equal the device count (a -1 entry fills the rest)")
+    if n_dcn == 1:
+        try:
+            arr = mesh_utils.create_device_mesh(ici, devices)
+        except (ValueError, NotImplementedError, AssertionError):
+            arr = np.array(devices).reshape(ici)
+    else:
+        try:
+            arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                                       process_is_granule=True)
+        except (ValueError, NotImplementedError, AssertionError, AttributeError):
+            # group by process: each process's devices form one ICI block
+            by_proc = sorted(devices, key=lambda d: (d.process_index, d.id))
+            blocks = np.array(by_proc).reshape(dcn + ici)
+            arr = blocks.transpose(0, 3, 1, 4, 2, 5).reshape(
+                tuple(a * b for a, b in zip(dcn, ici)))
+    return Mesh(arr, MESH_AXES)
+
+
+# ----------------------------------------------------------------------------- shardings
+
+
+@dataclasses.dataclass
+class Partitioner:
+    """Mesh + logical rules; turns logical axis names into shardings."""
+
+    mesh: Mesh
+    extra_rules: Sequence[Tuple[str, Any]] = ()
+
+    @property
+    def rules(self) -> Tuple[Tuple[str, Any], ...]:
+        return tuple((name, tuple(m) if isinstance(m, list) else m)
+                     for name, m in self.extra_rules) + DEFAULT_RULES
+
+    def axis_size(self, mesh_axes) -> int:
+        if mesh_axes is None:
+            return 1
+        names = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+        return math.prod(self.mesh.shape[a] for a in names)
+
+    def spec_for(self, names: Optional[Sequence[Optional[str]]], shape: Sequence[int]) -> P:
+        """PartitionSpec for an array with logical axis `names`; a dimension that does not
+        divide by its mesh axes stays unsharded."""
+        if not names:
+            return P()
+        mesh_axes = nn.logical_to_mesh_axes(tuple(names), self.rules)
+        out = []
+        for dim, axes in zip(shape, mesh_axes):
+            out.append(axes if axes is not None and dim % self.axis_size(axes) == 0 else None)
+        return P(*out)
+
+    def sharding(self, spec: P) -> NamedSharding:
+        return NamedSharding(self.mesh, spec)
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def tree_shardings(self, abstract_tree, names_tree):
+        """Shardings for a tree of ShapeDtypeStructs given a matching tree of logical-name
+        PartitionSpecs (as `model.logical_axes()` returns)."""
+        return jax.tree_util.tree_map(
+            lambda a, n: self.sharding(self.spec_for(tuple(n), a.shape)), abstract_tree,
+            names_tree, is_leaf=lambda x: isinstance(x, P))
+
+    def opt_state_shardings(self, abstract_opt_state, abstract_params, param_specs):
+        """Shard each optimizer-state leaf like the parameter it belongs to: same shape ->
+        same spec; a factored moment (one dimension reduced away) -> the spec without that
+        dimension; anything else (counts, scalars) replicated."""
+        params_def = jax.tree_util.tree_structure(abstract_params)
+        flat_params = jax.tree_util.tree_leaves(abstract_params)
+        flat_specs = jax.tree_util.tree_leaves(param_specs, is_leaf=lambda x: isinstance(x, P))
+
+        def like_params(sub):
+            leaves = jax.tree_util.tree_leaves(sub)
+            return jax.tree_util.tree_unflatten(
+                params_def, [self.sharding(_derived_spec(leaf.shape, p.shape, s))
+                             for leaf, p, s in zip(leaves, flat_params, flat_specs)])
+
+        def is_params_like(x):
+            try:
+                return jax.tree_util.tree_structure(x) == params_def
+            except Exception:  # noqa: BLE001 - exotic nodes are simply not params-like
+                return False
+
+        return jax.tree_util.tree_map(
+            lambda x: like_params(x) if is_params_like(x) else self.replicated(),
+            abstract_opt_state, is_leaf=is_params_like)
+
+    # -- batches -------------------------------------------------------------------
+    def batch_spec(self, ndim: int = 2) -> P:
+        return P(BATCH_AXES, *([None] * (ndim - 1)))
+
+    def batch_sharding(self, ndim: int = 2) -> NamedSharding:
+        return self.sharding(self.batch_spec(ndim))
+
+    @property
+    def data_shards(self) -> int:
+        return self.axis_size(BATCH_AXES)
+
+    def check_batch_size(self, global_batch_size: int, num_microbatches: int = 1) -> None:
+        per = global_batch_size // max(num_microbatches, 1)
+        if global_batch_size % max(num_microbatches, 1):
+            raise PartitioningError(
+                f"BATCH_SIZE={global_batch_size} does not divide into NUM_MICROBATCHES="
+                f"{num_microbatches}")
+        if per % self.data_shards:
+            raise PartitioningError(
+                f"batch of {per} examples (BATCH_SIZE={global_batch_size} / NUM_MICROBATCHES="
+                f"{num_microbatches}) does not divide over {self.data_shards} data shards "
+                f"(mesh data x fsdp = {self.mesh.shape['data']} x {self.mesh.shape['fsdp']}); "
+                f"use a multiple of {self.data_shards}")
+
+    def host_rows(self, global_batch_size: int) -> Tuple[int, int]:
+        """[start, stop) rows of the global batch that this process must supply."""
+        sharding = self.batch_sharding(1)
+        index_map = sharding.addressable_devices_indices_map((global_batch_size,))
+        starts = [idx[0].start or 0 for idx in index_map.values()]
+        stops = [global_batch_size if idx[0].stop is None else idx[0].stop
+                 for idx in index_map.values()]
+        return min(starts), max(stops)
+
+    def host_to_global(self, host_batch: dict, global_batch_size: int) -> dict:
+        """This process's rows (numpy) -> global jax.Arrays sharded on the batch axes."""
+        out = {}
+        for name, x in host_batch.items():
+            x = np.asarray(x)
+            out[name] = jax.make_array_from_process_local_data(
+                self.batch_sharding(x.ndim), x, (global_batch_size,) + x.shape[1:])
+        return out
+
+
+def _derived_spec(shape, param_shape, param_spec: P) -> P:
+    spec = tuple(param_spec) + (None,) * (len(param_shape) - len(param_spec))
+    if tuple(shape) == tuple(param_shape):
+        return P(*spec)
+    if len(shape) == len(param_shape) - 1:
+        for drop in range(len(param_shape) - 1, -1, -1):
+            if tuple(param_shape[:drop]) + tuple(param_shape[drop + 1:]) == tuple(shape):
+                return P(*(spec[:drop] + spec[drop + 1:]))
+    return P()

@@ -1,0 +1,209 @@
+"""`python -m t5lite.train`: the Gin runner for training (wiring only).
+
+    python -m t5lite.train --gin_file=configs/models/t5_1_1/tiny.gin \
+      --gin_file=configs/synthetic_pretrain.gin --gin.MODEL_DIR=\"/tmp/run\" \
+      --gin.TRAIN_STEPS=20 --gin.BATCH_SIZE=8
+
+Multi-process: `--multiprocess` (or SLURM with several tasks) calls
+`jax.distributed.initialize()`; `--coordinator_address=127.0.0.1:1234 --process_count=2
+--process_index=0` starts one process of a run by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+
+from t5lite import checkpoints, flops, gin_utils, metrics, partitioning, trainer
+from t5lite.models.configs import T5Config
+
+log = logging.getLogger("t5lite.train")
+SYNTHETIC_TASK = "synthetic"
+
+
+class TrainingError(RuntimeError):
+    """A run that must stop (NaN loss, bad data); the message is one line."""
+
+
+def _make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], batch_size: int,
+                   seed: int, partitioner: partitioning.Partitioner):
+    """This process's batch iterator for the named task."""
+    from t5lite.data import synthetic
+    if task_name != SYNTHETIC_TASK:
+        raise gin_utils.ConfigError(
+            f"unknown task {task_name!r}: this build knows {SYNTHETIC_TASK!r} (random "
+            f"batches); set MIXTURE_OR_TASK_NAME accordingly")
+    kind = "encoder_decoder" if isinstance(model.config, T5Config) else "decoder_only"
+    task = synthetic.SyntheticTask(_lengths(model, feature_lengths), model.config.vocab_size,
+                                   kind, seed)
+    start, stop = partitioner.host_rows(batch_size)
+    rows = stop - start
+    return synthetic.SyntheticIterator(task, batch_size, process_index=start // rows,
+                                       process_count=batch_size // rows)
+
+
+def _lengths(model, feature_lengths: Mapping[str, int]) -> Dict[str, int]:
+    if isinstance(model.config, T5Config):
+        return {"inputs": feature_lengths["inputs"], "targets": feature_lengths["targets"]}
+    return {"targets": feature_lengths["targets"]}
+
+
+def _flops_per_example(model, feature_lengths) -> float:
+    cfg = model.config
+    if isinstance(cfg, T5Config):
+        return flops.encoder_decoder_train_flops_per_example(
+            cfg, feature_lengths["inputs"], feature_lengths["targets"])
+    return flops.decoder_only_train_flops_per_example(cfg, feature_lengths["targets"])
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _write_config(model_dir: Path) -> None:
+    import gin
+    if jax.process_index() == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.gin").write_text(gin.config_str())
+
+
+def _finite(values: Mapping[str, Any]) -> bool:
+    return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm") if k in values)
+
+
+def train(*, model, model_dir: str, train_steps: int, batch_size: int,
+          task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
+          num_microbatches: int = 1, checkpoint_period: int = 1000, keep_checkpoints: int = 2,
+          initial_checkpoint_path: Optional[str] = None, random_seed: int = 0,
+          ici_mesh_shape: Sequence[int] = (-1, 1, 1),
+          dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
+          log_period: int = 10, async_checkpointing: bool = True) -> Dict[str, float]:
+    """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
+    a checkpoint. Returns the last logged metrics."""
+    model_dir = Path(model_dir)
+    part = partitioning.Partitioner(partitioning.make_mesh(ici_mesh_shape, dcn_mesh_shape),
+                                    partition_rules)
+    part.check_batch_size(batch_size, num_microbatches)
+    lengths = _lengths(model, task_feature_lengths)
+    fns = trainer.make_train_step(model, optimizer.tx, part,
+                                  learning_rate_fn=optimizer.learning_rate_fn,
+                                  num_microbatches=num_microbatches, lengths=lengths)
+    abstract = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        fns.abstract_state, fns.state_shardings)
+    ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, period=checkpoint_period,
+                                    async_save=async_checkpointing)
+    state, data_state, source = checkpoints.restore_or_init(
+        ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
+        initial_checkpoint_path=initial_checkpoint_path, model=model)
+    it = _make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
+                        random_seed, part)
+    if data_state:
+        it.set_state(data_state)
+    _write_config(model_dir)
+    step = int(jax.device_get(state.step))
+    log.info("start: %s at step %d; mesh %s; %d process(es)", source, step,
+             dict(part.mesh.shape), jax.process_count())
+
+    writer = metrics.MetricWriter(str(model_dir), jax.process_index(), log_every=log_period,
+                                  total_steps=train_steps, subdir="train")
+    progress = metrics.Progress(train_steps, initial=step, process_index=jax.process_index())
+    flops_per_example = _flops_per_example(model, task_feature_lengths)
+    target_tokens = task_feature_lengths["targets"]
+    device_kind = jax.devices()[0].device_kind
+    preempt = _Preemption()
+    last: Dict[str, float] = {}
+    t_last, steps_since = time.perf_counter(), 0
+    try:
+        while step < train_steps:
+            batch = part.host_to_global(next(it), batch_size)
+            state, step_metrics = fns.train_step(state, batch)
+            step += 1
+            steps_since += 1
+            report = step % log_period == 0 or step == train_steps
+            saving = ckpt.should_save(step) or step == train_steps or preempt.requested
+            if report or saving:
+                values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+                if not _finite(values):
+                    raise TrainingError(
+                        f"loss is {values.get('loss')} (grad norm {values.get('grad_norm')}) "
+                        f"at step {step}; stopped without saving it. The last good checkpoint "
+                        f"is step {ckpt.latest_step()} in {model_dir}. Lower the learning "
+                        f"rate or check the data")
+            if report:
+                now = time.perf_counter()
+                step_time = (now - t_last) / steps_since
+                t_last, steps_since = now, 0
+                values.update(metrics.throughput(step_time, batch_size, target_tokens,
+                                                 flops_per_example, jax.device_count(),
+                                                 device_kind))
+                writer.write_scalars(step, values)
+                progress.update(step, values)
+                last = values
+            if saving:
+                ckpt.save(step, state, it.get_state(), force=True)
+            if preempt.requested:
+                log.info("SIGTERM: saved step %d; exiting", step)
+                break
+    finally:
+        preempt.restore()
+        progress.close()
+        ckpt.wait()
+        ckpt.close()
+        writer.close()
+    return last
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    gin_utils.add_gin_flags(parser)
+    parser.add_argument("--multiprocess", action="store_true",
+                        help="call jax.distributed.initialize() (auto under SLURM)")
+    parser.add_argument("--coordinator_address", default=None)
+    parser.add_argument("--process_count", type=int, default=None)
+    parser.add_argument("--process_index", type=int, default=None)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    logging.getLogger("t5lite").setLevel(logging.INFO)  # orbax and absl stay at WARNING
+    args = gin_utils.parse_flags(_parser(), argv)
+    partitioning.initialize_distributed(args.coordinator_address, args.process_count,
+                                        args.process_index, args.multiprocess)
+    gin_utils.configure(args)
+    import t5lite.configurables as conf
+    model = gin_utils.resolve_macro("MODEL")
+    try:
+        conf.train(model=model)
+    except (partitioning.PartitioningError, checkpoints.CheckpointMismatchError,
+            TrainingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    gin_utils.run_main(main)

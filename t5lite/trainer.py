@@ -1,0 +1,169 @@
+"""The train step: one jitted pure function `train_step(state, batch) -> (state, metrics)`
+with in/out shardings and donated state, gradient accumulation as a scan inside it.
+
+Loss normalization is exact under accumulation: every microbatch contributes its token
+sums, and the sums are divided once by the whole batch's normalizer, so k microbatches
+give the update of the whole batch. FP8 state is not a parameter: its "gradient" is its
+new value (flax's overwrite-with-gradient contract); microbatches combine it with max,
+and it never reaches the optimizer, clipping or weight decay.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from t5lite.models.precision import FP8_COLLECTION
+from t5lite.partitioning import Partitioner
+from t5lite.train_state import TrainState
+
+Metrics = Dict[str, jax.Array]
+
+
+def _split_variables(variables) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    params = {"params": variables["params"]}
+    fp8 = {k: v for k, v in variables.items() if k == FP8_COLLECTION}
+    return params, fp8
+
+
+def init_state(model, tx: optax.GradientTransformation, rng: jax.Array,
+               lengths: Optional[Dict[str, int]] = None) -> TrainState:
+    """A fresh TrainState (call under jit with out_shardings to create it sharded)."""
+    init_rng, dropout_rng = jax.random.split(rng)
+    params, fp8 = _split_variables(model.init(init_rng, lengths=lengths))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, fp8=fp8,
+                      opt_state=tx.init(params["params"]),
+                      rng=jax.random.key_data(dropout_rng))
+
+
+def state_shardings(partitioner: Partitioner, model, abstract_state: TrainState) -> TrainState:
+    """Shardings for every leaf of the state: parameters by their logical names, optimizer
+    moments like their parameters, FP8 state, step and rng replicated."""
+    names = model.logical_axes()
+    param_specs = {"params": names["params"]}
+    params_sh = partitioner.tree_shardings(abstract_state.params, param_specs)
+    opt_sh = partitioner.opt_state_shardings(
+        abstract_state.opt_state, abstract_state.params["params"],
+        jax.tree_util.tree_map(lambda a, s: partitioner.spec_for(tuple(s), a.shape),
+                               abstract_state.params["params"], names["params"],
+                               is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    rep = partitioner.replicated()
+    return TrainState(step=rep, params=params_sh,
+                      fp8=jax.tree_util.tree_map(lambda _: rep, abstract_state.fp8),
+                      opt_state=opt_sh, rng=rep)
+
+
+@dataclasses.dataclass
+class StepFunctions:
+    """What `make_train_step` returns: the jitted step and the state shardings."""
+
+    train_step: Callable[[TrainState, Dict[str, jax.Array]], Tuple[TrainState, Metrics]]
+    state_shardings: TrainState
+    abstract_state: TrainState
+    init: Callable[[jax.Array], TrainState]
+
+
+def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, partitioner):
+    """Summed loss, summed metrics and summed gradients (float32) over microbatches; FP8
+    state combined with max. Returns (loss_sum, metrics_sums, param_grads, new_fp8)."""
+
+    def one(mb, mb_rng):
+        (loss_sum, sums), grads = jax.value_and_grad(model.loss_sums, has_aux=True)(
+            variables, mb, mb_rng)
+        g_params, g_fp8 = _split_variables(grads)
+        g_params = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), g_params)
+        return loss_sum, sums, g_params, g_fp8
+
+    if num_microbatches == 1:
+        return one(batch, rng)
+
+    def split(x):
+        mb = x.reshape((num_microbatches, x.shape[0] // num_microbatches) + x.shape[1:])
+        return mb
+
+    mbs = jax.tree_util.tree_map(split, batch)
+
+    def body(carry, xs):
+        i, mb = xs
+        mb = {k: jax.lax.with_sharding_constraint(v, partitioner.batch_sharding(v.ndim))
+              for k, v in mb.items()}
+        loss_sum, sums, g_params, g_fp8 = one(mb, jax.random.fold_in(rng, i))
+        acc_loss, acc_sums, acc_g, acc_fp8 = carry
+        acc_g = jax.tree_util.tree_map(jnp.add, acc_g, g_params)
+        acc_fp8 = jax.tree_util.tree_map(jnp.maximum, acc_fp8, g_fp8)
+        acc_sums = jax.tree_util.tree_map(jnp.add, acc_sums, sums)
+        return (acc_loss + loss_sum, acc_sums, acc_g, acc_fp8), None
+
+    params, fp8 = _split_variables(variables)
+    zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    low_fp8 = jax.tree_util.tree_map(lambda x: jnp.full(x.shape, -jnp.inf, x.dtype), fp8)
+    zero_sums = {k: jnp.zeros((), jnp.float32)
+                 for k in ("z_loss", "correct", "weight_sum", "nonpadding")}
+    (loss_sum, sums, grads, new_fp8), _ = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), zero_sums, zero_g, low_fp8),
+        (jnp.arange(num_microbatches), mbs))
+    return loss_sum, sums, grads, new_fp8
+
+
+def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partitioner, *,
+                    learning_rate_fn: Optional[Callable] = None, num_microbatches: int = 1,
+                    lengths: Optional[Dict[str, int]] = None) -> StepFunctions:
+    """Build the jitted, sharded train step and state initializer for `model`."""
+    rules = partitioner.rules
+
+    def init(rng):
+        return init_state(model, tx, rng, lengths)
+
+    with partitioner.mesh, nn.logical_axis_rules(rules):
+        abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+    shardings = state_shardings(partitioner, model, abstract)
+
+    def step_fn(state: TrainState, batch: Dict[str, jax.Array]):
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        if "decoder_loss_weights" not in batch:
+            batch = {**batch, "decoder_loss_weights":
+                     (batch["decoder_target_tokens"] > 0).astype(jnp.float32)}
+        norm = model.normalizer(batch)
+        loss_sum, sums, grads, new_fp8 = _microbatch_grads(
+            model, state.variables, batch, rng, num_microbatches, partitioner)
+        grads = jax.tree_util.tree_map(lambda g: g / norm, grads)
+        grads = jax.lax.with_sharding_constraint(grads, shardings.params)
+        updates, opt_state = tx.update(grads["params"], state.opt_state,
+                                       state.params["params"])
+        new_params = {"params": optax.apply_updates(state.params["params"], updates)}
+        new_state = state.replace(step=state.step + 1, params=new_params,
+                                  opt_state=opt_state, fp8=new_fp8 if state.fp8 else state.fp8)
+        metrics = {
+            "loss": loss_sum / norm,
+            "loss_per_token": loss_sum / jnp.maximum(sums["weight_sum"], 1.0),
+            "z_loss": sums["z_loss"] / norm,
+            "accuracy": sums["correct"] / jnp.maximum(sums["weight_sum"], 1.0),
+            "grad_norm": optax.global_norm(grads),
+            "param_norm": optax.global_norm(new_params),
+            "weight_sum": sums["weight_sum"],
+            "nonpadding_fraction": sums["nonpadding"] / batch["decoder_target_tokens"].size,
+        }
+        if learning_rate_fn is not None:
+            metrics["learning_rate"] = jnp.asarray(learning_rate_fn(state.step), jnp.float32)
+        return new_state, metrics
+
+    batch_sh = partitioner.batch_sharding(2)
+    rep = partitioner.replicated()
+    jitted = jax.jit(step_fn, in_shardings=(shardings, batch_sh),
+                     out_shardings=(shardings, rep), donate_argnums=(0,))
+    jit_init = jax.jit(init, out_shardings=shardings)
+
+    def train_step(state, batch):
+        with partitioner.mesh, nn.logical_axis_rules(rules):
+            return jitted(state, batch)
+
+    def sharded_init(rng):
+        with partitioner.mesh, nn.logical_axis_rules(rules):
+            return jit_init(rng)
+
+    return StepFunctions(train_step=train_step, state_shardings=shardings,
+                         abstract_state=abstract, init=sharded_init)
