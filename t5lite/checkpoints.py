@@ -45,7 +45,6 @@ DATA_ITEM = "data"
 PARAMS_ITEM = "params"  # converted checkpoints (t5lite.checkpoint_io)
 _COMMIT_FILE = "commit_success.txt"
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
-_TMP_MARK = ".orbax-checkpoint-tmp"
 _INCOMPLETE_MARK = ".incomplete-"
 
 
@@ -267,9 +266,14 @@ class Checkpointer:
         if step in self._manager.all_steps() or step in self.all_steps():
             log.info("checkpoint %d already saved; not saving it again", step)
             return False
+        data_state = dict(data_state or {})
+        try:
+            json.dumps(data_state)
+        except (TypeError, ValueError) as e:  # fail here, not in the background writer
+            raise TypeError(f"data_state for checkpoint {step} is not JSON-able: {e}") from None
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state.as_dict()),
-            DATA_ITEM: ocp.args.JsonSave(dict(data_state or {}))})
+            DATA_ITEM: ocp.args.JsonSave(data_state)})
         return bool(self._manager.save(step, args=args, force=True))
 
     def wait(self) -> None:

@@ -61,8 +61,10 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
     if not (explicit or multiprocess or slurm):
         return
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # The CPU backend's cross-process collectives need gloo (harmless on GPU hosts). Do not
+    # ask jax.default_backend() here: that starts the backends, and
+    # jax.distributed.initialize() must run before they start.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if explicit:
         jax.distributed.initialize(coordinator_address=coordinator_address,
                                    num_processes=process_count, process_id=process_index)

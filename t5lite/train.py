@@ -143,11 +143,14 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
             if report or saving:
                 values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
                 if not _finite(values):
+                    ckpt.wait()  # an async save in flight is part of what was kept
+                    good = ckpt.latest_step()
+                    kept = (f"The last good checkpoint is step {good} in {model_dir}"
+                            if good is not None else f"No checkpoint was saved in {model_dir}")
                     raise TrainingError(
-                        f"loss is {values.get('loss')} (grad norm {values.get('grad_norm')}) "
-                        f"at step {step}; stopped without saving it. The last good checkpoint "
-                        f"is step {ckpt.latest_step()} in {model_dir}. Lower the learning "
-                        f"rate or check the data")
+                        f"the loss or its gradient is not finite at step {step} (loss "
+                        f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
+                        f"without saving it. {kept}. Lower the learning rate or check the data")
             if report:
                 now = time.perf_counter()
                 step_time = (now - t_last) / steps_since
@@ -156,6 +159,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                                                  flops_per_example, jax.device_count(),
                                                  device_kind))
                 writer.write_scalars(step, values)
+                writer.flush()  # on disk now: a crash must not lose the curve so far
                 progress.update(step, values)
                 last = values
             if saving:
@@ -193,16 +197,57 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = gin_utils.parse_flags(_parser(), argv)
     partitioning.initialize_distributed(args.coordinator_address, args.process_count,
                                         args.process_index, args.multiprocess)
+    _check_command_line_macros(args)
     gin_utils.configure(args)
     import t5lite.configurables as conf
+    # Under `python -m t5lite.train` this module is `__main__`; the registered `train`
+    # (and the TrainingError it raises) belong to the imported `t5lite.train`.
+    from t5lite import train as train_module
     model = gin_utils.resolve_macro("MODEL")
     try:
         conf.train(model=model)
+    except gin_utils.ConfigError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return gin_utils.EXIT_CONFIG_ERROR
     except (partitioning.PartitioningError, checkpoints.CheckpointMismatchError,
-            TrainingError) as e:
-        print(f"error: {e}", file=sys.stderr)
+            train_module.TrainingError, FileNotFoundError) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    """The message without the `In call to configurable ...` lines gin appends to errors
+    raised inside a configurable."""
+    return str(e).split("\n  In call to configurable")[0].strip()
+
+
+def _check_command_line_macros(args: argparse.Namespace) -> None:
+    """A `--gin.NAME=` macro that no gin file defines and nothing references is a typo
+    (`--gin.BATCH_SIZ=8`): gin would accept it and silently train with the default."""
+    import difflib
+
+    import gin
+    names = []
+    for binding in args.gin_bindings:
+        name = binding.partition("=")[0].strip()
+        if name and name.isidentifier() and "." not in name:
+            names.append(name)
+    if not names:
+        return
+    gin_utils.parse_gin(args.gin_file, (), args.gin_search_paths, finalize=False)
+    from_files = {scope for scope, selector in gin.config._CONFIG if selector == "gin.macro"}
+    gin_utils.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
+                        finalize=False)
+    referenced = {ref.scoped_selector.rpartition("/")[0]
+                  for ref in gin.config.iterate_references(gin.config._CONFIG)}
+    for name in names:
+        if name not in from_files and name not in referenced:
+            close = difflib.get_close_matches(name, sorted(from_files), n=1)
+            hint = f"did you mean {close[0]}?" if close else "check the spelling"
+            raise gin_utils.ConfigError(
+                f"--gin.{name}: the gin files define no macro {name} and nothing uses it "
+                f"({hint})")
 
 
 if __name__ == "__main__":

@@ -142,8 +142,8 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
             "loss_per_token": loss_sum / jnp.maximum(sums["weight_sum"], 1.0),
             "z_loss": sums["z_loss"] / norm,
             "accuracy": sums["correct"] / jnp.maximum(sums["weight_sum"], 1.0),
-            "grad_norm": optax.global_norm(grads),
-            "param_norm": optax.global_norm(new_params),
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(new_params),
             "weight_sum": sums["weight_sum"],
             "nonpadding_fraction": sums["nonpadding"] / batch["decoder_target_tokens"].size,
         }

@@ -1,0 +1,161 @@
+"""The train step under the partitioner: the same update on 1 and 8 devices under every
+mesh, the same update for 1, 2 and 4 microbatches (with and without FP8), FP8 state
+kept out of the optimizer, and the learning rate the optimizer really used."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from t5lite import optimizers, partitioning, trainer
+from t5lite.data.synthetic import SyntheticTask
+from t5lite.models.configs import DecoderConfig, T5Config
+from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
+from t5lite.models.precision import FP8_COLLECTION
+
+T5 = T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
+              num_decoder_layers=2, mlp_dim=64, relpos_num_buckets=8, relpos_max_distance=16,
+              dtype="float32")
+LLAMA = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                      num_layers=2, mlp_dim=64, dtype="float32")
+BATCH = 16
+STEPS = 3
+# Tolerances measured on these models (float32, 3 Adam steps at lr 1e-2, which amplifies
+# reordered sums in the gradients): loss within 1e-6 relative, parameters within 1e-4.
+LOSS_RTOL, PARAM_ATOL = 1e-6, 1e-4
+
+
+def _model(cfg):
+    kind = "encoder_decoder" if isinstance(cfg, T5Config) else "decoder_only"
+    model = (EncoderDecoderModel if kind == "encoder_decoder" else DecoderOnlyModel)(cfg)
+    lengths = {"inputs": 12, "targets": 8} if kind == "encoder_decoder" else {"targets": 8}
+    return model, SyntheticTask(lengths, cfg.vocab_size, kind, seed=3), lengths
+
+
+def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS):
+    model, task, lengths = _model(cfg)
+    devices = jax.devices()[:int(np.prod(mesh_shape))]
+    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
+    fns = trainer.make_train_step(model, tx or optax.adam(1e-2), part,
+                                  num_microbatches=num_microbatches, lengths=lengths)
+    state = fns.init(jax.random.PRNGKey(0))
+    losses = []
+    for step in range(steps):
+        batch = part.host_to_global(task.global_batch(step, BATCH), BATCH)
+        state, metrics = fns.train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return losses, jax.device_get(state), state
+
+
+@pytest.fixture(scope="module", params=[T5, LLAMA], ids=["t5", "llama"])
+def single_device(request):
+    return request.param, _run(request.param, (1, 1, 1))
+
+
+def _assert_same(run, ref):
+    np.testing.assert_allclose(run[0], ref[0], rtol=LOSS_RTOL)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=PARAM_ATOL),
+                           run[1].params, ref[1].params)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
+def test_meshes_match_one_device(single_device, mesh_shape):
+    cfg, ref = single_device
+    run = _run(cfg, mesh_shape)
+    _assert_same(run, ref)
+    # and the parameters really are sharded as the rules say
+    kernel = run[2].params["params"]["decoder"]["layers_0"]["self_attention"]["query"]["kernel"]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+    n_shards = len({str(s.index) for s in kernel.addressable_shards})
+    assert n_shards == mesh_shape[1] * mesh_shape[2]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_microbatches_match_whole_batch(single_device, k):
+    cfg, ref = single_device
+    _assert_same(_run(cfg, (1, 1, 1), num_microbatches=k), ref)
+
+
+@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_microbatches_match_whole_batch_fp8(k):
+    cfg = dataclasses.replace(T5, fp8=True)  # FP8 matmuls, float32 everywhere else
+    ref = _run(cfg, (2, 2, 2), steps=2)
+    run = _run(cfg, (2, 2, 2), num_microbatches=k, steps=2)
+    np.testing.assert_allclose(run[0], ref[0], rtol=1e-4)
+    # FP8 amax histories combine with max across microbatches: identical to whole batch
+    fp8_ref, fp8_run = ref[1].fp8[FP8_COLLECTION], run[1].fp8[FP8_COLLECTION]
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-2),
+                           fp8_run, fp8_ref)
+
+
+def test_fp8_state_is_overwritten_not_optimized():
+    cfg = dataclasses.replace(T5, fp8=True)
+    model, task, lengths = _model(cfg)
+    part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    # a huge weight decay and learning rate would wreck anything the optimizer touched
+    opt = optimizers.adamw(10.0, weight_decay=0.5, clip_norm=1e-3)
+    fns = trainer.make_train_step(model, opt.tx, part, lengths=lengths)
+    state = fns.init(jax.random.PRNGKey(0))
+    assert set(state.fp8) == {FP8_COLLECTION}
+    assert FP8_COLLECTION not in jax.tree_util.tree_structure(state.opt_state).__repr__()
+    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    expected = jax.grad(lambda v: model.loss_sums(v, batch)[0])(state.variables)[FP8_COLLECTION]
+    expected = jax.device_get(expected)
+    new_state, _ = fns.train_step(state, batch)
+    # equal up to rounding (eager vs compiled); an optimizer step with lr 10 and weight
+    # decay 0.5 would have moved them far more
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5),
+                           jax.device_get(new_state.fp8[FP8_COLLECTION]), expected)
+    hist = new_state.fp8[FP8_COLLECTION]["encoder"]["layers_0"]["mlp"]["wo"]["fp8"]
+    assert float(hist["input_amax_history"][0]) > 0  # the amax of this step was recorded
+
+
+def test_learning_rate_used_is_the_schedule():
+    """The logged learning rate equals the schedule at the step, and the update the
+    optimizer applied has exactly that size (Adam with constant gradients moves each
+    parameter by lr)."""
+    schedule = optimizers.linear_decay(0.1, warmup_steps=2, decay_steps=6)
+    opt = optimizers.adamw(schedule, eps=1e-12)
+    model, task, lengths = _model(LLAMA)
+    part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+    fns = trainer.make_train_step(model, opt.tx, part, learning_rate_fn=schedule,
+                                  lengths=lengths)
+    state = fns.init(jax.random.PRNGKey(0))
+    # by hand: warmup 0 -> 0.1 over 2 steps, then linear to 0 at step 6
+    expected = [0.0, 0.05, 0.1, 0.075, 0.05]
+    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    for step, lr in enumerate(expected):
+        before = jax.device_get(state.params["params"]["decoder"]["decoder_norm"]["scale"])
+        state, metrics = fns.train_step(state, batch)
+        np.testing.assert_allclose(float(metrics["learning_rate"]), lr, atol=1e-7)
+        after = jax.device_get(state.params["params"]["decoder"]["decoder_norm"]["scale"])
+        if step == 0:  # Adam's first step: |update| = lr exactly for every nonzero gradient
+            assert np.allclose(np.abs(after - before), lr, atol=1e-6)
+    assert int(state.step) == len(expected)
+
+
+def test_state_is_created_sharded_and_donated():
+    model, task, lengths = _model(T5)
+    part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
+    fns = trainer.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
+    state = fns.init(jax.random.PRNGKey(0))
+    emb = state.params["params"]["token_embedder"]["embedding"]
+    assert emb.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+    mu = state.opt_state[0].mu["token_embedder"]["embedding"]
+    assert mu.sharding.spec == emb.sharding.spec  # optimizer moments follow the params
+    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    new_state, _ = fns.train_step(state, batch)
+    assert emb.is_deleted()  # the old state was donated
+
+
+def test_batch_size_must_divide_data_shards():
+    part = partitioning.Partitioner(partitioning.make_mesh((4, 2, 1)))
+    with pytest.raises(partitioning.PartitioningError, match="multiple of 8"):
+        part.check_batch_size(12)
+    with pytest.raises(partitioning.PartitioningError, match="NUM_MICROBATCHES"):
+        part.check_batch_size(16, num_microbatches=3)
+    with pytest.raises(partitioning.PartitioningError, match="devices"):
+        partitioning.make_mesh((3, 1, 1))
+    assert dict(partitioning.make_mesh((-1, 2, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}

@@ -1,0 +1,283 @@
+"""Helpers for tests that run `python -m t5lite.train` (and friends) as subprocesses.
+
+Every subprocess gets JAX_PLATFORMS=cpu and its own fake device count
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N`, replacing the 8 that
+tests/conftest.py sets for the pytest process), and runs from a directory outside the
+repository, so the documented `--gin_file=configs/...` paths are resolved by t5lite's own
+search path, as they are for a user.
+
+    proc = run_train(tmp_path / "run", steps=10, model="gpt", devices=1)
+    assert proc.returncode == 0, describe(proc)
+    complete_steps(tmp_path / "run")             # [10]
+    load_state(tmp_path / "run", 10)["params"]   # numpy tree
+    data_step(tmp_path / "run", 10)              # 10: the data position saved with it
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+PathLike = Union[str, Path]
+
+MODEL_FILES = {
+    "t5": "configs/models/t5_1_1/tiny.gin",
+    "gpt": "configs/models/gpt/tiny.gin",
+    "llama": "configs/models/llama2/tiny.gin",
+}
+SYNTHETIC = "configs/synthetic_pretrain.gin"
+SMALL_FEATURES = "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}"
+SYNC_CHECKPOINTS = "--gin.train.async_checkpointing=False"
+DEFAULT_TIMEOUT = 420
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def env(devices: int = 1, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of a CPU subprocess with `devices` fake host devices."""
+    out = dict(os.environ)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                   out.get("XLA_FLAGS", "")).split()
+    flags.append(f"--xla_force_host_platform_device_count={int(devices)}")
+    out["XLA_FLAGS"] = " ".join(flags)
+    out["JAX_PLATFORMS"] = "cpu"
+    out["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if not _installed():  # an uninstalled checkout: make `python -m t5lite...` importable
+        out["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out.pop("SLURM_NTASKS", None)  # a test run inside a SLURM job stays single-process
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _installed() -> bool:
+    """Whether t5lite is installed (pip install [-e]): importable from any directory."""
+    from importlib import metadata
+    try:
+        metadata.distribution("t5lite")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def train_command(model_dir: Optional[PathLike], *extra: str, model: str = "t5",
+                  steps: Optional[int] = None, small: bool = True,
+                  sync_checkpoints: bool = True, module: str = "t5lite.train") -> List[str]:
+    """argv of `python -m t5lite.train` on the synthetic task: the tiny `model`, MODEL_DIR
+    and TRAIN_STEPS (when given), small feature lengths and synchronous checkpointing
+    unless told otherwise, then `extra` (later flags win)."""
+    cmd = [sys.executable, "-m", module, f"--gin_file={MODEL_FILES[model]}",
+           f"--gin_file={SYNTHETIC}"]
+    if model_dir is not None:
+        cmd.append(f'--gin.MODEL_DIR="{model_dir}"')
+    if steps is not None:
+        cmd.append(f"--gin.TRAIN_STEPS={int(steps)}")
+    if small:
+        cmd.append(SMALL_FEATURES)
+    if sync_checkpoints:
+        cmd.append(SYNC_CHECKPOINTS)
+    return cmd + list(extra)
+
+
+def run(cmd: Sequence[str], devices: int = 1, cwd: Optional[PathLike] = None,
+        timeout: float = DEFAULT_TIMEOUT, extra_env: Optional[Mapping[str, str]] = None
+        ) -> subprocess.CompletedProcess:
+    """Run `cmd` to completion (text stdout / stderr captured)."""
+    return subprocess.run(list(cmd), env=env(devices, extra_env), cwd=str(cwd or _outside()),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
+              timeout: float = DEFAULT_TIMEOUT, cwd: Optional[PathLike] = None,
+              **kw) -> subprocess.CompletedProcess:
+    """`train_command(...)` run to completion."""
+    return run(train_command(model_dir, *extra, **kw), devices=devices, cwd=cwd,
+               timeout=timeout)
+
+
+def start(cmd: Sequence[str], log_path: PathLike, devices: int = 1,
+          cwd: Optional[PathLike] = None, extra_env: Optional[Mapping[str, str]] = None
+          ) -> subprocess.Popen:
+    """Start `cmd` in the background; stdout and stderr go to `log_path` (poll it with
+    `read_log`). The caller must `finish` or `kill` it."""
+    log = open(log_path, "w")
+    try:
+        return subprocess.Popen(list(cmd), env=env(devices, extra_env),
+                                cwd=str(cwd or _outside()), stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    finally:
+        log.close()  # the child holds its own copy of the descriptor
+
+
+def finish(proc: subprocess.Popen, timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Wait for `proc`; kill it (and fail) when it does not end within `timeout`."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        raise AssertionError(f"{proc.args} did not finish within {timeout} s") from None
+
+
+def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the process we started (by its pid) and reap it if it was SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=60)
+
+
+def read_log(path: PathLike) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = DEFAULT_TIMEOUT,
+             proc: Optional[subprocess.Popen] = None, log_path: Optional[PathLike] = None,
+             poll: float = 0.05) -> None:
+    """Poll `predicate` until true; fail after `timeout` s or when `proc` ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            if predicate():
+                return
+            raise AssertionError(f"process ended (rc={proc.returncode}) before {what}:\n"
+                                 f"{tail(read_log(log_path)) if log_path else ''}")
+        if time.monotonic() > deadline:
+            if proc is not None:
+                kill(proc)
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}:\n"
+                                 f"{tail(read_log(log_path)) if log_path else ''}")
+        time.sleep(poll)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _outside() -> str:
+    """A working directory outside the repository (the documented command's habit)."""
+    return str(Path(os.environ.get("TMPDIR", "/tmp")))
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def tail(text: str, n: int = 40) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    """A failure message: the command's status and the ends of its output."""
+    return (f"rc={proc.returncode}\n--- stdout\n{tail(proc.stdout or '')}\n"
+            f"--- stderr\n{tail(proc.stderr or '')}")
+
+
+def error_lines(text: str) -> List[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def assert_one_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Non-zero exit, exactly one `error:` line on stderr, no Traceback, and the line
+    (the whole of stderr's last line) contains every needle. Returns the line."""
+    assert proc.returncode not in (0, None), describe(proc)
+    assert "Traceback" not in proc.stderr, describe(proc)
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1, describe(proc)
+    assert proc.stderr.rstrip().splitlines()[-1] == lines[0], describe(proc)
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def logged_steps(log: str) -> List[int]:
+    """Steps of the `step N/M | ...` log lines."""
+    return [int(m) for m in re.findall(r"INFO step (\d+)/\d+ \|", log)]
+
+
+# ----------------------------------------------------------------------------- MODEL_DIR
+
+
+def checkpoints_dir(model_dir: PathLike) -> Path:
+    return Path(model_dir) / "checkpoints"
+
+
+def complete_steps(model_dir: PathLike) -> List[int]:
+    """Committed training checkpoints under MODEL_DIR, oldest first."""
+    from t5lite import checkpoints
+    return checkpoints.complete_steps(str(checkpoints_dir(model_dir)))
+
+
+def load_state(model_dir: PathLike, step: int) -> dict:
+    """The `state` item of checkpoint `step` as a tree of numpy arrays (no target needed:
+    shapes and dtypes come from the checkpoint's metadata; any device count)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    item = epath.Path(checkpoints_dir(model_dir) / str(int(step)) / "state")
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        meta = handler.metadata(item).tree
+    finally:
+        handler.close()
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        return ckptr.restore(item, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+
+
+def data_step(model_dir: PathLike, step: int) -> int:
+    """The synthetic iterator's position saved in checkpoint `step` (the `data` item)."""
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    item = epath.Path(checkpoints_dir(model_dir) / str(int(step)) / "data")
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as ckptr:
+        return int(ckptr.restore(item)["step"])
+
+
+def flat(tree) -> Dict[str, np.ndarray]:
+    """{"a/b/c": array} over a nested dict's leaves."""
+    import jax
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def assert_trees_equal(a, b, what: str = "trees") -> None:
+    fa, fb = flat(a), flat(b)
+    assert fa.keys() == fb.keys(), f"{what}: different leaves"
+    different = [k for k in fa if not np.array_equal(fa[k], fb[k])]
+    assert not different, f"{what}: {len(different)} leaves differ, e.g. {different[:3]}"
+
+
+def scalars(model_dir: PathLike, subdir: str = "train") -> Dict[str, List[Tuple[int, float]]]:
+    """TensorBoard scalars written under MODEL_DIR/<subdir> ({tag: [(step, value)]})."""
+    from t5lite import metrics
+    return metrics.read_scalars(str(Path(model_dir) / subdir))
+
+
+def snapshot(directory: PathLike) -> Dict[str, Tuple[int, int]]:
+    """{relative path: (size, mtime_ns)} of every file and directory under `directory`."""
+    root = Path(directory)
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.stat()
+        out[str(p.relative_to(root))] = (st.st_size if p.is_file() else 0, st.st_mtime_ns)
+    return out
