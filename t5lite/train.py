@@ -11,6 +11,7 @@ Multi-process: `--multiprocess` (or SLURM with several tasks) calls
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import signal
@@ -89,6 +90,41 @@ def _finite(values: Mapping[str, Any]) -> bool:
     return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm") if k in values)
 
 
+@dataclasses.dataclass
+class Run:
+    """Everything a training (or benchmark) loop needs, built from the `train` bindings."""
+
+    model: Any
+    partitioner: partitioning.Partitioner
+    fns: trainer.StepFunctions
+    iterator: Any
+    batch_size: int
+    target_tokens: int
+    flops_per_example: float
+
+    def next_batch(self):
+        return self.partitioner.host_to_global(next(self.iterator), self.batch_size)
+
+
+def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int],
+              mixture_or_task_name: str, optimizer, num_microbatches: int = 1,
+              random_seed: int = 0, ici_mesh_shape: Sequence[int] = (-1, 1, 1),
+              dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
+              **_unused) -> Run:
+    """Mesh, sharded train step and this process's data iterator."""
+    part = partitioning.Partitioner(partitioning.make_mesh(ici_mesh_shape, dcn_mesh_shape),
+                                    partition_rules)
+    part.check_batch_size(batch_size, num_microbatches)
+    fns = trainer.make_train_step(model, optimizer.tx, part,
+                                  learning_rate_fn=optimizer.learning_rate_fn,
+                                  num_microbatches=num_microbatches,
+                                  lengths=_lengths(model, task_feature_lengths))
+    it = _make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
+                        random_seed, part)
+    return Run(model, part, fns, it, batch_size, task_feature_lengths["targets"],
+               _flops_per_example(model, task_feature_lengths))
+
+
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
           num_microbatches: int = 1, checkpoint_period: int = 1000, keep_checkpoints: int = 2,
@@ -99,13 +135,13 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. Returns the last logged metrics."""
     model_dir = Path(model_dir)
-    part = partitioning.Partitioner(partitioning.make_mesh(ici_mesh_shape, dcn_mesh_shape),
-                                    partition_rules)
-    part.check_batch_size(batch_size, num_microbatches)
-    lengths = _lengths(model, task_feature_lengths)
-    fns = trainer.make_train_step(model, optimizer.tx, part,
-                                  learning_rate_fn=optimizer.learning_rate_fn,
-                                  num_microbatches=num_microbatches, lengths=lengths)
+    run = build_run(model=model, batch_size=batch_size,
+                    task_feature_lengths=task_feature_lengths,
+                    mixture_or_task_name=mixture_or_task_name, optimizer=optimizer,
+                    num_microbatches=num_microbatches, random_seed=random_seed,
+                    ici_mesh_shape=ici_mesh_shape, dcn_mesh_shape=dcn_mesh_shape,
+                    partition_rules=partition_rules)
+    part, fns, it = run.partitioner, run.fns, run.iterator
     abstract = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         fns.abstract_state, fns.state_shardings)
@@ -114,8 +150,6 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     state, data_state, source = checkpoints.restore_or_init(
         ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
         initial_checkpoint_path=initial_checkpoint_path, model=model)
-    it = _make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
-                        random_seed, part)
     if data_state:
         it.set_state(data_state)
     _write_config(model_dir)
@@ -126,16 +160,13 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     writer = metrics.MetricWriter(str(model_dir), jax.process_index(), log_every=log_period,
                                   total_steps=train_steps, subdir="train")
     progress = metrics.Progress(train_steps, initial=step, process_index=jax.process_index())
-    flops_per_example = _flops_per_example(model, task_feature_lengths)
-    target_tokens = task_feature_lengths["targets"]
     device_kind = jax.devices()[0].device_kind
     preempt = _Preemption()
     last: Dict[str, float] = {}
     t_last, steps_since = time.perf_counter(), 0
     try:
         while step < train_steps:
-            batch = part.host_to_global(next(it), batch_size)
-            state, step_metrics = fns.train_step(state, batch)
+            state, step_metrics = fns.train_step(state, run.next_batch())
             step += 1
             steps_since += 1
             report = step % log_period == 0 or step == train_steps
@@ -155,8 +186,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 now = time.perf_counter()
                 step_time = (now - t_last) / steps_since
                 t_last, steps_since = now, 0
-                values.update(metrics.throughput(step_time, batch_size, target_tokens,
-                                                 flops_per_example, jax.device_count(),
+                values.update(metrics.throughput(step_time, batch_size, run.target_tokens,
+                                                 run.flops_per_example, jax.device_count(),
                                                  device_kind))
                 writer.write_scalars(step, values)
                 writer.flush()  # on disk now: a crash must not lose the curve so far

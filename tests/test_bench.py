@@ -1,0 +1,40 @@
+"""`python -m t5lite.bench` times the train step and writes a traceable JSON result, with
+no TensorFlow / SeqIO / t5 / clu imported (the GPU image has none of them)."""
+import json
+import subprocess
+import sys
+
+
+def test_bench_runs_and_writes_traceable_json(tmp_path):
+    out = tmp_path / "bench.json"
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['bench', '--gin_file=configs/models/llama2/tiny.gin',"
+        f" '--gin_file=configs/synthetic_pretrain.gin', '--gin.BATCH_SIZE=8',"
+        f" \"--gin.TASK_FEATURE_LENGTHS={{'inputs': 16, 'targets': 16}}\","
+        f" '--steps=3', '--warmup=1', '--json_out={out}']\n"
+        "try:\n"
+        "    runpy.run_module('t5lite.bench', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in"
+        " {'tensorflow', 'seqio', 't5', 'clu', 'tensorflow_datasets'})\n"
+        "print('IMPORTED', bad)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "IMPORTED []" in proc.stdout
+    assert "median step" in proc.stdout and "TFLOP/s per device" in proc.stdout
+    result = json.loads(out.read_text())
+    assert len(result["step_durations_s"]) == 3
+    median = sorted(result["step_durations_s"])[1]
+    assert result["median_step_s"] == median
+    assert abs(result["seq_per_s"] - 8 / median) < 1e-6 * result["seq_per_s"]
+    assert abs(result["target_tokens_per_s"] - 8 * 16 / median) < 1e-3
+    # 2 layers, d 64, 4 heads (2 kv) of 16, ff 172, vocab 32000, seq 16, gated MLP:
+    # per token fwd = 2*(2*64*(4+4)*16 + 2*64*4*16 + 2*64*172*3 + 4*16*4*16/2) + 2*64*32000
+    per_token = 2 * (2 * 64 * 128 + 2 * 64 * 64 + 2 * 64 * 172 * 3 + 2048) + 2 * 64 * 32000
+    assert result["flops_per_example"] == 3 * per_token * 16
+    assert result["device_count"] >= 1 and result["jax_version"]
+    assert "DecoderConfig.num_kv_heads = 2" in result["gin_config"]
+    assert "--steps=3" in result["command"]
