@@ -159,3 +159,35 @@ def test_batch_size_must_divide_data_shards():
     with pytest.raises(partitioning.PartitioningError, match="devices"):
         partitioning.make_mesh((3, 1, 1))
     assert dict(partitioning.make_mesh((-1, 2, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_scan_remat_fused_switches_train_like_the_plain_model():
+    """Remat, scan over layers and fused QKV in training: starting from the same weights
+    (converted between layouts), two Adam steps give the same losses and parameters."""
+    from t5lite.models import layouts
+    switched = dataclasses.replace(T5, scan_layers=True, remat_policy="full", fuse_qkv=True)
+    part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
+    results = []
+    for cfg in (T5, switched):
+        model, task, lengths = _model(cfg)
+        tx = optax.adam(1e-2)
+        fns = trainer.make_train_step(model, tx, part, lengths=lengths)
+        state = fns.init(jax.random.PRNGKey(0))
+        if cfg is switched:  # start from the plain model's weights
+            params = layouts.convert_params(jax.device_get(plain_start), T5, switched)
+            params = jax.device_put(params, fns.state_shardings.params)
+            state = state.replace(params=params, opt_state=tx.init(params["params"]))
+        else:
+            plain_start = jax.device_get(state.params)
+        losses = []
+        for step in range(2):
+            batch = part.host_to_global(task.global_batch(step, BATCH), BATCH)
+            state, metrics = fns.train_step(state, batch)
+            losses.append(float(metrics["loss"]))
+        params = jax.device_get(state.params)
+        if cfg is switched:
+            params = layouts.convert_params(params, switched, T5)
+        results.append((losses, params))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=LOSS_RTOL)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=PARAM_ATOL),
+                           results[1][1], results[0][1])
