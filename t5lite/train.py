@@ -170,7 +170,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
             step += 1
             steps_since += 1
             report = step % log_period == 0 or step == train_steps
-            saving = ckpt.should_save(step) or step == train_steps or preempt.requested
+            stopping = preempt.requested  # read once: a SIGTERM from here on waits a step
+            saving = ckpt.should_save(step) or step == train_steps or stopping
             if report or saving:
                 values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
                 if not _finite(values):
@@ -195,15 +196,15 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 last = values
             if saving:
                 ckpt.save(step, state, it.get_state(), force=True)
-            if preempt.requested:
+            if stopping:
                 log.info("SIGTERM: saved step %d; exiting", step)
                 break
     finally:
-        preempt.restore()
         progress.close()
         ckpt.wait()
         ckpt.close()
         writer.close()
+        preempt.restore()  # after the last save is committed: a SIGTERM now only sets the flag
     return last
 
 
