@@ -240,7 +240,7 @@ class Checkpointer:
         foreign = [s for s in complete_steps(self.directory, (PARAMS_ITEM,))
                    if s not in complete_steps(self.directory, (STATE_ITEM,))]
         if foreign:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"{self.directory / str(foreign[0])} holds a converted parameter checkpoint, "
                 f"not a training run (its old steps would be deleted as new ones are kept) — "
                 f"give {self.model_dir} as INITIAL_CHECKPOINT_PATH and use a new MODEL_DIR")
@@ -250,6 +250,13 @@ class Checkpointer:
             cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE_ITEM, DATA_ITEM),
                                               options=options)
+        # Orbax removes a crashed save's tmp dirs in a background thread that it awaits only
+        # before the next save (not in close): a run that ends before saving (an error, no
+        # steps left) would exit with it running ("cannot schedule new futures after
+        # interpreter shutdown"). Wait for it here.
+        await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+        if await_cleanup is not None:
+            await_cleanup()
 
     # -- saving -----------------------------------------------------------------------
     def should_save(self, step: int) -> bool:

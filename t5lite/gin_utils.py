@@ -146,7 +146,7 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
         if _locate(gin_file, paths) is None:
             raise ConfigError(f"gin file not found: {gin_file} (searched {', '.join(paths)})")
         with _translate_errors(origin=gin_file):
-            gin.parse_config_file(gin_file)
+            gin.parse_config_file(str(_locate(gin_file, paths)))
     for binding in bindings:
         with _translate_errors(origin=f"binding {binding.strip()!r}"):
             gin.parse_config(binding)

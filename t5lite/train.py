@@ -134,6 +134,12 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           log_period: int = 10, async_checkpointing: bool = True) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. Returns the last logged metrics."""
+    for name, value, optional in (("CHECKPOINT_PERIOD", checkpoint_period, True),
+                                  ("KEEP_CHECKPOINTS", keep_checkpoints, True),
+                                  ("LOG_PERIOD", log_period, False)):
+        if not (value is None and optional) and (not isinstance(value, int) or value < 1):
+            raise gin_utils.ConfigError(f"{name} must be a positive integer (or None), got "
+                                        f"{value!r}")
     model_dir = Path(model_dir)
     run = build_run(model=model, batch_size=batch_size,
                     task_feature_lengths=task_feature_lengths,
@@ -147,9 +153,13 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         fns.abstract_state, fns.state_shardings)
     ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, period=checkpoint_period,
                                     async_save=async_checkpointing)
-    state, data_state, source = checkpoints.restore_or_init(
-        ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
-        initial_checkpoint_path=initial_checkpoint_path, model=model)
+    try:
+        state, data_state, source = checkpoints.restore_or_init(
+            ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
+            initial_checkpoint_path=initial_checkpoint_path, model=model)
+    except BaseException:
+        ckpt.close()
+        raise
     if data_state:
         it.set_state(data_state)
     _write_config(model_dir)

@@ -88,14 +88,22 @@ def _check_documented_run(model_dir, proc, model):
     np.testing.assert_allclose([v for _, v in sc["learning_rate"]], 0.1, rtol=1e-6)
     for (_, seq), (_, t) in zip(sc["seq_per_s"], sc["step_time_s"]):
         assert seq == pytest.approx(8 / t, rel=1e-4)
-    # per-token cross entropy of a near-uniform model over the vocabulary
+    # per-token cross entropy around log(vocab)
     for _, v in sc["loss_per_token"]:
-        assert abs(v - math.log(TINY_VOCAB[model])) < 3, sc["loss_per_token"]
+        assert 0.5 < v / math.log(TINY_VOCAB[model]) < 4, sc["loss_per_token"]
 
 
 def test_documented_command_trains_t5(t5_run):
     model_dir, proc = t5_run
     _check_documented_run(model_dir, proc, "t5")
+
+
+def test_documented_command_with_the_repository_on_pythonpath(tmp_path):
+    """An uninstalled checkout used through PYTHONPATH, run from another directory."""
+    cmd = _documented_command(tmp_path / "run", "t5")[:-2] + ["--gin.TRAIN_STEPS=1"]
+    proc = th.run(cmd, cwd=tmp_path, extra_env={"PYTHONPATH": str(th.REPO)}, timeout=240)
+    assert proc.returncode == 0, th.describe(proc)
+    assert th.complete_steps(tmp_path / "run") == [1]
 
 
 @pytest.mark.slow
@@ -107,14 +115,16 @@ def test_documented_command_trains_decoder_only(tmp_path, model):
 
 
 # Drop of loss_per_token (first step -> mean of the last 10 of 60) that the test demands;
-# measured: gpt 37.5 -> 11.9 (its tied embedding starts with large logits), t5 10.79 ->
-# ~10.2, llama 10.90 -> ~10.48 (over +-0.1 of noise between steps).
-LOSS_DROP = {"gpt": 10.0, "t5": 0.3, "llama": 0.2}
+# measured: t5 10.79 -> ~10.2, llama 10.90 -> ~10.48 (over +-0.1 of noise between steps).
+# GPT's tied embedding (init std 0.02) starts at the uniform floor log(vocab - 2) = 10.83
+# already: on uniform random tokens there is nothing more to learn, so for it the test
+# checks that it stays there (measured 10.86 -> 10.93).
+LOSS_DROP = {"gpt": -0.2, "t5": 0.3, "llama": 0.2}
 
 
 @pytest.mark.parametrize("model", [
-    "gpt", pytest.param("t5", marks=pytest.mark.slow),
-    pytest.param("llama", marks=pytest.mark.slow)])
+    "llama", pytest.param("t5", marks=pytest.mark.slow),
+    pytest.param("gpt", marks=pytest.mark.slow)])
 def test_loss_decreases(tmp_path, model):
     """60 AdamW steps at lr 1e-2 on uniform random tokens: the model learns what there
     is to learn (the unigram distribution: no 0 / 1 ids among the tokens; for T5 also
@@ -286,6 +296,28 @@ def test_bad_input_ends_in_one_error_line(tmp_path, case):
     assert not (model_dir / "train").exists()
 
 
+def test_missing_initial_checkpoint_ends_in_one_error_line(tmp_path):
+    missing = tmp_path / "no_such_checkpoint"
+    proc = th.run_train(tmp_path / "run", f'--gin.INITIAL_CHECKPOINT_PATH="{missing}"',
+                        steps=4, timeout=240)
+    th.assert_one_error(proc, "INITIAL_CHECKPOINT_PATH", str(missing), "does not exist")
+    assert not th.complete_steps(tmp_path / "run")
+
+
+def test_model_dir_holding_converted_params_is_refused_untouched(tmp_path):
+    """A converted (params-only) checkpoint given as MODEL_DIR: training there would
+    delete it step by step (KEEP_CHECKPOINTS); the message points to
+    INITIAL_CHECKPOINT_PATH instead."""
+    from t5lite import checkpoint_io
+    converted = tmp_path / "converted"
+    checkpoint_io.save_params(converted, {"params": {"w": np.ones((2, 3), np.float32)}})
+    before = th.snapshot(converted)
+    proc = th.run_train(converted, steps=4, timeout=240)
+    th.assert_one_error(proc, "converted parameter checkpoint", "INITIAL_CHECKPOINT_PATH",
+                        "new MODEL_DIR")
+    assert th.snapshot(converted) == before
+
+
 def test_reused_model_dir_of_another_size_is_refused_untouched(t5_run):
     model_dir, first = t5_run
     assert first.returncode == 0, th.describe(first)
@@ -303,14 +335,22 @@ def test_reused_model_dir_of_another_size_is_refused_untouched(t5_run):
 # ----------------------------------------------------------------------------- 6. processes
 
 
-@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
     """Two processes x 2 devices (ICI [2,1,1] x DCN [2,1,1]: data=4 across processes,
-    gloo collectives on 127.0.0.1) against one process x 4 devices (ICI [4,1,1]): same
-    seed, same global batches. Measured: loss and params equal to ~1e-6 relative
-    (float32 sums in another order); asserted within 1e-4."""
+    gloo collectives on 127.0.0.1, one checkpoint written together) against one process
+    x 4 devices (ICI [4,1,1]): same seed, same global batches, float32 activations.
+
+    Measured after 10 Adafactor steps: logged loss / grad norm within 1.3e-6 relative,
+    param norm equal; parameters within 2.7e-7 relative (L2 over all of them) and, per
+    leaf, max |difference| <= 4.3e-4 of the leaf's max |value| (logits kernel: Adafactor
+    normalizes the near-zero gradients of rare vocabulary columns, which amplifies the
+    last-bit differences of float32 sums taken in another order). Asserted: 1e-5
+    relative for the metrics and the L2, 2e-3 of the leaf's scale per leaf. (With the
+    default bfloat16 activations even 1 vs 4 devices in one process drift apart by ~2%
+    in grad norm within 10 steps: bf16 rounding flips amplify those last bits.)"""
     steps = 10
-    common = ("--gin.CHECKPOINT_PERIOD=5", "--gin.LOG_PERIOD=5", "--gin.RANDOM_SEED=3")
+    common = ("--gin.CHECKPOINT_PERIOD=5", "--gin.LOG_PERIOD=5", "--gin.RANDOM_SEED=3",
+              "--gin.ACTIVATION_DTYPE='float32'")
     multi_dir, single_dir = tmp_path / "multi", tmp_path / "single"
     port = th.free_port()
     procs = []
@@ -337,21 +377,26 @@ def test_two_processes_match_one_process(tmp_path):
     assert len(list((multi_dir / "train").glob("*tfevents*"))) == 1
     assert th.logged_steps(logs[0]) == [5, 10] and th.logged_steps(logs[1]) == []
     multi, one = th.scalars(multi_dir), th.scalars(single_dir)
-    for tag in ("loss", "loss_per_token", "grad_norm", "param_norm", "accuracy"):
+    for tag in ("loss", "loss_per_token", "z_loss", "grad_norm", "param_norm"):
         assert [s for s, _ in multi[tag]] == [s for s, _ in one[tag]] == [5, 10]
         np.testing.assert_allclose([v for _, v in multi[tag]], [v for _, v in one[tag]],
-                                   rtol=1e-4, err_msg=tag)
-    for tag in ("weight_sum", "nonpadding_fraction"):  # the same batches exactly
+                                   rtol=1e-5, err_msg=tag)
+    for tag in ("weight_sum", "nonpadding_fraction"):  # the same batches, exactly
         assert multi[tag] == one[tag], tag
 
-    # the checkpoint both processes wrote together restores whole
+    # the checkpoint both processes wrote together restores whole, here on 8 devices
     assert th.complete_steps(multi_dir) == th.complete_steps(single_dir) == [5, 10]
     assert th.data_step(multi_dir, steps) == steps
-    pm = th.flat(th.load_state(multi_dir, steps)["params"])
-    ps = th.flat(th.load_state(single_dir, steps)["params"])
+    sm, ss = th.load_state(multi_dir, steps), th.load_state(single_dir, steps)
+    assert int(sm["step"]) == steps
+    pm, ps = th.flat(sm["params"]), th.flat(ss["params"])
     assert pm.keys() == ps.keys()
     for k in pm:
-        np.testing.assert_allclose(pm[k], ps[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        scale = float(np.max(np.abs(ps[k])))
+        assert float(np.max(np.abs(pm[k] - ps[k]))) <= 2e-3 * scale, k
+    diff = math.sqrt(sum(float(np.sum((pm[k] - ps[k]) ** 2)) for k in pm))
+    norm = math.sqrt(sum(float(np.sum(ps[k] ** 2)) for k in ps))
+    assert diff <= 1e-5 * norm, diff / norm
 
 
 # ----------------------------------------------------------------------------- 7. meshes

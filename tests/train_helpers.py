@@ -14,7 +14,6 @@ search path, as they are for a user.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
