@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, attention_mask,
-                                  get_dtype, make_norm)
+                                  decode_mask, get_dtype, make_norm)
 from t5lite.models.stack import run_layers
 
 Array = jax.Array
@@ -26,6 +26,7 @@ class DecoderOnlyLayer(nn.Module):
     cfg: DecoderConfig
     deterministic: bool = True
     scanned: bool = False
+    decode: bool = False  # KV cache in the self-attention (see layers.Attention)
 
     @nn.compact
     def __call__(self, x: Array, mask: Optional[Array], positions: Array):
@@ -45,7 +46,7 @@ class DecoderOnlyLayer(nn.Module):
             logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl,
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
-            name="self_attention")(h, h, None, mask, positions, positions)
+            decode=self.decode, name="self_attention")(h, h, None, mask, positions, positions)
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
@@ -59,10 +60,11 @@ class DecoderStack(nn.Module):
     cfg: DecoderConfig
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, positions: Array, deterministic: bool) -> Array:
+    def __call__(self, x: Array, mask: Array, positions: Array, deterministic: bool,
+                 decode: bool = False) -> Array:
         c = self.cfg
         x = run_layers(DecoderOnlyLayer, c.num_layers, x, (mask, positions), scan=c.scan_layers,
-                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+                       remat=c.remat_policy, cfg=c, deterministic=deterministic, decode=decode)
         return make_norm(c.norm_type, c.layer_norm_epsilon, get_dtype(c.dtype), "decoder_norm")(x)
 
 
@@ -73,9 +75,9 @@ class DecoderOnly(nn.Module):
 
     def setup(self):
         c, dtype = self.cfg, get_dtype(self.cfg.dtype)
-        self.token_embedder = Embed(c.vocab_size, c.emb_dim, dtype)
+        self.token_embedder = Embed(c.vocab_size, c.emb_dim, dtype, init_std=0.02)
         if c.position_embedding == "learned":
-            self.position_embedder = Embed(c.max_length, c.emb_dim, dtype,
+            self.position_embedder = Embed(c.max_length, c.emb_dim, dtype, init_std=0.02,
                                            axes=("abspos_buckets", "embed"))
         self.embed_dropout = nn.Dropout(c.dropout_rate,
                                         broadcast_dims=(Layout(c.transpose_bs).length_axis,))
@@ -87,22 +89,31 @@ class DecoderOnly(nn.Module):
                  decoder_target_tokens: Optional[Array] = None,
                  decoder_segment_ids: Optional[Array] = None,
                  decoder_positions: Optional[Array] = None,
-                 deterministic: bool = True) -> Array:
+                 deterministic: bool = True, decode: bool = False,
+                 max_decode_length: Optional[int] = None) -> Array:
+        """decode=True (with mutable "cache"): incremental decoding against a KV cache of
+        `max_decode_length` slots; the tokens sit at `decoder_positions` (default
+        0..length-1; consecutive within a row). The first call, without a cache, must
+        pass length == max_decode_length: it creates the (zero) cache. Segment ids are
+        ignored when decoding."""
         del decoder_target_tokens  # no padding mask needed: see the module docstring
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
                                                  (batch, length))
-        valid = jnp.ones((batch, length), bool)
-        mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
+        if decode:
+            mask = decode_mask(decoder_positions, max_decode_length or length)
+        else:
+            valid = jnp.ones((batch, length), bool)
+            mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
         x = self.token_embedder(lay.to_internal(decoder_input_tokens))
         positions = lay.to_internal(decoder_positions)
         if c.position_embedding == "learned":
             x = x + self.position_embedder(positions)
         x = self.embed_dropout(x, deterministic=deterministic)
         x = lay.constrain(x, "embed")
-        x = self.decoder(x, mask, positions, deterministic)
+        x = self.decoder(x, mask, positions, deterministic, decode)
         logits = self.token_embedder.attend(x) if c.tie_embeddings else self.logits_dense(x)
         logits = lay.constrain(logits, "vocab")
         return lay.to_external(logits).astype(jnp.float32)

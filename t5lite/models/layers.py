@@ -165,10 +165,12 @@ class Embed(nn.Module):
     features: int
     dtype: jnp.dtype = jnp.bfloat16
     axes: Tuple[str, str] = ("vocab", "embed")
+    init_std: float = 1.0  # T5: 1.0; GPT / LLaMA: 0.02 (tied logits stay O(1) at init)
 
     def setup(self):
         self.embedding = self.param(
-            "embedding", nn.with_logical_partitioning(nn.initializers.normal(1.0), self.axes),
+            "embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
             (self.num_embeddings, self.features), jnp.float32)
 
     def __call__(self, ids: Array) -> Array:
@@ -212,16 +214,29 @@ class RelativePositionBias(nn.Module):
     bidirectional: bool = True
 
     @nn.compact
-    def __call__(self, q_length: int, k_length: int) -> Array:
+    def __call__(self, q_length: int, k_length: int,
+                 q_positions: Optional[Array] = None) -> Array:
+        """Without `q_positions`: queries 0..q_length-1 -> bias [1, heads, q, k].
+        With `q_positions` [batch, q] (int; decoding): one row per query at its own
+        position, over keys 0..k_length-1 -> bias [batch, heads, q, k]."""
         table = self.param(
             "rel_embedding",
             nn.with_logical_partitioning(nn.initializers.normal(1.0 / math.sqrt(self.num_buckets)),
                                          ("heads", "relpos_buckets")),
             (self.num_heads, self.num_buckets), jnp.float32)
-        rel = np.arange(k_length)[None, :] - np.arange(q_length)[:, None]
-        buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
-                                           self.max_distance)
-        return jnp.take(table, jnp.asarray(buckets, jnp.int32), axis=1)[None]
+        if q_positions is None:
+            rel = np.arange(k_length)[None, :] - np.arange(q_length)[:, None]
+            buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets,
+                                               self.max_distance)
+            return jnp.take(table, jnp.asarray(buckets, jnp.int32), axis=1)[None]
+        # Buckets of every relative position -(k_length-1)..k_length-1, computed once in
+        # numpy (the same arithmetic as above), then gathered at key - query.
+        span = np.arange(-(k_length - 1), k_length)
+        by_offset = jnp.asarray(relative_position_bucket(
+            span, self.bidirectional, self.num_buckets, self.max_distance), jnp.int32)
+        rel = jnp.arange(k_length)[None, None, :] - q_positions[:, :, None]  # [b, q, k]
+        buckets = jnp.take(by_offset, rel + (k_length - 1), axis=0)
+        return jnp.moveaxis(jnp.take(table, buckets, axis=1), 0, 1)  # [b, heads, q, k]
 
 
 def apply_rope(x: Array, positions: Array, theta: float) -> Array:
@@ -254,6 +269,12 @@ def attention_mask(q_valid: Array, k_valid: Array, causal: bool = False,
     return mask
 
 
+def decode_mask(q_positions: Array, k_length: int) -> Array:
+    """Causal mask for decoding against a KV cache: query at position p (q_positions
+    [batch, q]) sees cache slots 0..p. Returns bool [batch, 1, q, k_length]."""
+    return (jnp.arange(k_length)[None, None, :] <= q_positions[:, :, None])[:, None]
+
+
 # ----------------------------------------------------------------------------- attention
 
 
@@ -263,6 +284,23 @@ class Attention(nn.Module):
     x_q: [batch, q_length, embed] (or [q_length, batch, embed] in the SB layout);
     x_kv: same with kv_length; bias: float32 [1|batch, heads, q, k] or None;
     mask: bool [batch, 1, q, k] or None. Returns the same layout as x_q.
+
+    With `decode=True` the module keeps a KV cache in the flax collection "cache":
+    `cached_key` / `cached_value` [batch, max_length, kv_heads, kv] ([max_length, batch,
+    ...] in the SB layout), holding keys and values after projection (and RoPE), so the
+    fused / unfused kernel layout does not matter. The first decode-mode call, with no
+    cache yet, creates it (needs `mutable=["cache"]`): a self-attention sizes it from its
+    input (call it with a full-length input; the cache starts as zeros), a
+    cross-attention stores the projected encoder keys and values once. Later calls:
+
+    - self-attention: x_q holds the new tokens at `q_positions` ([batch, q], or [q, batch]
+      in the SB layout; consecutive per row). Their keys/values are written into the
+      cache at those positions and the queries attend over the whole cache; `mask` and
+      `bias` must then be [.., q, max_length] (`decode_mask`, and
+      `RelativePositionBias(..., q_positions=...)`).
+    - cross-attention: x_kv is not read again; keys/values come from the cache.
+
+    Decoding always uses the einsum attention (any `attention_impl`).
     """
 
     num_heads: int
@@ -280,12 +318,15 @@ class Attention(nn.Module):
     deterministic: bool = True
     attention_impl: str = "xla"
     rope_theta: Optional[float] = None
+    decode: bool = False
 
     def _dense(self, features, axes, name, n_in=1, init_scale=1.0):
         return Dense(features=features, kernel_axes=axes, n_in=n_in, dtype=self.dtype,
                      use_bias=self.use_bias, fp8=self.fp8, init_scale=init_scale, name=name)
 
-    def _project(self, x_q: Array, x_kv: Array):
+    def _project(self, x_q: Array, x_kv: Optional[Array]):
+        """q [.., heads, kv], k / v [.., kv_heads, kv]; k, v are None when x_kv is None
+        (a cross-attention reading its cache)."""
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         group = h // hkv
         if self.fuse_qkv and not self.is_cross:
@@ -297,6 +338,8 @@ class Attention(nn.Module):
         q = self._dense((h, d), ("embed", "heads", "kv"), "query",
                         init_scale=self.query_init_scale)(x_q)
         q = checkpoint_name(q, "query_proj")
+        if x_kv is None:
+            return q, None, None
         if self.fuse_qkv:  # cross-attention: one kernel for k and v
             y = checkpoint_name(self._dense((2, hkv, d), ("embed", "stack", "heads", "kv"), "kv")(x_kv),
                                 "kv_proj")
@@ -311,20 +354,59 @@ class Attention(nn.Module):
                  mask: Optional[Array] = None, q_positions: Optional[Array] = None,
                  kv_positions: Optional[Array] = None) -> Array:
         lay = self.layout
-        q, k, v = self._project(x_q, x_kv)  # [b, l, heads, kv] (or [l, b, ...])
+        cross_cached = (self.decode and self.is_cross
+                        and self.has_variable("cache", "cached_key"))
+        # [b, l, heads, kv] (or [l, b, ...])
+        q, k, v = self._project(x_q, None if cross_cached else x_kv)
         if self.rope_theta is not None:
             q = apply_rope(q, q_positions, self.rope_theta)
-            k = apply_rope(k, kv_positions, self.rope_theta)
+            if k is not None:
+                k = apply_rope(k, kv_positions, self.rope_theta)
         q = lay.constrain(q, "heads", "kv")
+        if self.decode:
+            k, v = self._cached_kv(k, v, q_positions)
         k = lay.constrain(k, "heads", "kv")
         v = lay.constrain(v, "heads", "kv")
-        if self.attention_impl == "xla":
+        if self.attention_impl == "xla" or self.decode:
             out = self._einsum_attention(q, k, v, bias, mask)
         else:
             out = self._jax_nn_attention(q, k, v, bias, mask)
         out = lay.constrain(out, "heads", "kv")
         y = self._dense((x_q.shape[-1],), ("heads", "kv", "embed"), "out", n_in=2)(out)
         return checkpoint_name(y, "out_proj")
+
+    def _cached_kv(self, k: Optional[Array], v: Optional[Array],
+                   q_positions: Optional[Array]):
+        """Decode mode: the keys and values to attend over. See the class docstring."""
+        initialized = self.has_variable("cache", "cached_key")
+        if self.is_cross:
+            ck = self.variable("cache", "cached_key", lambda: k)
+            cv = self.variable("cache", "cached_value", lambda: v)
+            return ck.value, cv.value
+        ck = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cv = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        if not initialized:  # the cache-creating call: attend over its own input
+            return k, v
+        if q_positions is None:
+            raise ValueError("decoding with a KV cache needs the query positions")
+        lay = self.layout
+        b_axis = 1 - lay.length_axis
+        max_length = ck.value.shape[lay.length_axis]
+        start = lay.to_external(q_positions)[:, 0].astype(jnp.int32)  # [batch]
+        if k.shape[lay.length_axis] == 1:  # one new token per row: a masked select
+            hit = lay.to_internal(jnp.arange(max_length)[None, :] == start[:, None])
+            new_k = jnp.where(hit[..., None, None], k, ck.value)
+            new_v = jnp.where(hit[..., None, None], v, cv.value)
+        else:  # a block of tokens per row (prefill)
+            def write(cache, x):
+                return jax.vmap(
+                    lambda c, xi, s: jax.lax.dynamic_update_slice_in_dim(c, xi, s, axis=0),
+                    in_axes=(b_axis, b_axis, 0), out_axes=b_axis)(cache, x, start)
+
+            new_k, new_v = write(ck.value, k), write(cv.value, v)
+        ck.value = lay.constrain(new_k.astype(ck.value.dtype), "heads", "kv")
+        cv.value = lay.constrain(new_v.astype(cv.value.dtype), "heads", "kv")
+        return ck.value, cv.value
 
     def _einsum_attention(self, q, k, v, bias, mask):
         """Plain XLA attention; softmax in float32. q [.., h, d], k/v [.., hkv, d]."""

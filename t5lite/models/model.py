@@ -8,16 +8,23 @@ feature names, each [batch, length] int32 (weights float):
   decoder_loss_weights, optional encoder/decoder_segment_ids and _positions;
 - decoder-only: decoder_input_tokens, decoder_target_tokens, decoder_loss_weights,
   optional decoder_segment_ids and decoder_positions.
+
+`predict_batch` decodes with a KV cache (`t5lite.decoding`; docs/decoding.md):
+encoder-decoder from encoder_input_tokens; decoder-only continues the prompts in
+decoder_input_tokens (left-aligned, 0-padded on the right; `decoder_prompt_lengths`
+[batch] when a prompt may end in token 0).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5lite import losses
+from t5lite import decoding, losses
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.decoder import DecoderOnly
 from t5lite.models.t5 import T5
@@ -117,6 +124,19 @@ class BaseModel:
         tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         return jnp.sum(tok * weights, axis=-1)
 
+    # -- decoding -------------------------------------------------------------------
+    def _decode_setup(self, decoder: decoding.DecoderSpec):
+        """(decoder config, network for decoding, cache batch axis). Decoding never
+        differentiates, so the network runs without remat (same parameters)."""
+        spec = decoding.get_decoder(decoder)
+        module = type(self.module)(dataclasses.replace(self.config, remat_policy="none"))
+        cfg = self.config
+        return spec, module, int(cfg.transpose_bs) + int(cfg.scan_layers)
+
+    @staticmethod
+    def _finish(tokens, scores, return_scores: bool):
+        return (tokens, scores) if return_scores else tokens
+
 
 class EncoderDecoderModel(BaseModel):
     """T5-style encoder-decoder (`T5Config`)."""
@@ -130,6 +150,54 @@ class EncoderDecoderModel(BaseModel):
         super().__init__(z_loss, label_smoothing, loss_normalizing_factor)
         self.config = config
         self.module = T5(config)
+
+    def predict_batch(self, params, batch: Batch, *,
+                      decoder: decoding.DecoderSpec = "greedy",
+                      max_decode_length: Optional[int] = None,
+                      rng: Optional[jax.Array] = None, return_scores: bool = False,
+                      eos_id: Optional[int] = decoding.EOS_ID):
+        """Decode targets for `batch["encoder_input_tokens"]` [batch, enc_length].
+
+        decoder: `decoding.GreedyDecoder()`, `Sampling(temperature, top_k, top_p)`,
+        `BeamSearch(num_beams, alpha)` or a name ("greedy", "sample", "beam_search").
+        max_decode_length: default the width of `decoder_input_tokens`. Decoding starts
+        from BOS 0. Returns tokens [batch, max_decode_length] (EOS included, 0 after);
+        with return_scores also scores [batch] (summed log-probs; for beam search
+        length-penalized). Jittable (decoder and lengths static)."""
+        spec, module, cache_axis = self._decode_setup(decoder)
+        enc_tokens = jnp.asarray(batch["encoder_input_tokens"], jnp.int32)
+        if max_decode_length is None:
+            if "decoder_input_tokens" not in batch:
+                raise ValueError("predict_batch needs max_decode_length or a batch with "
+                                 "decoder_input_tokens (whose width sets it)")
+            max_decode_length = batch["decoder_input_tokens"].shape[1]
+        length, batch_size, beams = max_decode_length, enc_tokens.shape[0], spec.num_beams
+        encoded = module.apply(params, enc_tokens, method=T5.encode)
+        if beams > 1:  # encoded is in the internal layout: batch is axis 1 when transposed
+            encoded = decoding.repeat_beams(encoded, beams, int(self.config.transpose_bs))
+            enc_tokens = decoding.repeat_beams(enc_tokens, beams)
+
+        def run(tokens, cache, positions=None):
+            variables = dict(params) if cache is None else {**params, "cache": cache}
+            logits, new = module.apply(variables, encoded, enc_tokens, tokens, decode=True,
+                                       decoder_positions=positions,
+                                       max_decode_length=length, mutable=["cache"],
+                                       method=T5.decode)
+            return logits, new["cache"]
+
+        # The cache-creating call: self-attention caches start as zeros; cross-attention
+        # caches hold the projected encoder keys/values (the rest of the pass is unused).
+        _, cache = run(jnp.zeros((batch_size * beams, length), jnp.int32), None)
+
+        def tokens_to_logits(tokens, cache, index):
+            logits, cache = run(tokens, cache, index[:, None])
+            return logits[:, 0], cache
+
+        tokens, scores = decoding.decode(
+            spec, tokens_to_logits, jnp.zeros((batch_size,), jnp.int32), 0, cache, length,
+            rng=rng, eos_id=eos_id, cache_batch_axis=cache_axis,
+            gather_cache=functools.partial(_gather_self_attention_cache, axis=cache_axis))
+        return self._finish(tokens, scores, return_scores)
 
     def dummy_batch(self, batch_size=1, lengths=None):
         lengths = dict(lengths or {})
@@ -151,7 +219,80 @@ class DecoderOnlyModel(BaseModel):
         self.config = config
         self.module = DecoderOnly(config)
 
+    def predict_batch(self, params, batch: Batch, *,
+                      decoder: decoding.DecoderSpec = "greedy",
+                      max_decode_length: Optional[int] = None,
+                      rng: Optional[jax.Array] = None, return_scores: bool = False,
+                      eos_id: Optional[int] = decoding.EOS_ID):
+        """Continue the prompts in `batch["decoder_input_tokens"]` [batch, P]: each row
+        left-aligned and padded with 0 on the right. Prompt lengths come from
+        `batch["decoder_prompt_lengths"]` [batch] if present, else from the last nonzero
+        token of each row (so a prompt may contain 0 but not end with it); a prompt needs
+        at least one token (e.g. BOS).
+
+        max_decode_length: new tokens per row (default P). The KV cache holds
+        P + max_decode_length positions (for learned positions at most `max_length`).
+        Returns the continuations [batch, max_decode_length] (EOS included, 0 after; pass
+        eos_id=None to never stop early); with return_scores also scores [batch]
+        (summed log-probs of the new tokens; for beam search length-penalized)."""
+        spec, module, cache_axis = self._decode_setup(decoder)
+        prompts = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+        batch_size, width = prompts.shape
+        if "decoder_prompt_lengths" in batch:
+            lengths = jnp.asarray(batch["decoder_prompt_lengths"], jnp.int32)
+        else:
+            nonzero = prompts != 0
+            last = width - jnp.argmax(nonzero[:, ::-1], axis=1)
+            lengths = jnp.where(jnp.any(nonzero, axis=1), last, 0).astype(jnp.int32)
+        lengths = jnp.clip(lengths, 1, width)
+        new_tokens = width if max_decode_length is None else max_decode_length
+        total = width + new_tokens
+        cfg = self.config
+        if cfg.position_embedding == "learned" and total > cfg.max_length:
+            raise ValueError(
+                f"prompt width {width} + max_decode_length {new_tokens} = {total} exceeds the "
+                f"learned position table (max_length={cfg.max_length}); shorten either")
+        beams = spec.num_beams
+        rows = decoding.repeat_beams(prompts, beams) if beams > 1 else prompts
+
+        def run(tokens, cache, positions=None):
+            variables = dict(params) if cache is None else {**params, "cache": cache}
+            logits, new = module.apply(variables, tokens, decoder_positions=positions,
+                                       decode=True, max_decode_length=total,
+                                       mutable=["cache"])
+            return logits, new["cache"]
+
+        _, cache = run(jnp.zeros((rows.shape[0], total), jnp.int32), None)  # zero cache
+        # Prefill: the whole padded prompt block at positions 0..P-1. Slots past a row's
+        # prompt hold padding; they are masked (causal) until decoding overwrites them.
+        _, cache = run(rows, cache, jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
+                                                     rows.shape))
+
+        def tokens_to_logits(tokens, cache, index):
+            logits, cache = run(tokens, cache, index[:, None])
+            return logits[:, 0], cache
+
+        # Decoding starts by re-feeding each prompt's last token at its position: its
+        # logits give the first new token.
+        last_tokens = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
+        tokens, scores = decoding.decode(spec, tokens_to_logits, last_tokens, lengths - 1,
+                                         cache, new_tokens, rng=rng, eos_id=eos_id,
+                                         cache_batch_axis=cache_axis)
+        return self._finish(tokens, scores, return_scores)
+
     def dummy_batch(self, batch_size=1, lengths=None):
         length = dict(lengths or {}).get("targets", 8)
         return {"decoder_input_tokens": jnp.ones((batch_size, length), jnp.int32),
                 "decoder_target_tokens": jnp.ones((batch_size, length), jnp.int32)}
+
+
+def _gather_self_attention_cache(cache, rows, axis: int):
+    """Beam reordering for an encoder-decoder cache: only self-attention entries move;
+    cross-attention keys/values are the same for every beam of an example."""
+    def take(path, x):
+        names = [getattr(p, "key", "") for p in path]
+        if "encoder_decoder_attention" in names:
+            return x
+        return jnp.take(x, rows, axis=axis)
+
+    return jax.tree_util.tree_map_with_path(take, cache)

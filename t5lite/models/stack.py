@@ -35,7 +35,8 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
     """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
     `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
     method of the parent module. Layers take a `scanned` attribute and return
-    `(x, None)` when it is set, as nn.scan requires."""
+    `(x, None)` when it is set, as nn.scan requires. A decoding KV cache (collection
+    "cache") gains a leading `layers` axis under scan, like the parameters."""
     policy = remat_policy(remat)
     cls = layer_cls
     if policy is not None:
@@ -43,7 +44,7 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
     if scan:
         scanned = nn.scan(
             cls,
-            variable_axes={"params": 0, FP8_COLLECTION: 0},
+            variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(args),
             length=num_layers,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from t5lite.models.configs import T5Config
 from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, RelativePositionBias,
-                                  RMSNorm, attention_mask, get_dtype)
+                                  RMSNorm, attention_mask, decode_mask, get_dtype)
 from t5lite.models.stack import run_layers
 
 Array = jax.Array
@@ -28,6 +28,7 @@ class _T5Layer(nn.Module):
     cfg: T5Config
     deterministic: bool = True
     scanned: bool = False
+    decode: bool = False  # KV cache in the decoder's attentions (see layers.Attention)
 
     @property
     def layout(self) -> Layout:
@@ -43,7 +44,8 @@ class _T5Layer(nn.Module):
             layout=self.layout, dtype=get_dtype(c.dtype), is_cross=is_cross,
             fuse_qkv=c.fuse_qkv, fp8=c.fp8, logits_scale=1.0,
             query_init_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
-            deterministic=self.deterministic, attention_impl=c.attention_impl, name=name)
+            deterministic=self.deterministic, attention_impl=c.attention_impl,
+            decode=self.decode, name=name)
 
     def mlp(self) -> MLP:
         c = self.cfg
@@ -73,10 +75,12 @@ class EncoderLayer(_T5Layer):
 class DecoderLayer(_T5Layer):
     @nn.compact
     def __call__(self, x: Array, encoded: Array, bias: Array, self_mask: Array,
-                 cross_mask: Array):
-        """x [batch, dec_length, embed]; encoded [batch, enc_length, embed] (or SB)."""
+                 cross_mask: Array, positions: Optional[Array] = None):
+        """x [batch, dec_length, embed]; encoded [batch, enc_length, embed] (or SB);
+        positions (decoding only) [batch, dec_length] (or SB): where x's tokens sit."""
         h = self.norm("pre_self_attention_layer_norm")(x)
-        x = self.residual(x, self.attention("self_attention", False)(h, h, bias, self_mask))
+        x = self.residual(x, self.attention("self_attention", False)(h, h, bias, self_mask,
+                                                                     positions))
         h = self.norm("pre_cross_attention_layer_norm")(x)
         x = self.residual(
             x, self.attention("encoder_decoder_attention", True)(h, encoded, None, cross_mask))
@@ -121,22 +125,43 @@ class Decoder(nn.Module):
                  decoder_target_tokens: Optional[Array] = None,
                  encoder_segment_ids: Optional[Array] = None,
                  decoder_segment_ids: Optional[Array] = None,
-                 deterministic: bool = True) -> Array:
-        """Returns float32 logits [batch, dec_length, vocab]."""
+                 deterministic: bool = True, decode: bool = False,
+                 decoder_positions: Optional[Array] = None,
+                 max_decode_length: Optional[int] = None) -> Array:
+        """Returns float32 logits [batch, dec_length, vocab].
+
+        decode=True (with mutable "cache"): incremental decoding against the KV cache of
+        `max_decode_length` slots; `decoder_positions` [batch, dec_length] say where the
+        given tokens sit (default 0..dec_length-1). The first call, without a cache,
+        must pass dec_length == max_decode_length: it creates the cache (see
+        `layers.Attention`). Segment ids and `decoder_target_tokens` are ignored."""
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
-        length = decoder_input_tokens.shape[1]
-        valid = (decoder_target_tokens > 0 if decoder_target_tokens is not None
-                 else jnp.ones(decoder_input_tokens.shape, bool))
-        self_mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
-        cross_mask = attention_mask(valid, encoder_tokens > 0, False, decoder_segment_ids,
-                                    encoder_segment_ids)
-        bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
-                                    bidirectional=False, name="relpos_bias")(length, length)
+        batch, length = decoder_input_tokens.shape
+        relpos = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
+                                      bidirectional=False, name="relpos_bias")
+        extra = ()
+        if decode:
+            if decoder_positions is None:
+                decoder_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
+                                                     (batch, length))
+            cache_length = max_decode_length or length
+            self_mask = decode_mask(decoder_positions, cache_length)
+            cross_mask = attention_mask(jnp.ones((batch, length), bool), encoder_tokens > 0)
+            bias = relpos(length, cache_length, q_positions=decoder_positions)
+            extra = (lay.to_internal(decoder_positions),)
+        else:
+            valid = (decoder_target_tokens > 0 if decoder_target_tokens is not None
+                     else jnp.ones(decoder_input_tokens.shape, bool))
+            self_mask = attention_mask(valid, valid, True, decoder_segment_ids,
+                                       decoder_segment_ids)
+            cross_mask = attention_mask(valid, encoder_tokens > 0, False, decoder_segment_ids,
+                                        encoder_segment_ids)
+            bias = relpos(length, length)
         x = _dropout(c, self.embedder(lay.to_internal(decoder_input_tokens)), deterministic)
         x = lay.constrain(x, "embed")
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
-                       (encoded, bias, self_mask, cross_mask), scan=c.scan_layers,
-                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+                       (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
+                       remat=c.remat_policy, cfg=c, deterministic=deterministic, decode=decode)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="decoder_norm")(x)
         x = _dropout(c, x, deterministic)
         if c.logits_via_embedding:
@@ -168,10 +193,14 @@ class T5(nn.Module):
                decoder_target_tokens: Optional[Array] = None,
                encoder_segment_ids: Optional[Array] = None,
                decoder_segment_ids: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True, decode: bool = False,
+               decoder_positions: Optional[Array] = None,
+               max_decode_length: Optional[int] = None) -> Array:
+        """Decoder logits given the encoder output `encoded` (internal layout, as `encode`
+        returns it). `decode=True`: incremental decoding with a KV cache (`Decoder`)."""
         return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
                             decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
-                            deterministic)
+                            deterministic, decode, decoder_positions, max_decode_length)
 
     def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                  decoder_target_tokens: Optional[Array] = None,
