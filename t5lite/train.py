@@ -35,20 +35,29 @@ class TrainingError(RuntimeError):
 
 
 def _make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], batch_size: int,
-                   seed: int, partitioner: partitioning.Partitioner):
-    """This process's batch iterator for the named task."""
-    from t5lite.data import synthetic
-    if task_name != SYNTHETIC_TASK:
-        raise gin_utils.ConfigError(
-            f"unknown task {task_name!r}: this build knows {SYNTHETIC_TASK!r} (random "
-            f"batches); set MIXTURE_OR_TASK_NAME accordingly")
+                   seed: int, partitioner: partitioning.Partitioner, pack: bool = False,
+                   data_settings: Optional[Mapping[str, Optional[str]]] = None):
+    """This process's batch iterator for the named task: the random-batch task
+    `synthetic` (no TensorFlow), else a SeqIO task or mixture (t5lite.data.pipeline)."""
     kind = "encoder_decoder" if isinstance(model.config, T5Config) else "decoder_only"
-    task = synthetic.SyntheticTask(_lengths(model, feature_lengths), model.config.vocab_size,
-                                   kind, seed)
     start, stop = partitioner.host_rows(batch_size)
     rows = stop - start
-    return synthetic.SyntheticIterator(task, batch_size, process_index=start // rows,
-                                       process_count=batch_size // rows)
+    process_index, process_count = start // rows, batch_size // rows
+    if task_name == SYNTHETIC_TASK:
+        from t5lite.data import synthetic
+        task = synthetic.SyntheticTask(_lengths(model, feature_lengths),
+                                       model.config.vocab_size, kind, seed)
+        return synthetic.SyntheticIterator(task, batch_size, process_index=process_index,
+                                           process_count=process_count)
+    import gin
+    with gin.unlock_config():  # the t5 package registers gin configurables on import
+        from t5lite.data import pipeline, tasks  # the data edge: TensorFlow and SeqIO
+    tasks.configure(**dict(data_settings or {}))
+    return pipeline.make_iterator(task_name, split="train",
+                                  feature_lengths=_lengths(model, feature_lengths),
+                                  batch_size=batch_size, model_kind=kind, pack=pack,
+                                  shuffle=True, seed=seed, process_index=process_index,
+                                  process_count=process_count)
 
 
 def _lengths(model, feature_lengths: Mapping[str, int]) -> Dict[str, int]:
@@ -110,6 +119,7 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
               mixture_or_task_name: str, optimizer, num_microbatches: int = 1,
               random_seed: int = 0, ici_mesh_shape: Sequence[int] = (-1, 1, 1),
               dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
+              pack: bool = False, data_settings: Optional[Mapping[str, Any]] = None,
               **_unused) -> Run:
     """Mesh, sharded train step and this process's data iterator."""
     part = partitioning.Partitioner(partitioning.make_mesh(ici_mesh_shape, dcn_mesh_shape),
@@ -120,7 +130,7 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
                                   num_microbatches=num_microbatches,
                                   lengths=_lengths(model, task_feature_lengths))
     it = _make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
-                        random_seed, part)
+                        random_seed, part, pack, data_settings)
     return Run(model, part, fns, it, batch_size, task_feature_lengths["targets"],
                _flops_per_example(model, task_feature_lengths))
 
@@ -131,6 +141,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           initial_checkpoint_path: Optional[str] = None, random_seed: int = 0,
           ici_mesh_shape: Sequence[int] = (-1, 1, 1),
           dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
+          pack: bool = False, data_settings: Optional[Mapping[str, Any]] = None,
           log_period: int = 10, async_checkpointing: bool = True) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. Returns the last logged metrics."""
@@ -146,7 +157,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     mixture_or_task_name=mixture_or_task_name, optimizer=optimizer,
                     num_microbatches=num_microbatches, random_seed=random_seed,
                     ici_mesh_shape=ici_mesh_shape, dcn_mesh_shape=dcn_mesh_shape,
-                    partition_rules=partition_rules)
+                    partition_rules=partition_rules, pack=pack, data_settings=data_settings)
     part, fns, it = run.partitioner, run.fns, run.iterator
     abstract = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
