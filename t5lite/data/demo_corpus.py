@@ -1,0 +1,286 @@
+"""A small made-up corpus in the real file formats, for demos and tests (no downloads).
+
+    python -m t5lite.data.demo_corpus --output_dir=/tmp/t5lite_demo [--vocab_size=400]
+
+writes, under the output directory,
+
+    pile/train/00.jsonl.zst, 01.jsonl.zst, pile/val.jsonl.zst, pile/test.jsonl.zst
+                                the Pile's layout: {"text": ..., "meta": {...}} a line
+    multinli_1.0/multinli_1.0_{train,dev_matched,dev_mismatched}.jsonl    MultiNLI
+    glue/MNLI/{train,dev_matched,dev_mismatched}.tsv                      GLUE MNLI
+    squad/{train,dev}-v1.1.json                                           SQuAD v1.1
+    spm.model                   a SentencePiece vocabulary trained on the Pile part
+
+and prints the environment variables that point the tasks at them. The text is simple
+generated English (a few hundred words, fixed grammar): a model learns it quickly, which
+makes loss curves of demo runs meaningful. Everything is a function of the seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from t5lite.data.readers import MNLI_LABELS
+
+_NAMES = ("Ada", "Alan", "Grace", "Edsger", "Barbara", "Donald", "Frances", "John",
+          "Margaret", "Ken", "Radia", "Niklaus", "Sophie", "Tim", "Hedy", "Claude")
+_ROLES = ("engineer", "teacher", "farmer", "painter", "doctor", "pilot", "baker",
+          "sailor", "writer", "gardener", "student", "musician", "chemist", "mayor")
+_ADJECTIVES = ("small", "large", "red", "green", "quiet", "busy", "old", "new", "bright",
+               "heavy", "warm", "cold", "young", "clever", "happy", "tired", "famous")
+_OBJECTS = ("book", "garden", "bridge", "boat", "letter", "machine", "house", "song",
+            "painting", "river", "market", "lamp", "table", "window", "bicycle", "map",
+            "violin", "kitchen", "tower", "orchard")
+_VERBS = (("build", "builds", "built"), ("paint", "paints", "painted"),
+          ("repair", "repairs", "repaired"), ("sell", "sells", "sold"),
+          ("find", "finds", "found"), ("clean", "cleans", "cleaned"),
+          ("visit", "visits", "visited"), ("draw", "draws", "drew"),
+          ("open", "opens", "opened"), ("carry", "carries", "carried"),
+          ("study", "studies", "studied"), ("describe", "describes", "described"))
+_PLACES = ("in the village", "near the harbour", "at the station", "in the old town",
+           "by the lake", "on the hill", "in the capital", "at the university",
+           "behind the museum", "across the valley")
+_TIMES = ("every morning", "on Sundays", "in the spring", "after lunch", "at night",
+          "before the storm", "during the festival", "last winter")
+_TOPICS = ("Pile-CC", "Wikipedia (en)", "Books3", "ArXiv", "Github", "StackExchange")
+_GENRES = ("fiction", "government", "slate", "telephone", "travel")
+
+
+class _Writer:
+    """Sentences and facts from one seeded random stream."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def pick(self, seq):
+        return self.rng.choice(seq)
+
+    def fact(self) -> Dict[str, str]:
+        verb = self.pick(_VERBS)
+        return {"name": self.pick(_NAMES), "role": self.pick(_ROLES),
+                "adj": self.pick(_ADJECTIVES), "obj": self.pick(_OBJECTS),
+                "base": verb[0], "verb": verb[1], "past": verb[2], "place": self.pick(_PLACES),
+                "time": self.pick(_TIMES)}
+
+    def sentence(self, f: Optional[Dict[str, str]] = None) -> str:
+        f = f or self.fact()
+        form = self.rng.randrange(5)
+        if form == 0:
+            return f"{f['name']} the {f['role']} {f['verb']} a {f['adj']} {f['obj']} {f['place']}."
+        if form == 1:
+            return f"{f['time'].capitalize()}, the {f['role']} {f['past']} the {f['obj']} {f['place']}."
+        if form == 2:
+            return f"The {f['adj']} {f['obj']} was {f['past']} by {f['name']} {f['time']}."
+        if form == 3:
+            return (f"{f['name']} {f['past']} a {f['adj']} {f['obj']}, and the {f['role']} "
+                    f"was {self.pick(_ADJECTIVES)}.")
+        return (f"In {self.rng.randint(1800, 2024)}, {f['name']} {f['past']} "
+                f"{self.rng.randint(2, 999)} {f['obj']}s {f['place']}.")
+
+    def paragraph(self, n: int) -> str:
+        return " ".join(self.sentence() for _ in range(n))
+
+    def document(self) -> str:
+        paragraphs = [self.paragraph(self.rng.randint(2, 8))
+                      for _ in range(self.rng.randint(1, 4))]
+        return "\n\n".join(paragraphs)
+
+
+# -- the Pile ----------------------------------------------------------------------------
+def _write_jsonl(path: str, records: Sequence[dict], compress: bool) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+    if compress:
+        import zstandard
+        data = zstandard.ZstdCompressor(level=3).compress(data)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def pile_documents(n: int, seed: int = 0) -> List[dict]:
+    w = _Writer(seed)
+    return [{"text": w.document(), "meta": {"pile_set_name": w.pick(_TOPICS)}}
+            for _ in range(n)]
+
+
+def write_pile(directory: str, *, train_files: int = 2, docs_per_file: int = 50,
+               eval_docs: int = 20, compress: bool = True, seed: int = 0) -> Dict[str, List[str]]:
+    """The Pile's layout: train/NN.jsonl[.zst], val.jsonl[.zst], test.jsonl[.zst].
+    Returns {split: [files]}."""
+    ext = ".jsonl.zst" if compress else ".jsonl"
+    out: Dict[str, List[str]] = {"train": [], "validation": [], "test": []}
+    for i in range(train_files):
+        out["train"].append(_write_jsonl(os.path.join(directory, "train", f"{i:02d}{ext}"),
+                                         pile_documents(docs_per_file, seed * 1000 + i),
+                                         compress))
+    out["validation"].append(_write_jsonl(os.path.join(directory, "val" + ext),
+                                          pile_documents(eval_docs, seed * 1000 + 900),
+                                          compress))
+    out["test"].append(_write_jsonl(os.path.join(directory, "test" + ext),
+                                    pile_documents(eval_docs, seed * 1000 + 901), compress))
+    return out
+
+
+def write_text(path: str, lines: int = 1000, seed: int = 0) -> str:
+    """Plain text, one paragraph a line."""
+    w = _Writer(seed)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(lines):
+            f.write(w.paragraph(w.rng.randint(1, 4)) + "\n")
+    return path
+
+
+# -- MNLI --------------------------------------------------------------------------------
+def mnli_pairs(n: int, seed: int = 0) -> List[Tuple[str, str, str, str]]:
+    """(premise, hypothesis, gold_label, genre): entailment restates the premise,
+    contradiction negates it, neutral talks about something else."""
+    w = _Writer(seed)
+    out = []
+    for i in range(n):
+        f = w.fact()
+        premise = f"{f['name']} the {f['role']} {f['past']} a {f['adj']} {f['obj']} {f['place']}."
+        label = MNLI_LABELS[i % 3]
+        if label == "entailment":
+            hypothesis = f"{f['name']} {f['past']} a {f['obj']}."
+        elif label == "contradiction":
+            hypothesis = f"{f['name']} never {f['past']} any {f['obj']}."
+        else:
+            hypothesis = f"{f['name']} {f['past']} the {f['obj']} {f['time']}."
+        out.append((premise, hypothesis, label, w.pick(_GENRES)))
+    return out
+
+
+_MNLI_SPLITS = (("train", "train"), ("dev_matched", "validation_matched"),
+                ("dev_mismatched", "validation_mismatched"))
+
+
+def write_multinli(directory: str, *, train: int = 60, dev: int = 15, seed: int = 0,
+                   unlabeled_every: int = 0) -> Dict[str, str]:
+    """MultiNLI 1.0 jsonl files; every `unlabeled_every`-th dev record gets gold_label
+    "-" (no consensus), as in the real dev sets. Returns {split: path}."""
+    out = {}
+    for k, (name, split) in enumerate(_MNLI_SPLITS):
+        records = []
+        for i, (p, h, label, genre) in enumerate(mnli_pairs(train if k == 0 else dev,
+                                                            seed * 10 + k)):
+            gold = "-" if (k and unlabeled_every and i % unlabeled_every == 0) else label
+            records.append({"annotator_labels": [label], "genre": genre, "gold_label": gold,
+                            "pairID": f"{k}{i:05d}e", "promptID": f"{k}{i:05d}",
+                            "sentence1": p, "sentence1_binary_parse": "( x )",
+                            "sentence1_parse": "(ROOT x)", "sentence2": h,
+                            "sentence2_binary_parse": "( y )", "sentence2_parse": "(ROOT y)"})
+        out[split] = _write_jsonl(os.path.join(directory, f"multinli_1.0_{name}.jsonl"),
+                                  records, compress=False)
+    return out
+
+
+def write_glue_mnli(directory: str, *, train: int = 60, dev: int = 15,
+                    seed: int = 0) -> Dict[str, str]:
+    """GLUE's MNLI TSVs (header line, tab-separated, no quoting). Returns {split: path}."""
+    out = {}
+    os.makedirs(directory, exist_ok=True)
+    for k, (name, split) in enumerate(_MNLI_SPLITS):
+        labels = ["label1"] if k == 0 else [f"label{j}" for j in range(1, 6)]
+        header = (["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                   "sentence2_binary_parse", "sentence1_parse", "sentence2_parse",
+                   "sentence1", "sentence2"] + labels + ["gold_label"])
+        path = os.path.join(directory, f"{name}.tsv")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\t".join(header) + "\n")
+            for i, (p, h, label, genre) in enumerate(mnli_pairs(train if k == 0 else dev,
+                                                                seed * 10 + k)):
+                row = ([str(i), f"{k}{i:05d}", f"{k}{i:05d}e", genre, "( x )", "( y )",
+                        "(ROOT x)", "(ROOT y)", p, h] + [label] * len(labels) + [label])
+                f.write("\t".join(row) + "\n")
+        out[split] = path
+    return out
+
+
+# -- SQuAD -------------------------------------------------------------------------------
+def squad_articles(n_articles: int, questions_per_article: int = 3, seed: int = 0,
+                   extra_answers: bool = False) -> List[dict]:
+    """SQuAD v1.1 "data" entries whose answers are spans of their contexts."""
+    w = _Writer(seed)
+    data = []
+    for a in range(n_articles):
+        facts = [w.fact() for _ in range(questions_per_article)]
+        sentences = [f"{f['name']} the {f['role']} {f['verb']} a {f['adj']} {f['obj']} "
+                     f"{f['place']}." for f in facts]
+        context = " ".join(sentences)
+        qas = []
+        for q, f in enumerate(facts):
+            start = context.index(sentences[q]) + len(f"{f['name']} the {f['role']} "
+                                                      f"{f['verb']} a ")
+            answer = f"{f['adj']} {f['obj']}"
+            assert context[start:start + len(answer)] == answer
+            answers = [{"text": answer, "answer_start": start}]
+            if extra_answers:  # dev sets hold several annotators' answers
+                obj_start = start + len(f["adj"]) + 1
+                answers += [{"text": f["obj"], "answer_start": obj_start},
+                            {"text": f"a {answer}", "answer_start": start - 2}]
+            qas.append({"id": f"{a:04d}{q:02d}", "answers": answers,
+                        "question": f"What does {f['name']} the {f['role']} {f['base']}?"})
+        data.append({"title": f"Article_{a}", "paragraphs": [{"context": context, "qas": qas}]})
+    return data
+
+
+def write_squad(directory: str, *, train_articles: int = 10, dev_articles: int = 4,
+                seed: int = 0) -> Dict[str, str]:
+    """train-v1.1.json and dev-v1.1.json. Returns {split: path}."""
+    os.makedirs(directory, exist_ok=True)
+    out = {}
+    for name, split, n, extra in (("train", "train", train_articles, False),
+                                  ("dev", "validation", dev_articles, True)):
+        path = os.path.join(directory, f"{name}-v1.1.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"version": "1.1",
+                       "data": squad_articles(n, seed=seed * 10 + len(out),
+                                              extra_answers=extra)}, f)
+        out[split] = path
+    return out
+
+
+# -- everything --------------------------------------------------------------------------
+def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
+              docs_per_file: int = 200) -> Dict[str, str]:
+    """Every format above plus a vocabulary; returns the settings that point at them."""
+    from t5lite import vocab
+
+    pile = write_pile(os.path.join(output_dir, "pile"), docs_per_file=docs_per_file,
+                      seed=seed)
+    write_multinli(os.path.join(output_dir, "multinli_1.0"), train=600, dev=150, seed=seed)
+    write_glue_mnli(os.path.join(output_dir, "glue", "MNLI"), train=600, dev=150, seed=seed)
+    write_squad(os.path.join(output_dir, "squad"), train_articles=100, dev_articles=20,
+                seed=seed)
+    model = vocab.train_vocabulary(pile["train"], os.path.join(output_dir, "spm.model"),
+                                   vocab_size, seed=seed, hard_vocab_limit=False)
+    return {"T5LITE_VOCABULARY_PATH": model,
+            "T5LITE_PILE_DIR": os.path.join(output_dir, "pile"),
+            "T5LITE_MNLI_DIR": os.path.join(output_dir, "multinli_1.0"),
+            "T5LITE_SQUAD_DIR": os.path.join(output_dir, "squad")}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m t5lite.data.demo_corpus",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--vocab_size", type=int, default=400)
+    parser.add_argument("--docs_per_file", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    env = write_all(args.output_dir, vocab_size=args.vocab_size, seed=args.seed,
+                    docs_per_file=args.docs_per_file)
+    print(f"wrote the demo corpus to {args.output_dir}; point the tasks at it with:")
+    for name, value in env.items():
+        print(f"  export {name}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""SeqIO task or mixture -> this process's batches of numpy arrays, with a resumable
+position.
+
+    it = make_iterator("pile_span_corruption", split="train",
+                       feature_lengths={"inputs": 512, "targets": 128}, batch_size=2048,
+                       model_kind="encoder_decoder", pack=False, shuffle=True, seed=0,
+                       process_index=jax.process_index(), process_count=jax.process_count())
+    batch = next(it)          # this process's 2048 / process_count rows
+    it.get_state()            # {"position": 1, ...}: batches consumed so far
+    it.set_state(state)       # the next batch is batch number state["position"]
+
+Batches carry the T5X feature-converter names (seqio.EncDecFeatureConverter or
+seqio.LMFeatureConverter, packed or not): encoder_input_tokens, decoder_input_tokens,
+decoder_target_tokens, decoder_loss_weights (float32), and when packed
+{encoder,decoder}_segment_ids and {encoder,decoder}_positions. Tokens are int32.
+
+Sharding: process i of P reads shard i of P of the task (seqio.ShardInfo): its own files
+when the source has at least P of them, else every P-th example; the shards are disjoint
+and together cover the data.
+
+Order and resume: for a given (task, split, feature lengths, batch size, process count,
+seed, pack) the stream of batches is fixed: file order, shuffle buffer and the random
+choices of span corruption all derive from the seed. A resumed iterator rebuilds that
+stream and skips the `position` batches already consumed (`tf.data.Dataset.skip`), so it
+continues with the next unseen batch: no repeats, no skips. The cost is re-reading and
+re-preprocessing the skipped data once at start-up, at the pipeline's own speed (on the
+order of minutes per million examples per host for span corruption on a CPU core); the
+checkpoint stays a single integer. Changing any of the settings above changes the
+stream, and the position then no longer points at the same data (a warning says so).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from t5lite.data.errors import DataError
+from t5lite.data.synthetic import host_rows
+from t5lite.data.tf_env import import_tensorflow
+
+tf = import_tensorflow()
+import seqio  # noqa: E402
+
+from t5lite.data import sources, tasks  # noqa: E402  (registers the tasks)
+
+log = logging.getLogger(__name__)
+
+ENCODER_DECODER = "encoder_decoder"
+DECODER_ONLY = "decoder_only"
+MODEL_KINDS = (ENCODER_DECODER, DECODER_ONLY)
+# Recorded in the state so that a resume under other settings is noticed.
+_STREAM_KEYS = ("task", "split", "seed", "batch_size", "process_count", "pack",
+                "feature_lengths")
+
+
+def feature_converter(model_kind: str, pack: bool) -> seqio.FeatureConverter:
+    """seqio's converter to T5X model features for `model_kind`."""
+    if model_kind == ENCODER_DECODER:
+        return seqio.EncDecFeatureConverter(pack=pack)
+    if model_kind == DECODER_ONLY:
+        return seqio.LMFeatureConverter(pack=pack)
+    raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+
+
+def _check_lengths(name: str, provider, model_kind: str,
+                   feature_lengths: Mapping[str, Optional[int]]) -> Dict[str, int]:
+    lengths = {k: int(v) for k, v in feature_lengths.items() if v}
+    has_inputs = "inputs" in provider.output_features
+    if model_kind == ENCODER_DECODER:
+        if not has_inputs:
+            raise DataError(f"task {name!r} has no 'inputs' feature: an encoder_decoder model "
+                            f"needs an input/target task (e.g. pile_span_corruption)")
+        if set(lengths) != {"inputs", "targets"}:
+            raise DataError(f"an encoder_decoder model needs feature lengths for 'inputs' "
+                            f"and 'targets', got {dict(feature_lengths)}")
+    else:
+        if has_inputs:
+            raise DataError(f"task {name!r} has 'inputs': a decoder_only model trains on a "
+                            f"language-modeling task with targets only (pile_lm, c4_lm)")
+        if "targets" not in lengths:
+            raise DataError(f"a decoder_only model needs a feature length for 'targets', "
+                            f"got {dict(feature_lengths)}")
+        lengths = {"targets": lengths["targets"]}
+    return lengths
+
+
+class SeqioIterator:
+    """This process's batches of a SeqIO task; `get_state()` / `set_state()` resume it."""
+
+    def __init__(self, name: str, *, split: str, feature_lengths: Mapping[str, int],
+                 batch_size: int, model_kind: str, pack: bool, shuffle: bool, seed: int,
+                 process_index: int, process_count: int, start_position: int = 0,
+                 repeat: bool = True, drop_remainder: bool = True,
+                 shuffle_buffer_size: Optional[int] = None, use_cached: bool = False):
+        if model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+        rows = host_rows(batch_size, process_index, process_count)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer (the order depends on it), got {seed!r}")
+        self.provider = tasks.get_provider(name)
+        if split not in self.provider.splits:
+            raise DataError(f"task {name!r} has no split {split!r}; its splits are "
+                            f"{', '.join(self.provider.splits)}")
+        self.name, self.split = name, split
+        self.feature_lengths = _check_lengths(name, self.provider, model_kind, feature_lengths)
+        self.batch_size, self.rows = int(batch_size), len(rows)
+        self.model_kind, self.pack, self.shuffle, self.seed = model_kind, bool(pack), shuffle, int(seed)
+        self.process_index, self.process_count = int(process_index), int(process_count)
+        self.repeat, self.drop_remainder = repeat, drop_remainder
+        self.shuffle_buffer_size, self.use_cached = shuffle_buffer_size, use_cached
+        self.position = self._check_position(start_position)
+        self._iterator = None  # built on the first __next__, after any set_state
+
+    # -- the stream ---------------------------------------------------------------------
+    def dataset(self, skip: int = 0) -> tf.data.Dataset:
+        """The batched dataset of this process, from batch `skip` on."""
+        kwargs: Dict[str, Any] = dict(
+            sequence_length=self.feature_lengths, split=self.split, shuffle=self.shuffle,
+            seed=self.seed, num_epochs=None if self.repeat else 1, use_cached=self.use_cached,
+            shard_info=seqio.ShardInfo(index=self.process_index, num_shards=self.process_count))
+        if self.shuffle_buffer_size:
+            kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size
+        ds = self.provider.get_dataset(**kwargs)
+        ds = feature_converter(self.model_kind, self.pack)(ds, self.feature_lengths)
+        ds = ds.batch(self.rows, drop_remainder=self.drop_remainder)
+        if skip:
+            ds = ds.skip(skip)
+        options = tf.data.Options()
+        options.deterministic = True
+        return ds.with_options(options).prefetch(2)
+
+    def __iter__(self) -> "SeqioIterator":
+        return self
+
+    def __next__(self) -> Dict[str, np.ndarray]:
+        if self._iterator is None:
+            try:
+                self._iterator = self.dataset(skip=self.position).as_numpy_iterator()
+            except tf.errors.OpError as e:
+                raise sources.format_error_from(e) or e
+        try:
+            batch = next(self._iterator)
+        except tf.errors.OpError as e:
+            raise sources.format_error_from(e) or e
+        self.position += 1
+        out = {}
+        for k, v in batch.items():
+            out[k] = v.astype(np.float32) if k == "decoder_loss_weights" else \
+                v.astype(np.int32, copy=False)
+        return out
+
+    # -- state --------------------------------------------------------------------------
+    def _stream(self) -> Dict[str, Any]:
+        return {"task": self.name, "split": self.split, "seed": self.seed,
+                "batch_size": self.batch_size, "process_count": self.process_count,
+                "pack": self.pack, "feature_lengths": dict(self.feature_lengths)}
+
+    def get_state(self) -> Dict[str, Any]:
+        """{"position": batches consumed, + the settings that define the stream}; JSON-able."""
+        return {"position": self.position, **self._stream()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue at batch `state["position"]` (the next batch is that one)."""
+        if "position" not in state:
+            raise DataError(f"data iterator state needs a 'position' entry (batches "
+                            f"consumed), got {dict(state)}; was the checkpoint written by "
+                            f"another data pipeline?")
+        changed = {k: (state[k], v) for k, v in self._stream().items()
+                   if k in state and _normal(state[k]) != _normal(v)}
+        if changed:
+            log.warning("resuming the data stream at batch %s under changed settings %s: "
+                        "the position no longer points at the same data",
+                        state["position"], changed)
+        self.position = self._check_position(state["position"])
+        self._iterator = None
+
+    @staticmethod
+    def _check_position(position) -> int:
+        position = int(np.asarray(position))
+        if position < 0:
+            raise ValueError(f"data position must be >= 0, got {position}")
+        return position
+
+
+def _normal(value):
+    if isinstance(value, Mapping):
+        return {k: _normal(v) for k, v in value.items()}
+    return value
+
+
+def make_iterator(task_or_mixture_name: str, *, split: str,
+                  feature_lengths: Mapping[str, int], batch_size: int,
+                  model_kind: str = ENCODER_DECODER, pack: bool = False, shuffle: bool = True,
+                  seed: int = 0, process_index: int = 0, process_count: int = 1,
+                  start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
+                  shuffle_buffer_size: Optional[int] = None,
+                  use_cached: bool = False) -> SeqioIterator:
+    """This process's iterator over `batch_size // process_count`-row batches of the
+    task or mixture (see the module docstring). `repeat=False` ends after one epoch;
+    `drop_remainder=False` then also yields the last, shorter batch."""
+    return SeqioIterator(task_or_mixture_name, split=split, feature_lengths=feature_lengths,
+                         batch_size=batch_size, model_kind=model_kind, pack=pack,
+                         shuffle=shuffle, seed=seed, process_index=process_index,
+                         process_count=process_count, start_position=start_position,
+                         repeat=repeat, drop_remainder=drop_remainder,
+                         shuffle_buffer_size=shuffle_buffer_size, use_cached=use_cached)

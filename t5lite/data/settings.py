@@ -1,0 +1,68 @@
+"""Where the data edge finds its files: set by gin (through `t5lite.data.tasks.configure`)
+or by environment variables, and read only when a dataset is built.
+
+    setting          gin macro          environment variable
+    vocabulary_path  VOCABULARY_PATH    T5LITE_VOCABULARY_PATH
+    pile_dir         PILE_DIR           T5LITE_PILE_DIR
+    mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
+    squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
+    tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
+
+A configured value wins over the environment; `None` falls back to it. No TensorFlow here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+# setting -> (gin macro, environment variable)
+SETTINGS: Dict[str, tuple] = {
+    "vocabulary_path": ("VOCABULARY_PATH", "T5LITE_VOCABULARY_PATH"),
+    "pile_dir": ("PILE_DIR", "T5LITE_PILE_DIR"),
+    "mnli_dir": ("MNLI_DIR", "T5LITE_MNLI_DIR"),
+    "squad_dir": ("SQUAD_DIR", "T5LITE_SQUAD_DIR"),
+    "tfds_data_dir": ("TFDS_DATA_DIR", "TFDS_DATA_DIR"),
+}
+DEFAULT_TFDS_DATA_DIR = os.path.join("~", "tensorflow_datasets")
+
+_configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
+
+
+def set_values(**values: Optional[str]) -> None:
+    """Set settings by name (None: use the environment variable)."""
+    unknown = sorted(set(values) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown data setting(s) {unknown}; known: {sorted(SETTINGS)}")
+    for name, value in values.items():
+        _configured[name] = None if value in (None, "") else os.fspath(value)
+
+
+def reset() -> None:
+    """Forget configured values (the environment applies again)."""
+    for name in _configured:
+        _configured[name] = None
+
+
+def get(name: str) -> Optional[str]:
+    """The configured value of `name`, else its environment variable, else None
+    (tfds_data_dir: else ~/tensorflow_datasets); `~` expanded."""
+    value = _configured[name] or os.environ.get(SETTINGS[name][1]) or None
+    if value is None and name == "tfds_data_dir":
+        value = DEFAULT_TFDS_DATA_DIR
+    return os.path.expanduser(value) if value else None
+
+
+def how_to_set(name: str) -> str:
+    """'set the gin macro X or the environment variable Y' for error messages."""
+    macro, env = SETTINGS[name]
+    return f"set the gin macro {macro} (--gin.{macro}=\\\"...\\\") or the environment variable {env}"
+
+
+def source_of(name: str) -> str:
+    """Where the current value of `name` comes from, for error messages."""
+    macro, env = SETTINGS[name]
+    if _configured[name]:
+        return f"from gin macro {macro}"
+    if os.environ.get(env):
+        return f"from environment variable {env}"
+    return "the default"

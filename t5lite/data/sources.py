@@ -1,0 +1,367 @@
+"""SeqIO data sources that find their data when a dataset is built, not when the task is
+registered: local files in the datasets' own formats, or a prepared TFDS dataset in the
+local TFDS data directory (never downloaded, never read from a cloud bucket).
+
+    JsonlTextSource    .jsonl / .jsonl.zst files, one {"text": ...} a line (the Pile)
+    ExamplesSource     a file read whole by a reader of t5lite/data/readers.py (MNLI, SQuAD)
+    TfdsDirSource      a prepared TFDS dataset directory (builder_from_directory)
+    DeferredSource     asks a resolver, at build time, which of those to read
+
+Sharding: a source lists its shards (files); when there are at least as many as
+processes, SeqIO hands each process its own files, otherwise each process reads every
+file and keeps every num_shards-th example. Shuffling: the file order (JsonlTextSource,
+TFDS) or the whole example list (ExamplesSource) is permuted by the seed, the same
+permutation on every process, so shards stay disjoint.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from t5lite.data import readers, settings
+from t5lite.data.errors import DataError, DataFormatError, DataNotFoundError
+from t5lite.data.tf_env import import_tensorflow
+
+tf = import_tensorflow()
+import seqio  # noqa: E402
+
+# Local layouts: split -> glob patterns under the directory; the first that matches wins.
+PILE_LAYOUT = {
+    "train": ("train/*.jsonl.zst", "train/*.jsonl", "[0-9][0-9].jsonl.zst", "[0-9][0-9].jsonl"),
+    "validation": ("val.jsonl.zst", "val.jsonl", "validation/*.jsonl.zst",
+                   "validation/*.jsonl", "val/*.jsonl.zst", "val/*.jsonl"),
+    "test": ("test.jsonl.zst", "test.jsonl", "test/*.jsonl.zst", "test/*.jsonl"),
+}
+MNLI_LAYOUT = {
+    "train": ("multinli_1.0_train.jsonl", "multinli_1.0/multinli_1.0_train.jsonl",
+              "train.tsv", "MNLI/train.tsv"),
+    "validation_matched": ("multinli_1.0_dev_matched.jsonl",
+                           "multinli_1.0/multinli_1.0_dev_matched.jsonl",
+                           "dev_matched.tsv", "MNLI/dev_matched.tsv"),
+    "validation_mismatched": ("multinli_1.0_dev_mismatched.jsonl",
+                              "multinli_1.0/multinli_1.0_dev_mismatched.jsonl",
+                              "dev_mismatched.tsv", "MNLI/dev_mismatched.tsv"),
+}
+PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/29.jsonl.zst, "
+                 "val.jsonl.zst, test.jsonl.zst (uncompressed .jsonl also read), one "
+                 "{\"text\": ..., \"meta\": ...} record a line")
+SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
+
+_DATA_FORMAT_ERROR = re.compile(r"DataFormatError: (.*)")
+
+
+def format_error_from(e: Exception) -> Optional[DataFormatError]:
+    """The DataFormatError a Python generator raised inside tf.data, if `e` wraps one."""
+    m = _DATA_FORMAT_ERROR.search(str(e))
+    return DataFormatError(m.group(1).strip()) if m else None
+
+
+def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
+    return np.random.RandomState(0 if seed is None else seed % 2 ** 32).permutation(n)
+
+
+class JsonlTextSource(seqio.DataSource):
+    """{"text": string} examples of .jsonl / .jsonl.zst files, one record a line."""
+
+    def __init__(self, split_files: Mapping[str, Sequence[str]], field: str = "text",
+                 cycle_length: int = 8):
+        self._files = {k: list(v) for k, v in split_files.items()}
+        self._field = field
+        self._cycle_length = cycle_length
+        super().__init__(splits=tuple(self._files))
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        return self._files[split]
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True,
+                    seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
+                    *, sequence_length=None, use_cached=False, num_epochs=1):
+        files = list(self._files[split])
+        if shard_info:
+            files = files[shard_info.index::shard_info.num_shards]
+        if shuffle:
+            files = [files[i] for i in _permutation(len(files), seed)]
+        for path in files:
+            readers.check_jsonl(path, self._field)  # a wrong format fails here, clearly
+        field = self._field
+
+        def records(path):
+            for text in readers.iter_jsonl_texts(path.decode(), field):
+                yield {"text": text}
+
+        def read(path):
+            return tf.data.Dataset.from_generator(
+                records, args=(path,),
+                output_signature={"text": tf.TensorSpec([], tf.string)})
+
+        # Several files at a time when shuffling (one document of each in turn), so that
+        # the shuffle buffer sees more than one file's neighbourhood.
+        cycle = min(self._cycle_length, len(files)) if shuffle else 1
+        return tf.data.Dataset.from_tensor_slices(files).interleave(
+            read, cycle_length=max(cycle, 1), block_length=1)
+
+
+class ExamplesSource(seqio.DataSource):
+    """Examples that a reader returns as a list of dicts (a whole file in memory), with
+    the TFDS feature layout given by `signature`."""
+
+    def __init__(self, split_files: Mapping[str, str],
+                 reader: Callable[[str], List[Dict]], signature: Mapping):
+        self._files = dict(split_files)
+        self._reader = reader
+        self._signature = signature
+        super().__init__(splits=tuple(self._files))
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        return [self._files[split]]
+
+    def examples(self, split: str) -> List[Dict]:
+        path = self._files[split]
+        return _read_cached(self._reader, path, os.path.getmtime(path))
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True,
+                    seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
+                    *, sequence_length=None, use_cached=False, num_epochs=1):
+        examples = self.examples(split)
+        order = _permutation(len(examples), seed) if shuffle else np.arange(len(examples))
+        if shard_info:
+            order = order[shard_info.index::shard_info.num_shards]
+
+        def generate():
+            for i in order:
+                yield examples[i]
+
+        return tf.data.Dataset.from_generator(generate, output_signature=self._signature)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_cached(reader, path: str, mtime: float) -> List[Dict]:
+    return reader(path)
+
+
+class TfdsDirSource(seqio.DataSource):
+    """A prepared TFDS dataset read from its directory (`.../name/config/version`), with
+    no builder code, no download and no cloud lookup."""
+
+    def __init__(self, directory: str, splits: Sequence[str]):
+        self._directory = directory
+        super().__init__(splits=tuple(splits))
+
+    @functools.cached_property
+    def builder(self):
+        import tensorflow_datasets as tfds
+        return tfds.builder_from_directory(self._directory)
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.builder.info.splits:
+            raise DataNotFoundError(
+                f"TFDS dataset {self._directory!r} has no split {split!r} (it has "
+                f"{', '.join(sorted(self.builder.info.splits))})")
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        self._check_split(split)
+        return [str(fi.filename) for fi in self.builder.info.splits[split].file_instructions]
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True,
+                    seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
+                    *, sequence_length=None, use_cached=False, num_epochs=1):
+        import tensorflow_datasets as tfds
+        self._check_split(split)
+        read_config = tfds.ReadConfig(
+            shuffle_seed=seed, skip_prefetch=True,
+            input_context=(tf.distribute.InputContext(
+                num_input_pipelines=shard_info.num_shards,
+                input_pipeline_id=shard_info.index) if shard_info else None))
+        return self.builder.as_dataset(split=split, shuffle_files=shuffle,
+                                       read_config=read_config)
+
+
+def _version_key(path: str):
+    name = os.path.basename(os.path.dirname(path))
+    return tuple(int(p) for p in name.split("."))
+
+
+def find_tfds_dir(name: str, data_dir: Optional[str] = None) -> Optional[str]:
+    """The newest prepared version directory of TFDS dataset `name` ("glue/mnli",
+    "the_pile": any config of it) under the TFDS data directory, or None."""
+    data_dir = data_dir or settings.get("tfds_data_dir")
+    if not data_dir or not os.path.isdir(data_dir):
+        return None
+    depth = ["*"] if "/" in name else ["*", "*/*"]
+    found = []
+    for pattern in depth:
+        for info in glob.glob(os.path.join(data_dir, name, pattern, "dataset_info.json")):
+            if re.fullmatch(r"\d+\.\d+\.\d+", os.path.basename(os.path.dirname(info))):
+                found.append(info)
+    return os.path.dirname(max(found, key=_version_key)) if found else None
+
+
+class DeferredSource(seqio.DataSource):
+    """Delegates to the source `resolve()` returns when a dataset is built, so that a
+    task registers without its data and follows the settings in force at build time."""
+
+    def __init__(self, splits: Sequence[str], resolve: Callable[[], seqio.DataSource],
+                 description: str):
+        self._resolve = resolve
+        self._description = description
+        super().__init__(splits=tuple(splits))
+
+    def __repr__(self) -> str:
+        return f"DeferredSource({self._description})"
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def resolve(self) -> seqio.DataSource:
+        return self._resolve()
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise DataError(f"{self._description} has no split {split!r}; its splits are "
+                            f"{', '.join(self.splits)}")
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        self._check_split(split)
+        return self._resolve().list_shards(split)
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True,
+                    seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
+                    *, sequence_length=None, use_cached=False, num_epochs=1):
+        self._check_split(split)
+        return self._resolve().get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                           shard_info=shard_info)
+
+
+# -- the resolvers of the t5lite tasks ---------------------------------------------------
+def _tfds_where(name: str) -> str:
+    return (f"a prepared TFDS {name} under the TFDS data directory "
+            f"{settings.get('tfds_data_dir')!r} ({settings.how_to_set('tfds_data_dir')})")
+
+
+def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
+    """The Pile from the `pile_dir` setting if set, else TFDS the_pile, else an error."""
+    directory = settings.get("pile_dir")
+    if directory:
+        readers.require_dir(directory, "Pile", f"{settings.source_of('pile_dir')}; "
+                                               f"{settings.how_to_set('pile_dir')}")
+        files = {s: readers.glob_files(directory, PILE_LAYOUT[s]) for s in splits}
+        files = {s: f for s, f in files.items() if f}
+        if not files:
+            raise DataNotFoundError(
+                f"no Pile files in {directory!r} ({settings.source_of('pile_dir')}): "
+                f"expected {PILE_EXPECTED}")
+        return _PartialSplits(JsonlTextSource(files), PILE_LAYOUT, directory, "Pile")
+    tfds_dir = find_tfds_dir("the_pile")
+    if tfds_dir:
+        return TfdsDirSource(tfds_dir, splits)
+    raise DataNotFoundError(
+        f"no Pile data: {settings.how_to_set('pile_dir')} to a directory holding "
+        f"{PILE_EXPECTED}, or provide {_tfds_where('the_pile')}")
+
+
+def resolve_tfds_only(name: str, splits: Sequence[str]) -> seqio.DataSource:
+    tfds_dir = find_tfds_dir(name)
+    if tfds_dir:
+        return TfdsDirSource(tfds_dir, splits)
+    raise DataNotFoundError(f"no {name} data: expected {_tfds_where(name)}, i.e. "
+                            f"{name}/<version>/dataset_info.json and its tfrecord files")
+
+
+def _resolve_files(setting: str, what: str, layout: Mapping[str, Sequence[str]],
+                   tfds_name: str, splits: Sequence[str], reader, signature,
+                   expected: str) -> seqio.DataSource:
+    directory = settings.get(setting)
+    if not directory:
+        tfds_dir = find_tfds_dir(tfds_name)
+        if tfds_dir:
+            return TfdsDirSource(tfds_dir, splits)
+        raise DataNotFoundError(
+            f"no {what} data: {settings.how_to_set(setting)} to a directory holding "
+            f"{expected}, or provide {_tfds_where(tfds_name)}")
+    readers.require_dir(directory, what, f"{settings.source_of(setting)}; "
+                                         f"{settings.how_to_set(setting)}")
+    files = {}
+    for split in splits:
+        path = readers.find_first(directory, layout[split])
+        if path:
+            files[split] = path
+    if not files:
+        raise DataNotFoundError(f"no {what} files in {directory!r} "
+                                f"({settings.source_of(setting)}): expected {expected}")
+    return _PartialSplits(ExamplesSource(files, reader, signature), layout, directory, what)
+
+
+class _PartialSplits(seqio.DataSource):
+    """A local-files source that names the missing file when asked for a split it lacks."""
+
+    def __init__(self, inner: seqio.DataSource, layout, directory: str, what: str):
+        self._inner, self._layout, self._directory, self._what = inner, layout, directory, what
+        super().__init__(splits=tuple(layout))
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return False
+
+    def _check(self, split: str) -> None:
+        if split not in self._inner.splits:
+            raise DataNotFoundError(f"no {self._what} file for split {split!r} in "
+                                    f"{self._directory!r}: expected "
+                                    f"{' or '.join(self._layout[split])}")
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        self._check(split)
+        return self._inner.list_shards(split)
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
+                    shard_info=None, *, sequence_length=None, use_cached=False, num_epochs=1):
+        self._check(split)
+        return self._inner.get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                       shard_info=shard_info)
+
+
+MNLI_SIGNATURE = {"premise": tf.TensorSpec([], tf.string),
+                  "hypothesis": tf.TensorSpec([], tf.string),
+                  "label": tf.TensorSpec([], tf.int64),
+                  "idx": tf.TensorSpec([], tf.int32)}
+SQUAD_SIGNATURE = {"id": tf.TensorSpec([], tf.string), "title": tf.TensorSpec([], tf.string),
+                   "context": tf.TensorSpec([], tf.string),
+                   "question": tf.TensorSpec([], tf.string),
+                   "answers": {"text": tf.TensorSpec([None], tf.string),
+                               "answer_start": tf.TensorSpec([None], tf.int32)}}
+
+
+def resolve_mnli(splits: Sequence[str]) -> seqio.DataSource:
+    """MNLI from the `mnli_dir` setting (MultiNLI jsonl or GLUE TSVs) if set, else TFDS
+    glue/mnli, else an error."""
+    return _resolve_files(
+        "mnli_dir", "MNLI", MNLI_LAYOUT, "glue/mnli", splits, readers.read_mnli,
+        MNLI_SIGNATURE,
+        "the MultiNLI files multinli_1.0_train.jsonl, multinli_1.0_dev_matched.jsonl, "
+        "multinli_1.0_dev_mismatched.jsonl or the GLUE files train.tsv, dev_matched.tsv, "
+        "dev_mismatched.tsv (at its top or in multinli_1.0/ or MNLI/)")
+
+
+def resolve_squad(splits: Sequence[str]) -> seqio.DataSource:
+    """SQuAD v1.1 from the `squad_dir` setting if set, else TFDS squad/v1.1, else an
+    error."""
+    return _resolve_files("squad_dir", "SQuAD", SQUAD_LAYOUT, "squad/v1.1", splits,
+                          readers.read_squad, SQUAD_SIGNATURE,
+                          "the official train-v1.1.json and dev-v1.1.json")

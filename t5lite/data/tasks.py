@@ -1,0 +1,155 @@
+"""t5lite's SeqIO tasks, registered when this module is imported.
+
+    task                  data                                    splits
+    pile_span_corruption  the Pile: PILE_DIR (jsonl / jsonl.zst)   train, validation, test
+                          or TFDS the_pile
+    pile_lm               the same, decoder-only language modeling
+    c4_span_corruption    TFDS c4/en (local)                       train, validation
+    c4_lm                 the same, decoder-only language modeling
+    mnli                  MNLI_DIR (MultiNLI jsonl or GLUE TSVs)   train, validation_matched,
+                          or TFDS glue/mnli                        validation_mismatched
+    squad_v1_1            SQUAD_DIR (train-v1.1.json,              train, validation
+                          dev-v1.1.json) or TFDS squad/v1.1
+
+Preprocessing is the t5 package's: span corruption with noise density 0.15 and mean span
+length 3 (sentinels counted down from the top of the vocabulary), `full_lm` for the
+language-modeling tasks (EOS only at document ends, documents concatenated and split to
+the targets length), T5's GLUE text format and label words for MNLI ("mnli hypothesis:
+... premise: ..." -> "entailment" / "neutral" / "contradiction"; accuracy) and its SQuAD
+format ("question: ... context: ..." -> the first answer; exact match and F1 against
+all answers).
+
+Data locations and the vocabulary are read when a dataset is built, from the settings of
+t5lite/data/settings.py: `configure(...)` (which the runner calls with the gin macros) or
+environment variables. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import functools
+import types
+from typing import Dict, List, Optional, Tuple
+
+from t5lite.data import settings, sources, vocabularies
+from t5lite.data.errors import UnknownTaskError
+from t5lite.data.readers import MNLI_LABELS
+from t5lite.data.tf_env import import_tensorflow
+
+tf = import_tensorflow()
+import seqio  # noqa: E402
+from t5.data import glue_utils  # noqa: E402
+from t5.data import postprocessors as t5_postprocessors  # noqa: E402
+from t5.data import preprocessors as t5_preprocessors  # noqa: E402
+from t5.evaluation import metrics as t5_metrics  # noqa: E402
+
+NOISE_DENSITY = 0.15
+MEAN_NOISE_SPAN_LENGTH = 3.0
+PILE_SPLITS = ("train", "validation", "test")
+C4_SPLITS = ("train", "validation")
+MNLI_SPLITS = ("train", "validation_matched", "validation_mismatched")
+SQUAD_SPLITS = ("train", "validation")
+# The GLUE builder config fields T5's glue_utils reads (name, label_classes), without
+# importing TFDS's GLUE module.
+_MNLI_GLUE_CONFIG = types.SimpleNamespace(name="mnli", label_classes=list(MNLI_LABELS))
+
+TASK_NAMES: Tuple[str, ...] = ("pile_span_corruption", "pile_lm", "c4_span_corruption",
+                               "c4_lm", "mnli", "squad_v1_1")
+
+
+def _features(vocabulary, inputs: bool) -> Dict[str, seqio.Feature]:
+    out = {"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
+    if inputs:
+        out = {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
+               **out}
+    return out
+
+
+def _span_corruption_steps() -> List:
+    return [functools.partial(t5_preprocessors.rekey,
+                              key_map={"inputs": None, "targets": "text"}),
+            seqio.preprocessors.tokenize,
+            seqio.CacheDatasetPlaceholder(),
+            functools.partial(t5_preprocessors.span_corruption, noise_density=NOISE_DENSITY,
+                              mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH),
+            seqio.preprocessors.append_eos_after_trim]
+
+
+def _lm_steps() -> List:
+    return [functools.partial(t5_preprocessors.rekey, key_map={"targets": "text"}),
+            seqio.preprocessors.tokenize,
+            seqio.CacheDatasetPlaceholder(),
+            t5_preprocessors.full_lm]
+
+
+def _add(name: str, **kwargs) -> None:
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(name, **kwargs)
+
+
+def register_tasks() -> None:
+    """(Re-)register every t5lite task with a vocabulary that reads the current
+    `vocabulary_path` setting on first use."""
+    vocab = vocabularies.DeferredSentencePieceVocabulary()
+    pile = sources.DeferredSource(PILE_SPLITS, lambda: sources.resolve_pile(PILE_SPLITS),
+                                  "the Pile (PILE_DIR or TFDS the_pile)")
+    c4 = sources.DeferredSource(C4_SPLITS,
+                                lambda: sources.resolve_tfds_only("c4/en", C4_SPLITS),
+                                "C4 (TFDS c4/en)")
+    for prefix, source in (("pile", pile), ("c4", c4)):
+        _add(f"{prefix}_span_corruption", source=source,
+             preprocessors=_span_corruption_steps(),
+             output_features=_features(vocab, inputs=True), metric_fns=[])
+        _add(f"{prefix}_lm", source=source, preprocessors=_lm_steps(),
+             output_features=_features(vocab, inputs=False), metric_fns=[])
+
+    _add("mnli",
+         source=sources.DeferredSource(MNLI_SPLITS, lambda: sources.resolve_mnli(MNLI_SPLITS),
+                                       "MNLI (MNLI_DIR or TFDS glue/mnli)"),
+         preprocessors=[glue_utils.get_glue_text_preprocessor(_MNLI_GLUE_CONFIG),
+                        seqio.preprocessors.tokenize,
+                        seqio.CacheDatasetPlaceholder(),
+                        seqio.preprocessors.append_eos_after_trim],
+         output_features=_features(vocab, inputs=True),
+         postprocess_fn=glue_utils.get_glue_postprocess_fn(_MNLI_GLUE_CONFIG),
+         metric_fns=glue_utils.get_glue_metric("mnli"))
+
+    _add("squad_v1_1",
+         source=sources.DeferredSource(SQUAD_SPLITS,
+                                       lambda: sources.resolve_squad(SQUAD_SPLITS),
+                                       "SQuAD v1.1 (SQUAD_DIR or TFDS squad/v1.1)"),
+         preprocessors=[t5_preprocessors.squad,
+                        seqio.preprocessors.tokenize,
+                        seqio.CacheDatasetPlaceholder(),
+                        seqio.preprocessors.append_eos_after_trim],
+         output_features=_features(vocab, inputs=True),
+         postprocess_fn=t5_postprocessors.qa,
+         metric_fns=[t5_metrics.squad])
+
+
+def configure(vocabulary_path: Optional[str] = None, pile_dir: Optional[str] = None,
+              mnli_dir: Optional[str] = None, squad_dir: Optional[str] = None,
+              tfds_data_dir: Optional[str] = None) -> None:
+    """Set where the tasks find their vocabulary and data (None: the environment variable,
+    see t5lite/data/settings.py) and register the tasks again with them."""
+    settings.set_values(vocabulary_path=vocabulary_path, pile_dir=pile_dir,
+                        mnli_dir=mnli_dir, squad_dir=squad_dir, tfds_data_dir=tfds_data_dir)
+    register_tasks()
+
+
+def get_provider(name: str):
+    """The registered task or mixture `name`; UnknownTaskError listing t5lite's tasks."""
+    if name in seqio.MixtureRegistry.names():
+        return seqio.MixtureRegistry.get(name)
+    if name in seqio.TaskRegistry.names():
+        return seqio.TaskRegistry.get(name)
+    import difflib
+    close = difflib.get_close_matches(name, list(TASK_NAMES) + list(
+        seqio.TaskRegistry.names()) + list(seqio.MixtureRegistry.names()), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UnknownTaskError(
+        f"unknown task or mixture {name!r}{hint}: t5lite registers {', '.join(TASK_NAMES)} "
+        f"(and the random-batch task 'synthetic'); register others with seqio before "
+        f"training")
+
+
+register_tasks()

@@ -1,0 +1,88 @@
+"""The tasks' vocabulary: a SentencePiece model plus 100 extra ids (T5's sentinels).
+
+Its path is the `vocabulary_path` setting (gin macro VOCABULARY_PATH, environment variable
+T5LITE_VOCABULARY_PATH; see t5lite/data/settings.py). The public T5 vocabulary is
+gs://t5-data/vocabs/cc_all.32000/sentencepiece.model (32000 pieces); where that bucket
+cannot be reached, train one from local text:
+
+    python -m t5lite.vocab --input=/data/pile/train/00.jsonl.zst --vocab_size=32000 \
+        --output=/data/spm.model
+
+With 100 extra ids the vocabulary has `pieces + 100` ids (32100 for 32000 pieces); the
+extra ids count down from the top (`<extra_id_0>` = 32099), which is where T5's span
+corruption takes its sentinels. Models pad the embedding to a multiple of 128 (32128).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from t5lite.data import settings
+from t5lite.data.errors import VocabularyError
+from t5lite.data.tf_env import import_tensorflow
+
+tf = import_tensorflow()
+import seqio  # noqa: E402  (after TensorFlow is set up)
+
+EXTRA_IDS = 100
+PUBLIC_T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FILES "
+              "--vocab_size=32000 --output=spm.model`")
+
+
+def resolve_path(path: Optional[str] = None) -> str:
+    """`path`, else the configured vocabulary path; VocabularyError if unset or missing."""
+    where = "given" if path else settings.source_of("vocabulary_path")
+    path = path or settings.get("vocabulary_path")
+    if not path:
+        raise VocabularyError(
+            f"no vocabulary: {settings.how_to_set('vocabulary_path')} to a SentencePiece "
+            f"model (the public T5 one is {PUBLIC_T5_VOCABULARY}), or {TRAIN_HINT}")
+    if not tf.io.gfile.exists(path):
+        raise VocabularyError(f"vocabulary file {path!r} ({where}) does not exist; point "
+                              f"VOCABULARY_PATH at a SentencePiece .model file, or "
+                              f"{TRAIN_HINT}")
+    return path
+
+
+class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    """A `seqio.SentencePieceVocabulary` whose file is looked up on first use.
+
+    Tasks are registered when `t5lite.data.tasks` is imported, before any gin file has
+    named a vocabulary; this one reads the `vocabulary_path` setting only when a dataset
+    is tokenized (or its size is asked), and names the missing setting if there is none.
+    """
+
+    def __init__(self, path: Optional[str] = None, extra_ids: int = EXTRA_IDS):
+        super().__init__(path, extra_ids=extra_ids)
+
+    def _resolve(self) -> str:
+        if self._sentencepiece_model_file is None:
+            self._sentencepiece_model_file = resolve_path()
+        return self._sentencepiece_model_file
+
+    @property
+    def sentencepiece_model_file(self) -> str:
+        return self._resolve()
+
+    def _model_context(self):
+        self._resolve()
+        return super()._model_context()
+
+    def __str__(self) -> str:
+        if self._sentencepiece_model_file is None:
+            return (f"DeferredSentencePieceVocabulary(file=<the vocabulary_path setting>, "
+                    f"extra_ids={self._extra_ids})")
+        return super().__str__()
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
+    return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+def get_vocabulary(path: Optional[str] = None,
+                   extra_ids: int = EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+    """The SentencePiece vocabulary at `path` (default: the configured one) with
+    `extra_ids` sentinels; the same object for the same arguments."""
+    return _cached(resolve_path(path), int(extra_ids))

@@ -1,0 +1,127 @@
+"""Fixtures in the real data formats, written by the tests themselves (nothing binary is
+committed): the Pile's jsonl / jsonl.zst, MultiNLI jsonl, GLUE TSVs, SQuAD JSON, prepared
+TFDS datasets, and a small SentencePiece vocabulary trained on the generated text."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+from t5lite.data import demo_corpus
+
+_VOCAB: Dict[str, str] = {}
+VOCAB_SIZE = 300
+
+
+def vocabulary(tmp_path_factory) -> str:
+    """A 300-piece SentencePiece model, trained once per test session."""
+    if "path" not in _VOCAB:
+        from t5lite import vocab
+        directory = tmp_path_factory.mktemp("vocab")
+        text = demo_corpus.write_text(str(directory / "corpus.txt"), lines=800, seed=7)
+        _VOCAB["path"] = vocab.train_vocabulary([text], str(directory / "spm.model"),
+                                                VOCAB_SIZE)
+    return _VOCAB["path"]
+
+
+def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
+    """Point the settings at `dirs` (pile_dir=..., mnli_dir=...) through the environment,
+    with an empty TFDS data directory unless tfds_data_dir is given; clears any
+    configured values and registers the tasks again."""
+    from t5lite.data import settings, tasks
+    names = {"pile_dir": "T5LITE_PILE_DIR", "mnli_dir": "T5LITE_MNLI_DIR",
+             "squad_dir": "T5LITE_SQUAD_DIR", "tfds_data_dir": "TFDS_DATA_DIR"}
+    for name, env in names.items():
+        monkeypatch.delenv(env, raising=False)
+    empty_tfds = tmp_path / "empty_tfds"
+    empty_tfds.mkdir(exist_ok=True)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(empty_tfds))
+    monkeypatch.setenv("T5LITE_VOCABULARY_PATH", vocab_path)
+    for name, value in dirs.items():
+        monkeypatch.setenv(names[name], str(value))
+    settings.reset()
+    tasks.register_tasks()
+
+
+def store_tfds(data_dir: str, name: str, config, version: str, features,
+               splits: Dict[str, List[dict]]) -> None:
+    """A prepared TFDS dataset `name[/config]:version` under `data_dir`, holding the
+    given examples (as TFDS itself would write it, no builder code needed to read it)."""
+    import tensorflow as tf
+    from tensorflow_datasets import dataset_builders
+
+    def to_ds(examples):
+        def gen():
+            yield from examples
+        sig = features.get_tensor_spec()
+        return tf.data.Dataset.from_generator(gen, output_signature=sig)
+
+    dataset_builders.store_as_tfds_dataset(
+        name=name, config=config, version=version, features=features,
+        split_datasets={k: to_ds(v) for k, v in splits.items()}, data_dir=data_dir,
+        disable_shuffling=True)
+
+
+def pile_tfds(data_dir: str, docs: Dict[str, int]) -> None:
+    import tensorflow_datasets as tfds
+    store_tfds(data_dir, "the_pile", None, "1.0.0",
+               tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+               {split: [{"text": d["text"]} for d in demo_corpus.pile_documents(n, seed=i)]
+                for i, (split, n) in enumerate(docs.items())})
+
+
+def mnli_tfds(data_dir: str, n: int = 9) -> None:
+    import tensorflow_datasets as tfds
+    from t5lite.data.readers import MNLI_LABELS
+    features = tfds.features.FeaturesDict({
+        "premise": tfds.features.Text(), "hypothesis": tfds.features.Text(),
+        "label": tfds.features.ClassLabel(names=list(MNLI_LABELS)), "idx": tf_int32()})
+    splits = {}
+    for k, split in enumerate(("train", "validation_matched", "validation_mismatched")):
+        splits[split] = [{"premise": p, "hypothesis": h, "label": MNLI_LABELS.index(g),
+                          "idx": i}
+                         for i, (p, h, g, _) in enumerate(demo_corpus.mnli_pairs(n, seed=k))]
+    store_tfds(data_dir, "glue", "mnli", "1.0.0", features, splits)
+
+
+def squad_tfds(data_dir: str) -> None:
+    import tensorflow_datasets as tfds
+    features = tfds.features.FeaturesDict({
+        "id": tfds.features.Text(), "title": tfds.features.Text(),
+        "context": tfds.features.Text(), "question": tfds.features.Text(),
+        "answers": tfds.features.Sequence({"text": tfds.features.Text(),
+                                           "answer_start": tf_int32()})})
+    splits = {}
+    for split, n, extra in (("train", 2, False), ("validation", 1, True)):
+        rows = []
+        for article in demo_corpus.squad_articles(n, seed=len(splits), extra_answers=extra):
+            for paragraph in article["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    rows.append({"id": qa["id"], "title": article["title"],
+                                 "context": paragraph["context"], "question": qa["question"],
+                                 "answers": {"text": [a["text"] for a in qa["answers"]],
+                                             "answer_start": [a["answer_start"]
+                                                              for a in qa["answers"]]}})
+        splits[split] = rows
+    store_tfds(data_dir, "squad", "v1.1", "3.0.0", features, splits)
+
+
+def c4_tfds(data_dir: str, n: int = 6) -> None:
+    import tensorflow_datasets as tfds
+    features = tfds.features.FeaturesDict({"text": tfds.features.Text(),
+                                           "url": tfds.features.Text(),
+                                           "timestamp": tfds.features.Text()})
+    splits = {split: [{"text": d["text"], "url": f"https://example.com/{i}",
+                       "timestamp": "2019-04-25T12:57:54Z"}
+                      for i, d in enumerate(demo_corpus.pile_documents(n, seed=k + 50))]
+              for k, split in enumerate(("train", "validation"))}
+    store_tfds(data_dir, "c4", "en", "3.0.1", features, splits)
+
+
+def tf_int32():
+    import tensorflow as tf
+    return tf.int32
+
+
+def files_in(directory) -> List[str]:
+    return sorted(os.path.relpath(os.path.join(r, f), directory)
+                  for r, _, fs in os.walk(directory) for f in fs)

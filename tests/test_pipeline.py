@@ -1,0 +1,193 @@
+"""t5lite.data.pipeline: SeqIO tasks -> this process's numpy batches; deterministic order,
+disjoint per-process shards, packing, and an exact resume from a saved position."""
+import json
+
+import numpy as np
+import pytest
+
+from t5lite.data import demo_corpus
+
+from data_helpers import data_env, vocabulary
+
+pytest.importorskip("seqio")
+
+from t5lite.data import pipeline, settings, tasks  # noqa: E402
+from t5lite.data.errors import DataError  # noqa: E402
+
+ENC_DEC = ("pile_span_corruption", "encoder_decoder", {"inputs": 32, "targets": 8})
+DEC_ONLY = ("pile_lm", "decoder_only", {"targets": 16})
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    yield
+    settings.reset()
+    tasks.register_tasks()
+
+
+@pytest.fixture
+def pile(tmp_path, monkeypatch, tmp_path_factory):
+    directory = tmp_path / "pile"
+    demo_corpus.write_pile(str(directory), train_files=4, docs_per_file=5, eval_docs=4)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), pile_dir=directory)
+    return directory
+
+
+def _iterator(spec, **kwargs):
+    task, kind, lengths = spec
+    args = dict(split="train", feature_lengths=lengths, batch_size=4, model_kind=kind,
+                pack=False, shuffle=True, seed=3, shuffle_buffer_size=32)
+    args.update(kwargs)
+    return pipeline.make_iterator(task, **args)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("spec", [ENC_DEC, DEC_ONLY], ids=["encoder_decoder", "decoder_only"])
+def test_resume_continues_with_the_next_unseen_batch(pile, spec):
+    reference = _iterator(spec)
+    expected = [next(reference) for _ in range(8)]
+    first = _iterator(spec)
+    for i in range(5):
+        assert _same(next(first), expected[i])
+    state = json.loads(json.dumps(first.get_state()))  # as a checkpoint stores it
+    assert state["position"] == 5
+    resumed = _iterator(spec)
+    resumed.set_state(state)
+    assert _same(next(resumed), expected[5])  # batch 6: nothing repeated, nothing skipped
+    assert _same(next(resumed), expected[6])
+    assert resumed.get_state()["position"] == 7
+    assert _same(next(_iterator(spec, start_position=7)), expected[7])
+
+
+def test_order_is_a_function_of_the_seed(pile):
+    a = [next(it) for it in [_iterator(ENC_DEC)] for _ in range(3)]
+    b = [next(it) for it in [_iterator(ENC_DEC)] for _ in range(3)]
+    c = [next(it) for it in [_iterator(ENC_DEC, seed=4)] for _ in range(3)]
+    assert all(_same(x, y) for x, y in zip(a, b))
+    assert not all(_same(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize("spec", [ENC_DEC, DEC_ONLY], ids=["encoder_decoder", "decoder_only"])
+def test_batches_have_t5x_features_with_and_without_packing(pile, spec):
+    _, kind, lengths = spec
+    plain = next(_iterator(spec, batch_size=6, process_count=2, process_index=1))
+    names = ["decoder_input_tokens", "decoder_loss_weights", "decoder_target_tokens"]
+    if kind == "encoder_decoder":
+        names = ["encoder_input_tokens"] + names
+    assert sorted(plain) == sorted(names)
+    targets = lengths["targets"]
+    assert plain["decoder_target_tokens"].shape == (3, targets)
+    assert plain["decoder_target_tokens"].dtype == np.int32
+    assert plain["decoder_loss_weights"].dtype == np.float32
+    np.testing.assert_array_equal(plain["decoder_input_tokens"][:, 1:],
+                                  plain["decoder_target_tokens"][:, :-1])
+    np.testing.assert_array_equal(plain["decoder_loss_weights"],
+                                  plain["decoder_target_tokens"] > 0)
+
+    packed = next(_iterator(spec, pack=True))
+    _check_packed(packed, kind)
+
+
+def _check_packed(packed, kind):
+    stacks = ["decoder"] + (["encoder"] if kind == "encoder_decoder" else [])
+    for stack in stacks:
+        seg, pos = packed[f"{stack}_segment_ids"], packed[f"{stack}_positions"]
+        tokens = packed[f"{stack}_input_tokens" if stack == "encoder" else
+                        "decoder_target_tokens"]
+        assert seg.shape == pos.shape == tokens.shape
+        np.testing.assert_array_equal(seg > 0, tokens > 0)
+        for row_seg, row_pos in zip(seg, pos):
+            for s in set(row_seg[row_seg > 0].tolist()):
+                np.testing.assert_array_equal(row_pos[row_seg == s],
+                                              np.arange((row_seg == s).sum()))
+    return packed
+
+
+def test_packing_puts_several_examples_in_a_row(tmp_path, monkeypatch, tmp_path_factory):
+    demo_corpus.write_multinli(str(tmp_path), train=12, dev=3)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), mnli_dir=tmp_path)
+    packed = _check_packed(next(_iterator(("mnli", "encoder_decoder",
+                                           {"inputs": 256, "targets": 64}), pack=True)),
+                           "encoder_decoder")
+    assert packed["encoder_segment_ids"].max() >= 3
+    assert packed["decoder_segment_ids"].max() >= 3
+    # Decoder inputs restart with BOS (0) at the start of every packed segment.
+    starts = (packed["decoder_positions"] == 0) & (packed["decoder_segment_ids"] > 0)
+    assert np.all(packed["decoder_input_tokens"][starts] == 0)
+    assert np.all(packed["decoder_input_tokens"][~starts & (packed["decoder_segment_ids"]
+                                                            > 0)] > 0)
+
+
+def _all_rows(spec, process_index, process_count, **kwargs):
+    it = _iterator(spec, batch_size=2 * process_count, process_index=process_index,
+                   process_count=process_count, repeat=False, drop_remainder=False,
+                   shuffle=False, **kwargs)
+    rows = []
+    for batch in it:
+        key = "encoder_input_tokens" if "encoder_input_tokens" in batch else \
+            "decoder_target_tokens"
+        rows += [tuple(r.tolist()) for r in batch[key]]
+    return rows
+
+
+@pytest.fixture
+def pile_docs_task(pile):
+    """The Pile's documents one to an example (tokenized, nothing merged or split), so
+    that shards can be compared example by example."""
+    import functools
+    import seqio
+    from t5.data import preprocessors
+    lm = seqio.TaskRegistry.get("pile_lm")
+    seqio.TaskRegistry.add(
+        "test_pile_docs", source=lm.source,
+        preprocessors=[functools.partial(preprocessors.rekey, key_map={"targets": "text"}),
+                       seqio.preprocessors.tokenize],
+        output_features={"targets": lm.output_features["targets"]})
+    yield ("test_pile_docs", "decoder_only", {"targets": 24})
+    seqio.TaskRegistry.remove("test_pile_docs")
+
+
+@pytest.mark.parametrize("split,expected", [("train", 20), ("validation", 4)],
+                         ids=["4_files_by_file", "1_file_by_example"])
+def test_process_shards_are_disjoint_and_cover_the_data(pile_docs_task, split, expected):
+    everything = _all_rows(pile_docs_task, 0, 1, split=split)
+    assert len(everything) == len(set(everything)) == expected
+    shards = [_all_rows(pile_docs_task, i, 2, split=split) for i in range(2)]
+    assert all(shards) and not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == sorted(everything)
+
+
+def test_mnli_shards_by_example_and_keeps_the_last_batch(tmp_path, monkeypatch,
+                                                         tmp_path_factory):
+    demo_corpus.write_glue_mnli(str(tmp_path / "MNLI"), train=3, dev=7)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), mnli_dir=tmp_path)
+    spec = ("mnli", "encoder_decoder", {"inputs": 64, "targets": 4})
+    rows = [_all_rows(spec, i, 3, split="validation_matched") for i in range(3)]
+    assert [len(r) for r in rows] == [3, 2, 2]
+    everything = _all_rows(spec, 0, 1, split="validation_matched")
+    assert sorted(sum(rows, [])) == sorted(everything) and len(everything) == 7
+
+
+def test_errors_for_mismatched_model_kind_lengths_and_state(pile):
+    with pytest.raises(DataError, match="decoder_only model trains on a language-modeling"):
+        _iterator(("pile_span_corruption", "decoder_only", {"targets": 16}))
+    with pytest.raises(DataError, match="encoder_decoder model needs an input/target task"):
+        _iterator(("pile_lm", "encoder_decoder", {"inputs": 16, "targets": 16}))
+    with pytest.raises(DataError, match="feature lengths for 'inputs' and 'targets'"):
+        _iterator(("pile_span_corruption", "encoder_decoder", {"targets": 16}))
+    with pytest.raises(ValueError, match="not divisible by the process count"):
+        _iterator(ENC_DEC, batch_size=5, process_count=2)
+    with pytest.raises(DataError, match="needs a 'position'"):
+        _iterator(ENC_DEC).set_state({"step": 3})
+
+
+def test_resume_under_changed_settings_warns(pile, caplog):
+    it = _iterator(ENC_DEC)
+    state = dict(it.get_state(), position=2, batch_size=8)
+    with caplog.at_level("WARNING"):
+        it.set_state(state)
+    assert "changed settings" in caplog.text and "batch_size" in caplog.text
+    assert it.get_state()["position"] == 2

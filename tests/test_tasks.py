@@ -1,0 +1,301 @@
+"""The SeqIO tasks of t5lite.data.tasks on small fixtures in the real formats: the Pile's
+jsonl / jsonl.zst, MultiNLI jsonl, GLUE TSVs, SQuAD JSON and prepared TFDS datasets."""
+import json
+
+import numpy as np
+import pytest
+
+from t5lite.data import demo_corpus
+from t5lite.data.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
+                                VocabularyError)
+
+from data_helpers import VOCAB_SIZE, data_env, vocabulary
+
+pytest.importorskip("seqio")
+pytest.importorskip("t5")
+
+import seqio  # noqa: E402
+
+from t5lite.data import pipeline, settings, tasks  # noqa: E402
+
+LENGTHS = {"inputs": 64, "targets": 16}
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    yield
+    settings.reset()
+    tasks.register_tasks()
+
+
+@pytest.fixture
+def vocab_path(tmp_path_factory):
+    return vocabulary(tmp_path_factory)
+
+
+def _examples(name, split="train", n=None, lengths=LENGTHS, shuffle=False):
+    ds = seqio.get_mixture_or_task(name).get_dataset(lengths, split=split, shuffle=shuffle,
+                                                     seed=0)
+    if n:
+        ds = ds.take(n)
+    return list(ds.as_numpy_iterator())
+
+
+def _text(ex, key):
+    return ex[f"{key}_pretokenized"].decode()
+
+
+def test_tasks_register_on_import_without_data_or_vocabulary(monkeypatch):
+    for env in ("T5LITE_PILE_DIR", "T5LITE_VOCABULARY_PATH"):
+        monkeypatch.delenv(env, raising=False)
+    settings.reset()
+    tasks.register_tasks()
+    for name in tasks.TASK_NAMES:
+        assert name in seqio.TaskRegistry.names()
+    assert seqio.TaskRegistry.get("mnli").splits == (
+        "train", "validation_matched", "validation_mismatched")
+    vocab = seqio.TaskRegistry.get("pile_span_corruption").output_features["targets"].vocabulary
+    assert "vocabulary_path" in str(vocab)  # printable before it is resolved
+    with pytest.raises(VocabularyError, match="VOCABULARY_PATH.*t5lite.vocab"):
+        _ = vocab.vocab_size
+
+
+@pytest.mark.parametrize("compress", [True, False], ids=["jsonl.zst", "jsonl"])
+def test_pile_span_corruption_from_the_piles_files(tmp_path, monkeypatch, vocab_path, compress):
+    pile = tmp_path / "pile"
+    demo_corpus.write_pile(str(pile), train_files=2, docs_per_file=6, eval_docs=3,
+                           compress=compress)
+    data_env(monkeypatch, tmp_path, vocab_path, pile_dir=pile)
+    task = seqio.TaskRegistry.get("pile_span_corruption")
+    vocab = task.output_features["targets"].vocabulary
+    examples = _examples("pile_span_corruption", n=8)
+    assert len(examples) == 8
+    top = VOCAB_SIZE + 100 - 1
+    for ex in examples:
+        inputs, targets = ex["inputs"].tolist(), ex["targets"].tolist()
+        assert len(inputs) <= 64 and len(targets) <= 16
+        assert inputs[-1] == 1 and targets[-1] == 1  # EOS
+        in_sentinels = [t for t in inputs if t >= VOCAB_SIZE]
+        out_sentinels = [t for t in targets if t >= VOCAB_SIZE]
+        # Sentinels count down from the top of the vocabulary, in order, in both.
+        assert in_sentinels == list(range(top, top - len(in_sentinels), -1))
+        assert out_sentinels[0] == top and in_sentinels[:len(out_sentinels)] == out_sentinels
+        noise = len(targets) - 1 - len(out_sentinels)
+        plain = len(inputs) - 1 - len(in_sentinels)
+        assert 0.05 < noise / (noise + plain) < 0.3  # noise density 0.15
+    assert "<extra_id_0>" in vocab.decode(examples[0]["inputs"].tolist())
+    # Validation and test come from val.jsonl[.zst] and test.jsonl[.zst].
+    assert _examples("pile_span_corruption", split="validation", n=2)
+    assert _examples("pile_lm", split="test", n=1, lengths={"targets": 32})
+
+
+def test_pile_lm_documents_end_in_eos_and_fill_chunks(tmp_path, monkeypatch, vocab_path):
+    pile = tmp_path / "pile"
+    demo_corpus.write_pile(str(pile), train_files=1, docs_per_file=8, compress=False)
+    data_env(monkeypatch, tmp_path, vocab_path, pile_dir=pile)
+    examples = _examples("pile_lm", lengths={"targets": 32})
+    lengths = [len(ex["targets"]) for ex in examples]
+    assert max(lengths) == 32 and sum(n == 32 for n in lengths) >= len(lengths) - 1
+    tokens = np.concatenate([ex["targets"] for ex in examples])
+    assert int((tokens == 1).sum()) == 8  # one EOS per document, none in between
+    assert "targets" in seqio.TaskRegistry.get("pile_lm").output_features
+    assert "inputs" not in seqio.TaskRegistry.get("pile_lm").output_features
+
+
+def test_pile_from_tfds_the_pile_when_no_directory_is_set(tmp_path, monkeypatch, vocab_path):
+    from data_helpers import pile_tfds
+    tfds_dir = tmp_path / "tfds"
+    pile_tfds(str(tfds_dir), {"train": 5, "validation": 2})
+    data_env(monkeypatch, tmp_path, vocab_path, tfds_data_dir=tfds_dir)
+    examples = _examples("pile_span_corruption", n=4)
+    assert examples and all(ex["targets"][0] == VOCAB_SIZE + 99 for ex in examples)
+    assert _examples("pile_lm", split="validation", lengths={"targets": 16})
+
+
+def test_mnli_from_multinli_jsonl_glue_tsv_and_tfds_agree(tmp_path, monkeypatch, vocab_path):
+    from data_helpers import mnli_tfds
+    demo_corpus.write_multinli(str(tmp_path / "multinli"), train=9, dev=9)
+    demo_corpus.write_glue_mnli(str(tmp_path / "glue" / "MNLI"), train=9, dev=9)
+    mnli_tfds(str(tmp_path / "tfds"), n=9)
+    got = {}
+    for kind, dirs in (("jsonl", {"mnli_dir": tmp_path / "multinli"}),
+                       ("tsv", {"mnli_dir": tmp_path / "glue"}),
+                       ("tfds", {"tfds_data_dir": tmp_path / "tfds"})):
+        data_env(monkeypatch, tmp_path, vocab_path, **dirs)
+        got[kind] = {split: [(_text(ex, "inputs"), _text(ex, "targets"), int(ex["idx"]))
+                             for ex in _examples("mnli", split=split,
+                                                 lengths={"inputs": 128, "targets": 8})]
+                     for split in ("train", "validation_matched", "validation_mismatched")}
+    assert got["jsonl"] == got["tsv"] == got["tfds"]
+    first = got["jsonl"]["train"][0]
+    premise, hypothesis, label, _ = demo_corpus.mnli_pairs(9, seed=0)[0]
+    assert first == (f"mnli hypothesis: {hypothesis} premise: {premise}", label, 0)
+    assert {t for _, t, _ in got["jsonl"]["train"]} == {"entailment", "neutral",
+                                                        "contradiction"}
+
+
+def test_mnli_skips_no_consensus_records(tmp_path, monkeypatch, vocab_path):
+    demo_corpus.write_multinli(str(tmp_path), train=3, dev=9, unlabeled_every=3)
+    data_env(monkeypatch, tmp_path, vocab_path, mnli_dir=tmp_path)
+    assert len(_examples("mnli", split="validation_matched")) == 6  # 3 had gold_label "-"
+
+
+def test_mnli_accuracy_through_the_tasks_metric_fns(tmp_path, monkeypatch, vocab_path):
+    demo_corpus.write_multinli(str(tmp_path), train=3, dev=4)
+    data_env(monkeypatch, tmp_path, vocab_path, mnli_dir=tmp_path)
+    task = seqio.TaskRegistry.get("mnli")
+    examples = _examples("mnli", split="validation_mismatched")
+    labels = [_text(ex, "targets") for ex in examples]
+    targets = [task.postprocess_fn(ex["targets_pretokenized"].decode(), example=ex,
+                                   is_target=True) for ex in examples]
+    wrong = {"entailment": "neutral", "neutral": "contradiction",
+             "contradiction": "entailment"}
+    predictions = [labels[0], labels[1], wrong[labels[2]], "maybe"]  # 2 of 4 right
+    predictions = [task.postprocess_fn(p, example=None, is_target=False) for p in predictions]
+    assert targets == [["entailment", "neutral", "contradiction"].index(x) for x in labels]
+    metrics = {}
+    for fn in task.metric_fns:
+        metrics.update(fn(targets, predictions))
+    assert metrics == {"accuracy": pytest.approx(50.0)}
+
+
+@pytest.mark.parametrize("source", ["json", "tfds"])
+def test_squad_format_and_em_f1_over_all_answers(tmp_path, monkeypatch, vocab_path, source):
+    if source == "json":
+        demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=2, dev_articles=1)
+        data_env(monkeypatch, tmp_path, vocab_path, squad_dir=tmp_path / "squad")
+    else:
+        from data_helpers import squad_tfds
+        squad_tfds(str(tmp_path / "tfds"))
+        data_env(monkeypatch, tmp_path, vocab_path, tfds_data_dir=tmp_path / "tfds")
+    task = seqio.TaskRegistry.get("squad_v1_1")
+    train = _examples("squad_v1_1", lengths={"inputs": 128, "targets": 16})
+    assert len(train) == 6
+    inputs = _text(train[0], "inputs")
+    assert inputs.startswith("question: What does ") and " context: " in inputs
+    assert " ? context:" in inputs  # T5 pads punctuation with spaces
+    examples = _examples("squad_v1_1", split="validation",
+                         lengths={"inputs": 128, "targets": 16})
+    assert len(examples) == 3
+    targets = [task.postprocess_fn(_text(ex, "targets"), example=ex, is_target=True)
+               for ex in examples]
+    # Three answers each: "<adj> <obj>", "<obj>", "a <adj> <obj>".
+    assert all(len(t) == 3 and t[1] == t[0].split()[1] for t in targets)
+    predictions = [targets[0][1],               # matches the second answer: EM 1, F1 1
+                   targets[1][0].split()[0],    # "<adj>" vs "<adj> <obj>": EM 0, F1 2/3
+                   "nothing like it"]           # EM 0, F1 0
+    metrics = {}
+    for fn in task.metric_fns:
+        metrics.update(fn(targets, predictions))
+    assert metrics["em"] == pytest.approx(100 / 3)
+    assert metrics["f1"] == pytest.approx(100 * (1 + 2 / 3) / 3)
+
+
+@pytest.mark.slow
+def test_c4_span_corruption_from_local_tfds(tmp_path, monkeypatch, vocab_path):
+    from data_helpers import c4_tfds
+    c4_tfds(str(tmp_path / "tfds"))
+    data_env(monkeypatch, tmp_path, vocab_path, tfds_data_dir=tmp_path / "tfds")
+    assert _examples("c4_span_corruption", n=3)
+    assert _examples("c4_lm", split="validation", n=1, lengths={"targets": 16})
+
+
+def test_configure_sets_locations_and_registers_again(tmp_path, monkeypatch, vocab_path):
+    demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=1, dev_articles=1)
+    data_env(monkeypatch, tmp_path, vocab_path)  # nothing set but the vocabulary
+    monkeypatch.delenv("T5LITE_VOCABULARY_PATH")
+    before = seqio.TaskRegistry.get("squad_v1_1")
+    tasks.configure(vocabulary_path=vocab_path, squad_dir=str(tmp_path / "squad"))
+    after = seqio.TaskRegistry.get("squad_v1_1")
+    assert after is not before
+    assert len(_examples("squad_v1_1", split="validation",
+                         lengths={"inputs": 128, "targets": 16})) == 3
+    # A configured value wins over the environment.
+    monkeypatch.setenv("T5LITE_SQUAD_DIR", str(tmp_path / "elsewhere"))
+    assert settings.get("squad_dir") == str(tmp_path / "squad")
+
+
+# -- errors: one clear line saying what was expected where -------------------------------
+def _error(name, split="train", lengths=LENGTHS):
+    with pytest.raises(Exception) as info:
+        _examples(name, split=split, n=1, lengths=lengths)
+    return info
+
+
+def test_missing_data_names_the_setting_and_the_files(tmp_path, monkeypatch, vocab_path):
+    data_env(monkeypatch, tmp_path, vocab_path)
+    info = _error("pile_span_corruption")
+    assert info.type is DataNotFoundError
+    msg = str(info.value)
+    assert "PILE_DIR" in msg and "T5LITE_PILE_DIR" in msg and "train/00.jsonl.zst" in msg
+    assert "the_pile" in msg and "TFDS_DATA_DIR" in msg and "\n" not in msg
+    msg = str(_error("mnli").value)
+    assert "MNLI_DIR" in msg and "multinli_1.0_train.jsonl" in msg and "glue/mnli" in msg
+    msg = str(_error("squad_v1_1").value)
+    assert "SQUAD_DIR" in msg and "train-v1.1.json" in msg and "squad/v1.1" in msg
+    msg = str(_error("c4_span_corruption").value)
+    assert "c4/en" in msg and "TFDS_DATA_DIR" in msg
+
+    monkeypatch.setenv("T5LITE_PILE_DIR", str(tmp_path / "no_such_dir"))
+    info = _error("pile_span_corruption")
+    assert info.type is DataNotFoundError and "does not exist" in str(info.value)
+    assert "T5LITE_PILE_DIR" in str(info.value)
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / "data.parquet").write_text("x")
+    monkeypatch.setenv("T5LITE_PILE_DIR", str(tmp_path / "wrong"))
+    info = _error("pile_lm", lengths={"targets": 16})
+    assert info.type is DataNotFoundError and "no Pile files" in str(info.value)
+    assert "train/00.jsonl.zst" in str(info.value)
+
+    only_train = tmp_path / "only_train"
+    demo_corpus.write_squad(str(only_train), train_articles=1, dev_articles=1)
+    (only_train / "dev-v1.1.json").unlink()
+    monkeypatch.setenv("T5LITE_SQUAD_DIR", str(only_train))
+    settings.reset()
+    info = _error("squad_v1_1", split="validation")
+    assert info.type is DataNotFoundError and "dev-v1.1.json" in str(info.value)
+
+
+def test_wrong_formats_say_what_was_expected(tmp_path, monkeypatch, vocab_path):
+    pile = tmp_path / "pile" / "train"
+    pile.mkdir(parents=True)
+    (pile / "00.jsonl").write_text(json.dumps({"content": "x", "meta": {}}) + "\n")
+    squad = tmp_path / "squad"
+    squad.mkdir()
+    (squad / "train-v1.1.json").write_text(json.dumps({"version": "1.1", "articles": []}))
+    mnli = tmp_path / "mnli"
+    mnli.mkdir()
+    (mnli / "train.tsv").write_text("a\tb\tc\n1\t2\t3\n")
+    data_env(monkeypatch, tmp_path, vocab_path, pile_dir=tmp_path / "pile", squad_dir=squad,
+             mnli_dir=mnli)
+    info = _error("pile_span_corruption")
+    assert info.type is DataFormatError
+    assert "00.jsonl:1" in str(info.value) and "'text'" in str(info.value)
+    info = _error("squad_v1_1", lengths={"inputs": 64, "targets": 8})
+    assert info.type is DataFormatError and '"data"' in str(info.value)
+    info = _error("mnli")
+    assert info.type is DataFormatError and "gold_label" in str(info.value)
+
+
+def test_bad_line_in_the_middle_of_a_file_is_reported_by_the_iterator(tmp_path, monkeypatch,
+                                                                      vocab_path):
+    pile = tmp_path / "pile" / "train"
+    pile.mkdir(parents=True)
+    lines = [json.dumps({"text": d["text"]}) for d in demo_corpus.pile_documents(3)]
+    (pile / "00.jsonl").write_text("\n".join(lines + ["not json at all"]) + "\n")
+    data_env(monkeypatch, tmp_path, vocab_path, pile_dir=tmp_path / "pile")
+    it = pipeline.make_iterator("pile_lm", split="train", feature_lengths={"targets": 16},
+                                batch_size=2, model_kind="decoder_only", shuffle=False)
+    with pytest.raises(DataFormatError, match=r"00.jsonl:4: not JSON"):
+        for _ in range(100):
+            next(it)
+
+
+def test_unknown_task_and_split(tmp_path, monkeypatch, vocab_path):
+    data_env(monkeypatch, tmp_path, vocab_path)
+    with pytest.raises(UnknownTaskError, match=r"'pile_span_corupption'.*did you mean "
+                                               r"'pile_span_corruption'.*mnli, squad_v1_1"):
+        tasks.get_provider("pile_span_corupption")
+    with pytest.raises(Exception, match="no split 'validation'.*validation_matched"):
+        pipeline.make_iterator("mnli", split="validation", feature_lengths=LENGTHS,
+                               batch_size=2)

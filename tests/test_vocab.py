@@ -1,0 +1,92 @@
+"""`python -m t5lite.vocab`: a T5-style SentencePiece model from local jsonl / jsonl.zst /
+txt files, used with 100 extra ids."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from t5lite import vocab
+from t5lite.data import demo_corpus, readers
+from t5lite.data.errors import DataFormatError
+
+from data_helpers import VOCAB_SIZE, vocabulary
+
+
+def _corpus(tmp_path):
+    pile = demo_corpus.write_pile(str(tmp_path / "pile"), train_files=1, docs_per_file=120,
+                                  compress=True, seed=3)
+    plain = demo_corpus.write_pile(str(tmp_path / "plain"), train_files=1, docs_per_file=60,
+                                   compress=False, seed=4)
+    text = demo_corpus.write_text(str(tmp_path / "notes.txt"), lines=200, seed=5)
+    return pile["train"][0], plain["train"][0], text
+
+
+def test_cli_trains_t5_special_ids_from_jsonl_zst_and_txt(tmp_path, capsys):
+    import sentencepiece as spm
+    zst, jsonl, txt = _corpus(tmp_path)
+    out = tmp_path / "out" / "spm.model"
+    rc = vocab.main([f"--input={zst},{jsonl}", f"--input={txt}", "--vocab_size=300",
+                     f"--output={out}"])
+    assert rc == 0
+    assert "VOCABULARY_PATH" in capsys.readouterr().out
+    sp = spm.SentencePieceProcessor(model_file=str(out))
+    assert sp.get_piece_size() == 300
+    assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+    assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
+    text = "Ada the engineer built a small boat near the harbour."
+    assert sp.decode(sp.encode(text)) == text
+
+
+def test_seqio_vocabulary_has_100_extra_ids_at_the_top(tmp_path_factory):
+    from t5lite.data import vocabularies
+    path = vocabulary(tmp_path_factory)
+    v = vocabularies.get_vocabulary(path)
+    assert v.vocab_size == VOCAB_SIZE + 100
+    assert (v.pad_id, v.eos_id, v.unk_id) == (0, 1, 2)
+    assert v.encode("<extra_id_0>") == [VOCAB_SIZE + 99]  # sentinels count down from the top
+    assert v.encode("<extra_id_99>") == [VOCAB_SIZE]
+    text = "In 1901, Grace painted 12 lamps by the lake."
+    ids = v.encode(text)
+    assert all(3 <= i < VOCAB_SIZE for i in ids)
+    assert v.decode(ids) == text
+    assert v.decode(v.encode_tf(text).numpy().tolist()) == text
+
+
+def test_max_sentences_limits_what_is_read(tmp_path):
+    _, jsonl, txt = _corpus(tmp_path)
+    assert len(list(vocab.iter_sentences([jsonl, txt], max_sentences=7))) == 7
+    long_line = " ".join(["word"] * 3000)  # 14999 characters: split at spaces
+    (tmp_path / "long.txt").write_text(long_line + "\n")
+    pieces = list(vocab.iter_sentences([str(tmp_path / "long.txt")]))
+    assert len(pieces) == 4 and all(len(p) <= vocab.MAX_CHARS_PER_SENTENCE for p in pieces)
+    assert " ".join(pieces) == long_line
+
+
+def test_cli_errors_name_the_input(tmp_path, capsys):
+    assert vocab.main([f"--input={tmp_path}/nothing*.jsonl", "--output=x.model"]) == 2
+    assert "names no file" in capsys.readouterr().err
+    (tmp_path / "data.csv").write_text("a,b\n")
+    assert vocab.main([f"--input={tmp_path}/data.csv", "--output=x.model"]) == 2
+    assert "unknown file type" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"content": "no text field"}) + "\n")
+    assert vocab.main([f"--input={tmp_path}/bad.jsonl", "--output=x.model"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1" in err and "'text'" in err
+    (tmp_path / "fake.jsonl.zst").write_text('{"text": "not compressed"}\n')
+    with pytest.raises(DataFormatError, match="not a zstandard file"):
+        list(readers.iter_texts(str(tmp_path / "fake.jsonl.zst")))
+    # A corpus too small for the requested size says so, with SentencePiece's limit.
+    small = demo_corpus.write_text(str(tmp_path / "small.txt"), lines=20)
+    assert vocab.main([f"--input={small}", "--vocab_size=5000", "--output=x.model"]) == 2
+    assert "Vocabulary size too high" in capsys.readouterr().err
+
+
+def test_vocab_cli_imports_no_tensorflow():
+    code = ("import sys, t5lite.vocab, t5lite.data, t5lite.data.synthetic, "
+            "t5lite.data.readers, t5lite.data.settings, t5lite.data.demo_corpus;"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'tensorflow', 'seqio', 't5', 'tensorflow_datasets'}); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
