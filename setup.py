@@ -15,6 +15,7 @@ RUNTIME = [
     "sentencepiece>=0.2.0",
     "safetensors>=0.4",
     "clu>=0.0.12",
+    "zstandard>=0.20",  # the Pile's .jsonl.zst files
     # The data edge. t5 pins seqio-nightly and tfds-nightly; the released seqio and
     # tensorflow-datasets are listed here so that they are the ones installed too,
     # and t5lite/_deps.py checks that they are the ones that import.
