@@ -52,3 +52,14 @@ from t5lite import train as _train  # noqa: E402
 
 train = gin.external_configurable(_train.train, module=MODULE)
 REGISTERED = REGISTERED + ("train",)
+
+# ----------------------------------------------------------------------------- eval / infer
+# `python -m t5lite.eval` calls `evaluate(model=<MODEL>)`, `python -m t5lite.infer` calls
+# `infer(model=<MODEL>)`; configs/runs/{eval,infer}.gin bind the rest.
+
+from t5lite import eval as _eval  # noqa: E402
+from t5lite import infer as _infer  # noqa: E402
+
+evaluate = gin.external_configurable(_eval.evaluate, module=MODULE)
+infer = gin.external_configurable(_infer.infer, module=MODULE)
+REGISTERED = REGISTERED + ("evaluate", "infer")

@@ -1,0 +1,312 @@
+"""`python -m t5lite.eval` and `python -m t5lite.infer` on a tiny T5 with random
+parameters (saved with checkpoint_io.save_params) and a MultiNLI jsonl fixture: metrics
+agree with the predictions they came from and with a direct predict_batch run, padding
+rows of the last batch are dropped, infer matches predict_batch / score_batch, a
+truncated predictions file resumes to the uninterrupted result, and bad input ends in one
+`error:` line.
+
+Most runs call `main(argv)` in this process (one TensorFlow / JAX start-up); the error
+cases run as subprocesses to check stderr and the exit status.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("seqio")
+pytest.importorskip("t5")
+
+import jax  # noqa: E402
+
+from t5lite import checkpoint_io, evaluation, gin_utils  # noqa: E402
+from t5lite.data import demo_corpus  # noqa: E402
+
+import train_helpers as th  # noqa: E402
+from data_helpers import data_env, vocabulary  # noqa: E402
+
+MODEL_FILE = "configs/models/t5_1_1/tiny.gin"
+VOCAB = 512  # 300 pieces + 100 extra ids, padded
+LENGTHS = {"inputs": 64, "targets": 16}
+BATCH = 8
+DEV = 11  # validation_matched examples: not a multiple of BATCH (a padded last batch)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(vocab path, MultiNLI dir, checkpoint dir, model, variables)."""
+    vocab_path = vocabulary(tmp_path_factory)
+    root = tmp_path_factory.mktemp("evalinfer")
+    demo_corpus.write_multinli(str(root / "multinli"), train=6, dev=DEV)
+    model = _model()
+    variables = model.init(jax.random.PRNGKey(3))
+    checkpoint_io.save_params(root / "ckpt", variables, step=7)
+    return dict(vocab=vocab_path, mnli=root / "multinli", ckpt=root / "ckpt", model=model,
+                variables=variables, root=root)
+
+
+@pytest.fixture(autouse=True)
+def _env(setup, monkeypatch, tmp_path):
+    data_env(monkeypatch, tmp_path, setup["vocab"], mnli_dir=setup["mnli"])
+    yield
+    from t5lite.data import settings, tasks
+    settings.reset()
+    tasks.register_tasks()
+
+
+def _model():
+    gin_utils.parse_gin([MODEL_FILE], [f"T5Config.vocab_size = {VOCAB}",
+                                       "ACTIVATION_DTYPE = 'float32'"])
+    return gin_utils.resolve_macro("MODEL")
+
+
+def _flags(setup, out, *extra):
+    return [f"--gin_file={MODEL_FILE}", f"--gin.T5Config.vocab_size={VOCAB}",
+            "--gin.ACTIVATION_DTYPE='float32'", f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"',
+            f'--gin.OUTPUT_DIR="{out}"', f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}",
+            f"--gin.BATCH_SIZE={BATCH}", f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
+            f'--gin.MNLI_DIR="{setup["mnli"]}"', *extra]
+
+
+def _eval(setup, out, *extra):
+    from t5lite import eval as eval_module
+    return eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(setup, out, *extra))
+
+
+def _infer(setup, out, *extra):
+    from t5lite import infer
+    return infer.main(["--gin_file=configs/runs/infer.gin"] + _flags(setup, out, *extra))
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _vocab(setup):
+    from t5lite.data import vocabularies
+    return vocabularies.get_vocabulary(str(setup["vocab"]))
+
+
+def _direct_predict(setup, texts):
+    """predict_batch on one unpadded batch (no mesh), detokenized."""
+    vocab = _vocab(setup)
+    ids = [evaluation.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
+    batch = evaluation.encdec_features(ids, LENGTHS)
+    tokens = setup["model"].predict_batch(setup["variables"], batch,
+                                          max_decode_length=LENGTHS["targets"])
+    return [evaluation.decode_tokens(vocab, row) for row in np.asarray(tokens)]
+
+
+def _mnli_dev(setup):
+    path = Path(setup["mnli"]) / "multinli_1.0_dev_matched.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- eval
+
+
+def test_eval_mnli_metrics_match_predictions_and_predict_batch(setup, tmp_path):
+    out = tmp_path / "out"
+    assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                 "--gin.SPLIT='validation_matched'") == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["step"] == 7 and summary["split"] == "validation_matched"
+    assert summary["num_examples"] == {"mnli": DEV}
+    acc = summary["metrics"]["mnli"]["accuracy"]
+    assert 0.0 <= acc <= 100.0
+    rows = _read_jsonl(out / "eval" / "mnli_predictions.jsonl")
+    assert len(rows) == DEV  # padding rows of the last batch dropped
+    labels = ["entailment", "neutral", "contradiction"]
+    gold = [labels.index(r["gold_label"]) for r in _mnli_dev(setup)]
+    assert [r["target"] for r in rows] == gold
+    expected_post = [labels.index(r["prediction"]) if r["prediction"] in labels else -1
+                     for r in rows]
+    assert [r["postprocessed"] for r in rows] == expected_post
+    assert acc == pytest.approx(100.0 * np.mean(np.array(expected_post) == np.array(gold)))
+    # The decoded predictions are the model's: a direct, unpadded predict_batch agrees.
+    assert [r["prediction"] for r in rows] == _direct_predict(setup, [r["inputs"] for r in rows])
+    tb = th.scalars(out, "eval")
+    assert tb["mnli/accuracy"] == [(7, pytest.approx(acc))]
+
+
+def test_eval_accuracy_counts_correct_rows_only(setup, tmp_path, monkeypatch):
+    """A model that always answers "entailment": accuracy is the share of entailment
+    pairs, whatever the padding of the last batch."""
+    vocab = _vocab(setup)
+    answer = evaluation.tokenize(vocab, "entailment", LENGTHS["targets"])
+    real_predict = evaluation.Session.predict
+
+    def always_entailment(self, batch):
+        tokens = real_predict(self, batch)  # shape and padding handled as for real
+        tokens[:] = 0
+        tokens[:, :len(answer)] = answer
+        return tokens
+
+    monkeypatch.setattr(evaluation.Session, "predict", always_entailment)
+    out = tmp_path / "out"
+    assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                 "--gin.SPLIT='validation_matched'") == 0
+    acc = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]["accuracy"]
+    gold = [r["gold_label"] for r in _mnli_dev(setup)]
+    assert acc == pytest.approx(100.0 * gold.count("entailment") / len(gold))
+    assert 0 < acc < 100
+
+
+# ----------------------------------------------------------------------------- infer
+
+
+def _write_inputs(tmp_path, n=13):
+    texts = [f"mnli hypothesis: {h} premise: {p}"
+             for p, h, _, _ in demo_corpus.mnli_pairs(n, seed=5)]
+    targets = [g for _, _, g, _ in demo_corpus.mnli_pairs(n, seed=5)]
+    txt = tmp_path / "inputs.txt"
+    txt.write_text("".join(t + "\n" for t in texts))
+    jl = tmp_path / "inputs.jsonl"
+    jl.write_text("".join(json.dumps({"inputs": t, "targets": g}) + "\n"
+                          for t, g in zip(texts, targets)))
+    return texts, targets, txt, jl
+
+
+def test_infer_predict_text_file_matches_predict_batch(setup, tmp_path):
+    texts, _, txt, _ = _write_inputs(tmp_path)
+    out = tmp_path / "out"
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{txt}"') == 0
+    rows = _read_jsonl(out / "predictions.jsonl")
+    assert [r["inputs"] for r in rows] == texts
+    assert [r["prediction"] for r in rows] == _direct_predict(setup, texts)
+
+
+def test_infer_score_matches_score_batch(setup, tmp_path):
+    texts, targets, _, jl = _write_inputs(tmp_path)
+    out = tmp_path / "out"
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{jl}"', "--gin.MODE='score'") == 0
+    rows = _read_jsonl(out / "predictions.jsonl")
+    assert [(r["inputs"], r["targets"]) for r in rows] == list(zip(texts, targets))
+    vocab = _vocab(setup)
+    batch = evaluation.encdec_features(
+        [evaluation.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts], LENGTHS,
+        [evaluation.tokenize(vocab, t, LENGTHS["targets"]) for t in targets])
+    direct = np.asarray(setup["model"].score_batch(setup["variables"], batch))
+    np.testing.assert_allclose([r["score"] for r in rows], direct, rtol=1e-4, atol=1e-4)
+    assert all(s < 0 for s in direct)
+
+
+def test_infer_task_split(setup, tmp_path):
+    out = tmp_path / "out"
+    assert _infer(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                  "--gin.SPLIT='validation_matched'") == 0
+    rows = _read_jsonl(out / "predictions.jsonl")
+    assert len(rows) == DEV
+    dev = _mnli_dev(setup)
+    assert rows[0]["inputs"] == (f"mnli hypothesis: {dev[0]['sentence2']} premise: "
+                                 f"{dev[0]['sentence1']}")
+    assert [r["prediction"] for r in rows] == _direct_predict(setup, [r["inputs"] for r in rows])
+
+
+def test_infer_resumes_after_a_truncated_file(setup, tmp_path):
+    _, _, txt, _ = _write_inputs(tmp_path)
+    full = tmp_path / "full"
+    assert _infer(setup, full, f'--gin.INPUT_FILE="{txt}"') == 0
+    expected = (full / "predictions.jsonl").read_text()
+    lines = expected.splitlines(keepends=True)
+    assert len(lines) == 13
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    k = 5  # not a batch boundary
+    (crashed / "predictions.jsonl").write_text("".join(lines[:k]) + lines[k][:7])
+    assert _infer(setup, crashed, f'--gin.INPUT_FILE="{txt}"') == 0
+    assert (crashed / "predictions.jsonl").read_text() == expected
+    # A finished file: a rerun adds nothing.
+    assert _infer(setup, crashed, f'--gin.INPUT_FILE="{txt}"') == 0
+    assert (crashed / "predictions.jsonl").read_text() == expected
+
+
+def test_complete_lines_cuts_a_partial_line(tmp_path):
+    from t5lite.infer import complete_lines
+    p = tmp_path / "p.jsonl"
+    assert complete_lines(p) == 0
+    p.write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    assert complete_lines(p) == 2
+    assert p.read_text() == '{"a": 1}\n{"a": 2}\n'
+    p.write_text('{"a"')
+    assert complete_lines(p) == 0 and p.read_text() == ""
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _cli(module, setup, tmp_path, *extra):
+    gin_file = f"configs/runs/{'eval' if module == 'eval' else 'infer'}.gin"
+    cmd = [sys.executable, "-m", f"t5lite.{module}", f"--gin_file={gin_file}",
+           *_flags(setup, tmp_path / "out", *extra)]
+    return th.run(cmd, devices=1, timeout=240,
+                  extra_env={"T5LITE_VOCABULARY_PATH": str(setup["vocab"])})
+
+
+@pytest.mark.parametrize("case", ["missing_checkpoint", "unknown_task", "missing_input",
+                                  "bad_split"])
+def test_bad_input_ends_in_one_error_line(setup, tmp_path, case):
+    if case == "missing_checkpoint":
+        missing = tmp_path / "nothing_here"
+        proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                    "--gin.SPLIT='validation_matched'", f'--gin.CHECKPOINT_PATH="{missing}"')
+        th.assert_one_error(proc, "CHECKPOINT_PATH", str(missing), "does not exist")
+    elif case == "unknown_task":
+        proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnlii'")
+        th.assert_one_error(proc, "unknown task", "mnlii", "mnli")
+    elif case == "missing_input":
+        missing = tmp_path / "inputs.txt"
+        proc = _cli("infer", setup, tmp_path, f'--gin.INPUT_FILE="{missing}"')
+        th.assert_one_error(proc, "INPUT_FILE", str(missing), "does not exist")
+    else:
+        proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnli'")
+        th.assert_one_error(proc, "validation", "validation_matched", "SPLIT")
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
+    """A model answering each question with its *second* reference answer: exact match
+    and F1 are 100 only if the metric sees all answers (as seqio's Evaluator passes
+    them through T5's qa postprocessor), not just the first."""
+    squad = tmp_path / "squad"
+    demo_corpus.write_squad(str(squad), train_articles=1, dev_articles=2)
+    data_env(monkeypatch, tmp_path, setup["vocab"], squad_dir=squad)
+    dev = json.loads((squad / "dev-v1.1.json").read_text())["data"]
+    second = {qa["question"]: qa["answers"][1]["text"]
+              for art in dev for par in art["paragraphs"] for qa in par["qas"]}
+    assert all(len(qa["answers"]) > 1 for art in dev for par in art["paragraphs"]
+               for qa in par["qas"])
+    vocab = _vocab(setup)
+    real_predict = evaluation.Session.predict
+
+    import seqio
+    lengths = {"inputs": 128, "targets": 16}
+    by_inputs = {}
+    for ex in seqio.get_mixture_or_task("squad_v1_1").get_dataset(
+            lengths, split="validation", shuffle=False).as_numpy_iterator():
+        answers = [a.decode() for a in ex["answers"]]
+        by_inputs[tuple(int(t) for t in ex["inputs"])] = answers[1]
+
+    def oracle(self, batch):
+        tokens = real_predict(self, batch)
+        tokens[:] = 0
+        for i, row in enumerate(batch["encoder_input_tokens"]):
+            key = tuple(int(t) for t in row if t)
+            ids = evaluation.tokenize(vocab, by_inputs[key], tokens.shape[1])
+            tokens[i, :len(ids)] = ids
+        return tokens
+
+    monkeypatch.setattr(evaluation.Session, "predict", oracle)
+    out = tmp_path / "out"
+    assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='squad_v1_1'",
+                 "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 16}",
+                 f'--gin.SQUAD_DIR="{squad}"') == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["num_examples"] == {"squad_v1_1": len(second)}
+    assert summary["metrics"]["squad_v1_1"] == {"em": pytest.approx(100.0),
+                                                 "f1": pytest.approx(100.0)}
+    rows = _read_jsonl(out / "eval" / "squad_v1_1_predictions.jsonl")
+    assert all(isinstance(r["target"], list) and len(r["target"]) == 3 for r in rows)
