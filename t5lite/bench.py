@@ -26,8 +26,6 @@ import jax
 
 from t5lite import gin_utils, metrics, partitioning, train
 
-# Bound first so that a run config's %gin.REQUIRED macros need not be given for a bench.
-DEFAULT_BINDINGS = ("MODEL_DIR = '/tmp/t5lite_bench'", "TRAIN_STEPS = 0")
 
 
 def _peak_memory() -> Optional[int]:
@@ -102,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--json_out", default="bench.json", help="where to write the result")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = gin_utils.parse_flags(parser, argv)
-    gin_utils.parse_gin(args.gin_file, list(DEFAULT_BINDINGS) + list(args.gin_bindings),
+    gin_utils.parse_gin(args.gin_file, list(gin_utils.RUN_PLACEHOLDERS) + list(args.gin_bindings),
                         args.gin_search_paths)
     import gin
 

@@ -32,6 +32,10 @@ import gin
 import t5lite
 
 EXIT_CONFIG_ERROR = 2
+# Placeholders for the run-level REQUIRED macros, for tools that read a run config but do
+# not train (info, bench); bound before the user's bindings, which still win.
+RUN_PLACEHOLDERS = ("MODEL_DIR = '/tmp/t5lite_placeholder'", "TRAIN_STEPS = 0",
+                    "MIXTURE_OR_TASK_NAME = 'synthetic'", "INITIAL_CHECKPOINT_PATH = None")
 
 
 class ConfigError(Exception):

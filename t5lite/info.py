@@ -134,6 +134,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = gin_utils.parse_flags(_parser(), argv)
     if not args.gin_file:
         raise gin_utils.ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
+    # a run config (configs/*_pile_pretrain.gin) leaves its run macros REQUIRED; info
+    # only needs the model, so they get placeholders (the user's bindings still win)
+    args.gin_bindings = list(gin_utils.RUN_PLACEHOLDERS) + list(args.gin_bindings)
     gin_utils.configure(args)
     source = ", ".join(args.gin_file)
     model = gin_utils.resolve_macro("MODEL", origin=source)

@@ -159,3 +159,16 @@ def test_config_errors_are_one_line(tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     for word in expect:
         assert word in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("run_config,model_config", [
+    ("configs/large_pile_pretrain.gin", "models/t5_1_1/large.gin"),
+    ("configs/llama2_7b_pile_pretrain.gin", "models/llama2/7b.gin"),
+])
+def test_shipped_run_configs_bind_their_model(run_config, model_config):
+    """A shipped run config parses completely (its run macros REQUIRED) and builds the
+    model of its size; `info` reads it without MODEL_DIR."""
+    import json
+    proc = _info(f"--gin_file={run_config}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["params"] == EXPECTED_PARAMS[model_config]
