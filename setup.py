@@ -22,6 +22,11 @@ RUNTIME = [
     "seqio>=0.0.19",
     "tensorflow-datasets>=4.9.6",
     "t5>=0.9.4",
+    # The Pile's own files are .jsonl.zst (t5lite/data/readers.py).
+    "zstandard>=0.22",
+    # etils.epath (under tensorflow-datasets) needs it to write or prepare a TFDS
+    # dataset locally; tensorflow-datasets declares it only for Python < 3.9.
+    "importlib_resources>=6.0",
 ]
 
 setup(

@@ -150,14 +150,18 @@ def pile_docs_task(pile):
     seqio.TaskRegistry.remove("test_pile_docs")
 
 
-@pytest.mark.parametrize("split,expected", [("train", 20), ("validation", 4)],
-                         ids=["4_files_by_file", "1_file_by_example"])
-def test_process_shards_are_disjoint_and_cover_the_data(pile_docs_task, split, expected):
+@pytest.mark.parametrize("split,expected,processes",
+                         [("train", 20, 2), ("train", 20, 5), ("validation", 4, 2)],
+                         ids=["4_files_2_processes_by_file", "4_files_5_processes_by_record",
+                              "1_file_2_processes_by_record"])
+def test_process_shards_are_disjoint_and_cover_the_data(pile_docs_task, split, expected,
+                                                        processes):
     everything = _all_rows(pile_docs_task, 0, 1, split=split)
     assert len(everything) == len(set(everything)) == expected
-    shards = [_all_rows(pile_docs_task, i, 2, split=split) for i in range(2)]
-    assert all(shards) and not set(shards[0]) & set(shards[1])
-    assert sorted(shards[0] + shards[1]) == sorted(everything)
+    shards = [_all_rows(pile_docs_task, i, processes, split=split) for i in range(processes)]
+    assert all(shards)
+    assert sum(len(s) for s in shards) == expected  # so no row is in two shards
+    assert sorted(sum(shards, [])) == sorted(everything)
 
 
 def test_mnli_shards_by_example_and_keeps_the_last_batch(tmp_path, monkeypatch,

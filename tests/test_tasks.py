@@ -299,3 +299,18 @@ def test_unknown_task_and_split(tmp_path, monkeypatch, vocab_path):
     with pytest.raises(Exception, match="no split 'validation'.*validation_matched"):
         pipeline.make_iterator("mnli", split="validation", feature_lengths=LENGTHS,
                                batch_size=2)
+
+
+def test_importing_tasks_registers_them_with_no_data_and_hides_gpus_from_tensorflow(
+        tmp_path):
+    import os
+    import subprocess
+    import sys
+    code = ("import seqio, tensorflow as tf, t5lite.data.tasks as t;"
+            "print(all(n in seqio.TaskRegistry.names() for n in t.TASK_NAMES),"
+            " tf.config.get_visible_devices('GPU'))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("T5LITE_")}
+    env["TFDS_DATA_DIR"] = str(tmp_path / "nothing_here")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    assert out.split() == ["True", "[]"]

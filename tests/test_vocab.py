@@ -39,6 +39,7 @@ def test_cli_trains_t5_special_ids_from_jsonl_zst_and_txt(tmp_path, capsys):
 
 
 def test_seqio_vocabulary_has_100_extra_ids_at_the_top(tmp_path_factory):
+    pytest.importorskip("seqio")
     from t5lite.data import vocabularies
     path = vocabulary(tmp_path_factory)
     v = vocabularies.get_vocabulary(path)

@@ -63,16 +63,18 @@ class _Writer:
         verb = self.pick(_VERBS)
         return {"name": self.pick(_NAMES), "role": self.pick(_ROLES),
                 "adj": self.pick(_ADJECTIVES), "obj": self.pick(_OBJECTS),
-                "base": verb[0], "verb": verb[1], "past": verb[2], "place": self.pick(_PLACES),
-                "time": self.pick(_TIMES)}
+                "base": verb[0], "verb": verb[1], "past": verb[2],
+                "place": self.pick(_PLACES), "time": self.pick(_TIMES)}
 
     def sentence(self, f: Optional[Dict[str, str]] = None) -> str:
         f = f or self.fact()
         form = self.rng.randrange(5)
         if form == 0:
-            return f"{f['name']} the {f['role']} {f['verb']} a {f['adj']} {f['obj']} {f['place']}."
+            return (f"{f['name']} the {f['role']} {f['verb']} a {f['adj']} {f['obj']} "
+                    f"{f['place']}.")
         if form == 1:
-            return f"{f['time'].capitalize()}, the {f['role']} {f['past']} the {f['obj']} {f['place']}."
+            return (f"{f['time'].capitalize()}, the {f['role']} {f['past']} the {f['obj']} "
+                    f"{f['place']}.")
         if form == 2:
             return f"The {f['adj']} {f['obj']} was {f['past']} by {f['name']} {f['time']}."
         if form == 3:

@@ -23,7 +23,7 @@ import glob
 import io
 import json
 import os
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from t5lite.data.errors import DataFormatError, DataNotFoundError
 
@@ -86,11 +86,17 @@ def _parse_json_line(path: str, lineno: int, line: str, field: str) -> str:
     return obj[field]
 
 
-def iter_jsonl_texts(path: str, field: str = "text") -> Iterator[str]:
-    """The `field` string of every non-empty line of a .jsonl / .jsonl.zst file."""
+def iter_jsonl_texts(path: str, field: str = "text", shard_index: int = 0,
+                     num_shards: int = 1) -> Iterator[str]:
+    """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst file; with
+    num_shards > 1 only records k with k % num_shards == shard_index (others are not
+    decoded)."""
+    record = -1
     for lineno, line in enumerate(_lines(path), 1):
         if line.strip():
-            yield _parse_json_line(path, lineno, line, field)
+            record += 1
+            if record % num_shards == shard_index:
+                yield _parse_json_line(path, lineno, line, field)
 
 
 def check_jsonl(path: str, field: str = "text") -> None:

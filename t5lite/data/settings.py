@@ -52,10 +52,16 @@ def get(name: str) -> Optional[str]:
     return os.path.expanduser(value) if value else None
 
 
+def snapshot() -> tuple:
+    """The current value of every setting (to notice changes)."""
+    return tuple(get(name) for name in SETTINGS)
+
+
 def how_to_set(name: str) -> str:
     """'set the gin macro X or the environment variable Y' for error messages."""
     macro, env = SETTINGS[name]
-    return f"set the gin macro {macro} (--gin.{macro}=\\\"...\\\") or the environment variable {env}"
+    return (f"set the gin macro {macro} (--gin.{macro}=\\\"...\\\") or the environment "
+            f"variable {env}")
 
 
 def source_of(name: str) -> str:

@@ -7,11 +7,12 @@ local TFDS data directory (never downloaded, never read from a cloud bucket).
     TfdsDirSource      a prepared TFDS dataset directory (builder_from_directory)
     DeferredSource     asks a resolver, at build time, which of those to read
 
-Sharding: a source lists its shards (files); when there are at least as many as
-processes, SeqIO hands each process its own files, otherwise each process reads every
-file and keeps every num_shards-th example. Shuffling: the file order (JsonlTextSource,
-TFDS) or the whole example list (ExamplesSource) is permuted by the seed, the same
-permutation on every process, so shards stay disjoint.
+Sharding: with at least as many files as processes, each process reads its own files;
+with fewer, each process keeps every num_shards-th record (local sources skip the
+others before decoding them; TFDS sources are sharded by SeqIO after reading).
+Shuffling: the file order (JsonlTextSource, TFDS) or the whole example list
+(ExamplesSource) is permuted by the seed, the same permutation on every process, so
+shards stay disjoint.
 """
 from __future__ import annotations
 
@@ -66,7 +67,12 @@ def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
 
 
 class JsonlTextSource(seqio.DataSource):
-    """{"text": string} examples of .jsonl / .jsonl.zst files, one record a line."""
+    """{"text": string} examples of .jsonl / .jsonl.zst files, one record a line.
+
+    Shards itself: with at least as many files as shards, shard i reads files i, i+n, ...;
+    with fewer, every shard reads every file but decodes only its own records (record k
+    of a file belongs to shard k mod n), so no process parses JSON it then throws away.
+    """
 
     def __init__(self, split_files: Mapping[str, Sequence[str]], field: str = "text",
                  cycle_length: int = 8):
@@ -77,7 +83,7 @@ class JsonlTextSource(seqio.DataSource):
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return False
+        return True
 
     def list_shards(self, split: str) -> Sequence[str]:
         return self._files[split]
@@ -86,8 +92,9 @@ class JsonlTextSource(seqio.DataSource):
                     seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
                     *, sequence_length=None, use_cached=False, num_epochs=1):
         files = list(self._files[split])
-        if shard_info:
-            files = files[shard_info.index::shard_info.num_shards]
+        index, count = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
+        if count > 1 and len(files) >= count:
+            files, index, count = files[index::count], 0, 1
         if shuffle:
             files = [files[i] for i in _permutation(len(files), seed)]
         for path in files:
@@ -95,7 +102,7 @@ class JsonlTextSource(seqio.DataSource):
         field = self._field
 
         def records(path):
-            for text in readers.iter_jsonl_texts(path.decode(), field):
+            for text in readers.iter_jsonl_texts(path.decode(), field, index, count):
                 yield {"text": text}
 
         def read(path):
@@ -123,7 +130,7 @@ class ExamplesSource(seqio.DataSource):
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return False
+        return True  # example k of the (seed-permuted) file goes to shard k mod n
 
     def list_shards(self, split: str) -> Sequence[str]:
         return [self._files[split]]
@@ -189,7 +196,10 @@ class TfdsDirSource(seqio.DataSource):
             input_context=(tf.distribute.InputContext(
                 num_input_pipelines=shard_info.num_shards,
                 input_pipeline_id=shard_info.index) if shard_info else None))
-        return self.builder.as_dataset(split=split, shuffle_files=shuffle,
+        # An ordered dataset (disable_shuffling) refuses shuffled files; its examples are
+        # still shuffled by the task's shuffle buffer.
+        shuffle_files = shuffle and not self.builder.info.disable_shuffling
+        return self.builder.as_dataset(split=split, shuffle_files=shuffle_files,
                                        read_config=read_config)
 
 
@@ -219,7 +229,8 @@ class DeferredSource(seqio.DataSource):
 
     def __init__(self, splits: Sequence[str], resolve: Callable[[], seqio.DataSource],
                  description: str):
-        self._resolve = resolve
+        self._resolve_fn = resolve
+        self._resolved = None  # (settings snapshot, source)
         self._description = description
         super().__init__(splits=tuple(splits))
 
@@ -228,10 +239,14 @@ class DeferredSource(seqio.DataSource):
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return False
+        return self.resolve().supports_arbitrary_sharding
 
     def resolve(self) -> seqio.DataSource:
-        return self._resolve()
+        """The source the current settings point at (looked up again when they change)."""
+        key = settings.snapshot()
+        if self._resolved is None or self._resolved[0] != key:
+            self._resolved = (key, self._resolve_fn())
+        return self._resolved[1]
 
     def _check_split(self, split: str) -> None:
         if split not in self.splits:
@@ -240,13 +255,13 @@ class DeferredSource(seqio.DataSource):
 
     def list_shards(self, split: str) -> Sequence[str]:
         self._check_split(split)
-        return self._resolve().list_shards(split)
+        return self.resolve().list_shards(split)
 
     def get_dataset(self, split: str = "train", shuffle: bool = True,
                     seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,
                     *, sequence_length=None, use_cached=False, num_epochs=1):
         self._check_split(split)
-        return self._resolve().get_dataset(split=split, shuffle=shuffle, seed=seed,
+        return self.resolve().get_dataset(split=split, shuffle=shuffle, seed=seed,
                                            shard_info=shard_info)
 
 
@@ -318,7 +333,7 @@ class _PartialSplits(seqio.DataSource):
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
-        return False
+        return self._inner.supports_arbitrary_sharding
 
     def _check(self, split: str) -> None:
         if split not in self._inner.splits:
