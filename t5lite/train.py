@@ -53,11 +53,17 @@ def _make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], ba
     with gin.unlock_config():  # the t5 package registers gin configurables on import
         from t5lite.data import pipeline, tasks  # the data edge: TensorFlow and SeqIO
     tasks.configure(**dict(data_settings or {}))
-    return pipeline.make_iterator(task_name, split="train",
-                                  feature_lengths=_lengths(model, feature_lengths),
-                                  batch_size=batch_size, model_kind=kind, pack=pack,
-                                  shuffle=True, seed=seed, process_index=process_index,
-                                  process_count=process_count)
+    it = pipeline.make_iterator(task_name, split="train",
+                                feature_lengths=_lengths(model, feature_lengths),
+                                batch_size=batch_size, model_kind=kind, pack=pack,
+                                shuffle=True, seed=seed, process_index=process_index,
+                                process_count=process_count)
+    if it.vocabulary.vocab_size > model.config.vocab_size:
+        raise gin_utils.ConfigError(
+            f"the task's vocabulary has {it.vocabulary.vocab_size} ids (pieces + extra ids) "
+            f"but the model's embedding only {model.config.vocab_size}; use a smaller "
+            f"vocabulary or set the model's vocab_size (e.g. --gin.T5Config.vocab_size=...)")
+    return it
 
 
 def _lengths(model, feature_lengths: Mapping[str, int]) -> Dict[str, int]:

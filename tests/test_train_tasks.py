@@ -1,0 +1,46 @@
+"""`python -m t5lite.train` on a real SeqIO task: Pile-style jsonl through span corruption,
+the data position in the checkpoint, and a vocabulary larger than the model's embedding
+refused in one line."""
+import json
+
+import train_helpers as th
+from data_helpers import vocabulary
+from t5lite.data import demo_corpus
+
+
+def _pile(tmp_path):
+    text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=3)
+    (tmp_path / "pile" / "train").mkdir(parents=True)
+    with open(tmp_path / "pile" / "train" / "00.jsonl", "w") as f:
+        for line in open(text):
+            f.write(json.dumps({"text": line.strip(), "meta": {"pile_set_name": "t"}}) + "\n")
+    return tmp_path / "pile"
+
+
+def _cmd(tmp_path, vocab, *extra):
+    return [th.sys.executable, "-m", "t5lite.train", "--gin_file=models/t5_1_1/tiny.gin",
+            "--gin_file=runs/pretrain.gin",
+            '--gin.MIXTURE_OR_TASK_NAME="pile_span_corruption"',
+            f'--gin.MODEL_DIR="{tmp_path / "run"}"', "--gin.TRAIN_STEPS=4",
+            "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
+            f'--gin.PILE_DIR="{_pile(tmp_path)}"', f'--gin.VOCABULARY_PATH="{vocab}"', *extra]
+
+
+def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_factory):
+    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path)
+    assert proc.returncode == 0, th.describe(proc)
+    assert th.complete_steps(tmp_path / "run") == [4]
+    data = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
+    assert data["position"] == 4 and data["task"] == "pile_span_corruption"
+    losses = [v for _, v in th.scalars(tmp_path / "run")["loss_per_token"]]
+    assert len(losses) == 2 and all(0 < v < 20 for v in losses)
+
+
+def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory):
+    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.T5Config.vocab_size=128"),
+                  cwd=tmp_path)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "vocabulary has 400 ids" in lines[0], th.describe(proc)
+    assert "Traceback" not in proc.stderr
