@@ -78,15 +78,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
 
 
 def _parser(description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0],
-                                     allow_abbrev=False)
-    gin_utils.add_gin_flags(parser)
-    parser.add_argument("--multiprocess", action="store_true",
-                        help="call jax.distributed.initialize() (auto under SLURM)")
-    parser.add_argument("--coordinator_address", default=None)
-    parser.add_argument("--process_count", type=int, default=None)
-    parser.add_argument("--process_index", type=int, default=None)
-    return parser
+    return gin_utils.entry_parser(description or __doc__.splitlines()[0])
 
 
 def run_entry(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser,
@@ -94,9 +86,7 @@ def run_entry(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser,
     """The shared CLI body of eval and infer (train.main's pattern): flags -> gin, call
     the registered configurable with MODEL, one `error:` line for a user error."""
     from t5lite import train as train_module
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", force=True)
-    logging.getLogger("t5lite").setLevel(logging.INFO)
+    gin_utils.setup_logging()
     args = gin_utils.parse_flags(parser, argv)
     partitioning.initialize_distributed(args.coordinator_address, args.process_count,
                                         args.process_index, args.multiprocess)

@@ -17,7 +17,6 @@ TensorFlow / SeqIO are imported only inside the functions that read tasks.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple

@@ -275,6 +275,26 @@ def _find_required(name: str, gin_files, paths) -> Optional[str]:
 
 # --------------------------------------------------------------------------- entry points
 
+def entry_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of every entry point that runs a model (train, eval, infer): gin flags
+    plus the multi-process ones."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    add_gin_flags(parser)
+    parser.add_argument("--multiprocess", action="store_true",
+                        help="call jax.distributed.initialize() (auto under SLURM)")
+    parser.add_argument("--coordinator_address", default=None)
+    parser.add_argument("--process_count", type=int, default=None)
+    parser.add_argument("--process_index", type=int, default=None)
+    return parser
+
+
+def setup_logging() -> None:
+    """t5lite's INFO lines on stderr; orbax, absl and the rest stay at WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    logging.getLogger("t5lite").setLevel(logging.INFO)
+
+
 def run_main(main: Callable[[], Optional[int]]) -> None:
     """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2."""
     try:

@@ -13,7 +13,6 @@ the next example. See docs/eval_infer.md.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import logging

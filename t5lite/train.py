@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import jax
-import numpy as np
 
 from t5lite import checkpoints, flops, gin_utils, metrics, partitioning, trainer
 from t5lite.models.configs import T5Config
@@ -239,20 +238,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    gin_utils.add_gin_flags(parser)
-    parser.add_argument("--multiprocess", action="store_true",
-                        help="call jax.distributed.initialize() (auto under SLURM)")
-    parser.add_argument("--coordinator_address", default=None)
-    parser.add_argument("--process_count", type=int, default=None)
-    parser.add_argument("--process_index", type=int, default=None)
-    return parser
+    return gin_utils.entry_parser(__doc__.splitlines()[0])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", force=True)
-    logging.getLogger("t5lite").setLevel(logging.INFO)  # orbax and absl stay at WARNING
+    gin_utils.setup_logging()
     args = gin_utils.parse_flags(_parser(), argv)
     partitioning.initialize_distributed(args.coordinator_address, args.process_count,
                                         args.process_index, args.multiprocess)

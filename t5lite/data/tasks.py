@@ -148,8 +148,8 @@ def get_provider(name: str):
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UnknownTaskError(
         f"unknown task or mixture {name!r}{hint}: t5lite registers {', '.join(TASK_NAMES)} "
-        f"(and the random-batch task 'synthetic'); register others with seqio before "
-        f"training")
+        f"(and the random-batch task 'synthetic'): set MIXTURE_OR_TASK_NAME to one of "
+        f"them, or register others with seqio before training")
 
 
 register_tasks()
