@@ -124,9 +124,6 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
 
     def step_fn(state: TrainState, batch: Dict[str, jax.Array]):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-        if "decoder_loss_weights" not in batch:
-            batch = {**batch, "decoder_loss_weights":
-                     (batch["decoder_target_tokens"] > 0).astype(jnp.float32)}
         norm = model.normalizer(batch)
         loss_sum, sums, grads, new_fp8 = _microbatch_grads(
             model, state.variables, batch, rng, num_microbatches, partitioner)

@@ -4,7 +4,6 @@ kept out of the optimizer, and the learning rate the optimizer really used."""
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -167,27 +166,28 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
     from t5lite.models import layouts
     switched = dataclasses.replace(T5, scan_layers=True, remat_policy="full", fuse_qkv=True)
     part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
-    results = []
-    for cfg in (T5, switched):
+
+    def train_two_steps(cfg, start_params=None):
+        """Two Adam steps from a fresh init, or from `start_params` (plain layout)."""
         model, task, lengths = _model(cfg)
         tx = optax.adam(1e-2)
         fns = trainer.make_train_step(model, tx, part, lengths=lengths)
         state = fns.init(jax.random.PRNGKey(0))
-        if cfg is switched:  # start from the plain model's weights
-            params = layouts.convert_params(jax.device_get(plain_start), T5, switched)
-            params = jax.device_put(params, fns.state_shardings.params)
+        if start_params is not None:
+            params = jax.device_put(layouts.convert_params(start_params, T5, cfg),
+                                    fns.state_shardings.params)
             state = state.replace(params=params, opt_state=tx.init(params["params"]))
-        else:
-            plain_start = jax.device_get(state.params)
+        start = jax.device_get(state.params)
         losses = []
         for step in range(2):
             batch = part.host_to_global(task.global_batch(step, BATCH), BATCH)
             state, metrics = fns.train_step(state, batch)
             losses.append(float(metrics["loss"]))
-        params = jax.device_get(state.params)
-        if cfg is switched:
-            params = layouts.convert_params(params, switched, T5)
-        results.append((losses, params))
+        return start, losses, layouts.convert_params(jax.device_get(state.params), cfg, T5)
+
+    plain_start, plain_losses, plain_params = train_two_steps(T5)
+    _, losses, params = train_two_steps(switched, plain_start)
+    results = [(plain_losses, plain_params), (losses, params)]
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=LOSS_RTOL)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=PARAM_ATOL),
                            results[1][1], results[0][1])
