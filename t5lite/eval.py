@@ -56,11 +56,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
                                             for k, v in m.items()})
         writer.close()
         for name, r in results.items():
-            with open(root / "eval" / f"{name}_predictions.jsonl", "w") as f:
-                for inp, pred, text, tgt in zip(r.inputs, r.predictions, r.prediction_texts,
-                                                r.targets):
-                    f.write(json.dumps({"inputs": inp, "prediction": text,
-                                        "postprocessed": pred, "target": tgt}) + "\n")
+            evaluation.write_predictions(root / "eval" / f"{name}_predictions.jsonl", r)
         summary = {"checkpoint": str(checkpoint_path), "step": session.step, "split": split,
                    "mixture_or_task_name": mixture_or_task_name,
                    "decoding": decoding_method,

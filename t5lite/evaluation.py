@@ -17,6 +17,7 @@ TensorFlow / SeqIO are imported only inside the functions that read tasks.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -230,12 +231,12 @@ def import_data(data_settings: Optional[Mapping[str, Any]] = None):
     return pipeline, tasks
 
 
-def check_split(tasks_module, name: str, split: str):
+def check_split(tasks_module, name: str, split: str, macro: str = "SPLIT"):
     provider = tasks_module.get_provider(name)
     if split not in provider.splits:
         from t5lite.data.errors import DataError
         raise DataError(f"task {name!r} has no split {split!r}; its splits are "
-                        f"{', '.join(provider.splits)} (set SPLIT)")
+                        f"{', '.join(provider.splits)} (set {macro})")
     return provider
 
 
@@ -264,46 +265,65 @@ class TaskResult:
     targets: List[Any]  # postprocessed (for SQuAD: all answers)
 
 
-def evaluate_task(session: Session, name: str, split: str,
-                  num_examples: Optional[int] = None) -> Dict[str, TaskResult]:
-    """seqio.Evaluator over `split` of the task or mixture `name`: decode every example
-    with `session.predict`, detokenize with each task's output vocabulary, apply its
-    postprocess_fn and metric_fns. Returns {task name: TaskResult}."""
-    from t5lite.data.tf_env import import_tensorflow
-    tf = import_tensorflow()
-    import seqio
+class TaskEvaluator:
+    """seqio.Evaluator over `split` of the task or mixture `name`, built once (the split
+    is read, tokenized and cached here) and run as often as needed: each `evaluate(session)`
+    decodes every example with `session.predict`, detokenizes with each task's output
+    vocabulary and applies its postprocess_fn and metric_fns.
 
-    evaluator = seqio.Evaluator(
-        mixture_or_task_name=name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
-        eval_split=split, sequence_length=dict(session.feature_lengths),
-        num_examples=num_examples, use_memory_cache=True, async_compute_metrics=False)
-    if not evaluator.eval_tasks:
-        raise gin_utils.ConfigError(f"task {name!r} has no metric_fns (or no split "
-                                    f"{split!r}): nothing to evaluate")
-    # The Evaluator calls predict_fn once per task with that task's cached dataset.
-    task_of = {id(ds): task_name for task_name, ds in evaluator.cached_model_datasets.items()}
-    tokens_by_task: Dict[str, Dict[int, List[int]]] = {}
+    feature_lengths: {"inputs": ..., "targets": ...}; num_examples: None for the whole
+    split. Raises ConfigError when the tasks have no metrics (span corruption)."""
 
-    def predict_fn(ds: "tf.data.Dataset", model_feature_shapes=None):
-        out = []
-        for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
-            tokens = session.predict({"encoder_input_tokens": features["encoder_input_tokens"]})
-            out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
-        tokens_by_task[task_of.get(id(ds), name)] = dict(out)
-        return out
+    def __init__(self, name: str, split: str, feature_lengths: Mapping[str, int],
+                 num_examples: Optional[int] = None):
+        from t5lite.data.tf_env import import_tensorflow
+        import_tensorflow()  # TensorFlow set up for the data edge before seqio loads it
+        import seqio
+        self.name, self.split = name, split
+        self._evaluator = seqio.Evaluator(
+            mixture_or_task_name=name,
+            feature_converter=seqio.EncDecFeatureConverter(pack=False), eval_split=split,
+            sequence_length=dict(feature_lengths), num_examples=num_examples,
+            use_memory_cache=True, async_compute_metrics=False)
+        if not self._evaluator.eval_tasks:
+            raise gin_utils.ConfigError(f"task {name!r} has no metric_fns (or no split "
+                                        f"{split!r}): nothing to evaluate")
+        # The Evaluator calls predict_fn once per task with that task's cached dataset.
+        self._task_of = {id(ds): task_name
+                         for task_name, ds in self._evaluator.cached_model_datasets.items()}
+        self._examples = {t.name: list(tfds_numpy(self._evaluator.cached_task_datasets[t.name]))
+                          for t in self._evaluator.eval_tasks}
 
-    metrics_future, _ = evaluator.evaluate(compute_metrics=True, step=session.step,
-                                           predict_fn=predict_fn)
-    all_metrics = metrics_future.result()
-    results: Dict[str, TaskResult] = {}
-    for task in evaluator.eval_tasks:
+    @property
+    def num_examples(self) -> Dict[str, int]:
+        return {name: len(ex) for name, ex in self._examples.items()}
+
+    def evaluate(self, session: Session) -> Dict[str, TaskResult]:
+        """{task name: TaskResult} for the session's current parameters."""
+        tokens_by_task: Dict[str, Dict[int, List[int]]] = {}
+
+        def predict_fn(ds, model_feature_shapes=None):
+            out = []
+            for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
+                tokens = session.predict(
+                    {"encoder_input_tokens": features["encoder_input_tokens"]})
+                out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
+            tokens_by_task[self._task_of.get(id(ds), self.name)] = dict(out)
+            return out
+
+        metrics_future, _ = self._evaluator.evaluate(compute_metrics=True, step=session.step,
+                                                     predict_fn=predict_fn)
+        all_metrics = metrics_future.result()
+        return {task.name: self._result(task, tokens_by_task[task.name],
+                                        all_metrics.get(task.name, {}))
+                for task in self._evaluator.eval_tasks}
+
+    def _result(self, task, tokens: Mapping[int, List[int]], task_metrics) -> TaskResult:
         vocab = task.output_features["targets"].vocabulary
         inputs_vocab = task.output_features.get("inputs", task.output_features["targets"]
                                                 ).vocabulary
-        tokens = tokens_by_task[task.name]
-        examples = list(tfds_numpy(evaluator.cached_task_datasets[task.name]))
         inputs, preds, texts, targets = [], [], [], []
-        for i, ex in enumerate(examples):
+        for i, ex in enumerate(self._examples[task.name]):
             text = decode_tokens(vocab, tokens[i])
             texts.append(text)
             preds.append(_jsonable(task.postprocess_fn(text, example=ex, is_target=False)))
@@ -318,9 +338,23 @@ def evaluate_task(session: Session, name: str, split: str,
             else:
                 inputs.append(inputs_vocab.decode([int(t) for t in ex["inputs"]]))
         metrics = {k: float(v.value if hasattr(v, "value") else v)
-                   for k, v in all_metrics.get(task.name, {}).items()}
-        results[task.name] = TaskResult(metrics, inputs, preds, texts, targets)
-    return results
+                   for k, v in task_metrics.items()}
+        return TaskResult(metrics, inputs, preds, texts, targets)
+
+
+def evaluate_task(session: Session, name: str, split: str,
+                  num_examples: Optional[int] = None) -> Dict[str, TaskResult]:
+    """One evaluation of `split` of the task or mixture `name` (see TaskEvaluator)."""
+    return TaskEvaluator(name, split, session.feature_lengths, num_examples).evaluate(session)
+
+
+def write_predictions(path: Path, result: TaskResult) -> None:
+    """One JSON line per example: inputs, prediction text, postprocessed, target."""
+    with open(path, "w") as f:
+        for inp, pred, text, tgt in zip(result.inputs, result.predictions,
+                                        result.prediction_texts, result.targets):
+            f.write(json.dumps({"inputs": inp, "prediction": text, "postprocessed": pred,
+                                "target": tgt}) + "\n")
 
 
 def tfds_numpy(ds):

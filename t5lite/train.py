@@ -22,7 +22,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import jax
 
-from t5lite import checkpoints, flops, gin_utils, metrics, partitioning, trainer
+from t5lite import checkpoints, flops, gin_utils, metrics, partitioning, train_eval, trainer
 from t5lite.models.configs import T5Config
 
 log = logging.getLogger("t5lite.train")
@@ -147,15 +147,24 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           ici_mesh_shape: Sequence[int] = (-1, 1, 1),
           dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
           pack: bool = False, data_settings: Optional[Mapping[str, Any]] = None,
-          log_period: int = 10, async_checkpointing: bool = True) -> Dict[str, float]:
+          log_period: int = 10, async_checkpointing: bool = True,
+          eval_period: Optional[int] = None, eval_split: Optional[str] = None,
+          eval_batch_size: Optional[int] = None,
+          eval_num_examples: Optional[int] = None) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
-    a checkpoint. Returns the last logged metrics."""
+    a checkpoint. With `eval_period`, decode `eval_split` of the task every that many
+    steps and after the last (t5lite.train_eval). Returns the last logged metrics (and
+    the last inference-evaluation metrics, `<task>/<metric>`)."""
     for name, value, optional in (("CHECKPOINT_PERIOD", checkpoint_period, True),
                                   ("KEEP_CHECKPOINTS", keep_checkpoints, True),
                                   ("LOG_PERIOD", log_period, False)):
         if not (value is None and optional) and (not isinstance(value, int) or value < 1):
             raise gin_utils.ConfigError(f"{name} must be a positive integer (or None), got "
                                         f"{value!r}")
+    eval_period = train_eval.check_period(eval_period)
+    if eval_period and mixture_or_task_name == SYNTHETIC_TASK:
+        raise gin_utils.ConfigError("EVAL_PERIOD: the 'synthetic' task has no metrics to "
+                                    "evaluate; set EVAL_PERIOD=None")
     model_dir = Path(model_dir)
     run = build_run(model=model, batch_size=batch_size,
                     task_feature_lengths=task_feature_lengths,
@@ -169,10 +178,17 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         fns.abstract_state, fns.state_shardings)
     ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints, period=checkpoint_period,
                                     async_save=async_checkpointing)
+    inference_eval = None
     try:
         state, data_state, source = checkpoints.restore_or_init(
             ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
             initial_checkpoint_path=initial_checkpoint_path, model=model)
+        if eval_period:
+            inference_eval = train_eval.InferenceEvaluation.create(
+                model, part, task_name=mixture_or_task_name, split=eval_split,
+                batch_size=eval_batch_size or batch_size,
+                feature_lengths=task_feature_lengths, output_dir=str(model_dir),
+                num_examples=eval_num_examples)
     except BaseException:
         ckpt.close()
         raise
@@ -222,6 +238,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 last = values
             if saving:
                 ckpt.save(step, state, it.get_state(), force=True)
+            if inference_eval is not None and train_eval.due(step, eval_period, train_steps):
+                last = {**last, **inference_eval(step, state.variables)}
             if stopping:
                 log.info("SIGTERM: saved step %d; exiting", step)
                 break
@@ -230,6 +248,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         ckpt.wait()
         ckpt.close()
         writer.close()
+        if inference_eval is not None:
+            inference_eval.close()
         preempt.restore()  # after the last save is committed: a SIGTERM now only sets the flag
     return last
 

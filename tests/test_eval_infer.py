@@ -310,3 +310,70 @@ def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
                                                  "f1": pytest.approx(100.0)}
     rows = _read_jsonl(out / "eval" / "squad_v1_1_predictions.jsonl")
     assert all(isinstance(r["target"], list) and len(r["target"]) == 3 for r in rows)
+
+
+# ----------------------------------------------------------------------------- during training
+
+
+def _finetune(setup, model_dir, *extra):
+    from t5lite import train
+    return train.main([f"--gin_file={MODEL_FILE}", "--gin_file=configs/finetune_mnli.gin",
+                       f"--gin.T5Config.vocab_size={VOCAB}", "--gin.ACTIVATION_DTYPE='float32'",
+                       f'--gin.MODEL_DIR="{model_dir}"',
+                       f'--gin.INITIAL_CHECKPOINT_PATH="{setup["ckpt"]}"',
+                       f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.BATCH_SIZE=8",
+                       "--gin.TRAIN_STEPS=5", "--gin.EVAL_PERIOD=2",
+                       f"--gin.EVAL_BATCH_SIZE={BATCH}", "--gin.CHECKPOINT_PERIOD=2",
+                       "--gin.KEEP_CHECKPOINTS=None", "--gin.train.async_checkpointing=False",
+                       f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
+                       f'--gin.MNLI_DIR="{setup["mnli"]}"', *extra])
+
+
+def test_finetuning_evaluates_every_eval_period_with_the_current_parameters(setup, tmp_path):
+    """EVAL_PERIOD=2 over 5 steps: inference evaluations at steps 2, 4 and 5 (the last),
+    each identical to `t5lite.eval` run afterwards on that step's checkpoint, so the
+    metrics come from the parameters of that step, not the initial or final ones."""
+    run = tmp_path / "run"
+    assert _finetune(setup, run) == 0
+    tb = th.scalars(run, "inference_eval")
+    assert [s for s, _ in tb["mnli/accuracy"]] == [2, 4, 5]
+    predictions = {}
+    for step, acc in tb["mnli/accuracy"]:
+        rows = _read_jsonl(run / "inference_eval" / f"mnli_{step}_predictions.jsonl")
+        assert len(rows) == DEV
+        out = tmp_path / f"eval_{step}"
+        assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                     "--gin.SPLIT='validation_matched'",
+                     f'--gin.CHECKPOINT_PATH="{run / "checkpoints" / str(step)}"') == 0
+        again = _read_jsonl(out / "eval" / "mnli_predictions.jsonl")
+        assert [r["prediction"] for r in rows] == [r["prediction"] for r in again]
+        summary = json.loads((out / "metrics.json").read_text())
+        assert summary["step"] == step
+        assert acc == pytest.approx(summary["metrics"]["mnli"]["accuracy"])
+        predictions[step] = [r["prediction"] for r in rows]
+    # Training moved the parameters (lr 1e-3 from a random init): the decodes differ.
+    assert predictions[2] != predictions[5] or predictions[2] != predictions[4]
+
+
+def _small_pile(tmp_path):
+    demo_corpus.write_pile(str(tmp_path / "pile"), train_files=1, docs_per_file=8, eval_docs=4)
+    return tmp_path / "pile"
+
+
+@pytest.mark.parametrize("case", ["synthetic", "no_metrics", "bad_split", "bad_period"])
+def test_eval_period_misconfigurations_are_one_line(setup, tmp_path, capsys, case):
+    run = tmp_path / "run"
+    extra = {"synthetic": ["--gin.MIXTURE_OR_TASK_NAME='synthetic'"],
+             "no_metrics": ["--gin.MIXTURE_OR_TASK_NAME='pile_span_corruption'",
+                            "--gin.EVAL_SPLIT='validation'",
+                            f'--gin.PILE_DIR="{_small_pile(tmp_path)}"'],
+             "bad_split": ["--gin.EVAL_SPLIT='validation'"],
+             "bad_period": ["--gin.EVAL_PERIOD=-3"]}[case]
+    code = _finetune(setup, run, *extra)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code != 0 and len(lines) == 1, err
+    expected = {"synthetic": "no metrics", "no_metrics": "no metric_fns",
+                "bad_split": "set EVAL_SPLIT", "bad_period": "EVAL_PERIOD"}[case]
+    assert expected in lines[0]
+    assert not (run / "checkpoints").exists() or th.complete_steps(run) == []
