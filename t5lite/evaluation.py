@@ -222,12 +222,14 @@ def decode_tokens(vocabulary, tokens: Iterable[int]) -> str:
 # ----------------------------------------------------------------------------- tasks
 
 
-def import_data(data_settings: Optional[Mapping[str, Any]] = None):
-    """(pipeline, tasks) modules, with the data settings applied (TensorFlow loads here)."""
+def import_data(data_settings: Optional[Mapping[str, Any]] = None, configure: bool = True):
+    """(pipeline, tasks) modules, with the data settings applied unless `configure` is
+    False (keep what is set). TensorFlow loads here."""
     import gin
     with gin.unlock_config():  # the t5 package registers gin configurables on import
         from t5lite.data import pipeline, tasks
-    tasks.configure(**dict(data_settings or {}))
+    if configure:
+        tasks.configure(**dict(data_settings or {}))
     return pipeline, tasks
 
 

@@ -4,6 +4,8 @@
       --gin_file=configs/synthetic_pretrain.gin --gin.MODEL_DIR=\"/tmp/run\" \
       --gin.TRAIN_STEPS=20 --gin.BATCH_SIZE=8
 
+With no --gin_file it runs the embedded demo, configs/demo_pretrain.gin.
+
 Multi-process: `--multiprocess` (or SLURM with several tasks) calls
 `jax.distributed.initialize()`; `--coordinator_address=127.0.0.1:1234 --process_count=2
 --process_index=0` starts one process of a run by hand.
@@ -27,6 +29,7 @@ from t5lite.models.configs import T5Config
 
 log = logging.getLogger("t5lite.train")
 SYNTHETIC_TASK = "synthetic"
+DEMO_GIN_FILE = "configs/demo_pretrain.gin"
 
 
 class TrainingError(RuntimeError):
@@ -264,6 +267,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     gin_utils.setup_logging()
     args = gin_utils.parse_flags(_parser(), argv)
+    if not args.gin_file:  # the embedded default: the demo, on data it writes itself
+        log.info("no --gin_file given: running the demo (%s); see README.md", DEMO_GIN_FILE)
+        args.gin_file = [DEMO_GIN_FILE]
     partitioning.initialize_distributed(args.coordinator_address, args.process_count,
                                         args.process_index, args.multiprocess)
     _check_command_line_macros(args)

@@ -69,7 +69,7 @@ class InferenceEvaluation:
         partitioner.check_batch_size(batch_size)
         lengths = {"inputs": int(feature_lengths["inputs"]),
                    "targets": int(feature_lengths["targets"])}
-        _, tasks = evaluation.import_data(None)  # settings already applied by the trainer
+        _, tasks = evaluation.import_data(configure=False)  # the trainer applied them
         evaluation.check_split(tasks, task_name, split, macro="EVAL_SPLIT")
         evaluator = evaluation.TaskEvaluator(task_name, split, lengths, num_examples)
         session = evaluation.Session(model, partitioner, None, int(batch_size), lengths,

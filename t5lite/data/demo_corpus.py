@@ -140,20 +140,30 @@ def write_text(path: str, lines: int = 1000, seed: int = 0) -> str:
 
 # -- MNLI --------------------------------------------------------------------------------
 def mnli_pairs(n: int, seed: int = 0) -> List[Tuple[str, str, str, str]]:
-    """(premise, hypothesis, gold_label, genre): entailment restates the premise,
-    contradiction negates it, neutral talks about something else."""
+    """(premise, hypothesis, gold_label, genre). The premise says that someone did
+    something; a hypothesis about the same person restating it is entailment, denying it
+    contradiction, adding a time neutral, and one about somebody else (either form) is
+    neutral too: the hypothesis alone does not give the label, the names must be compared."""
     w = _Writer(seed)
     out = []
     for i in range(n):
         f = w.fact()
         premise = f"{f['name']} the {f['role']} {f['past']} a {f['adj']} {f['obj']} {f['place']}."
         label = MNLI_LABELS[i % 3]
+        name = f["name"]
+        other = w.pick([x for x in _NAMES if x != name])
         if label == "entailment":
-            hypothesis = f"{f['name']} {f['past']} a {f['obj']}."
+            hypothesis = f"{name} {f['past']} a {f['obj']}."
         elif label == "contradiction":
-            hypothesis = f"{f['name']} never {f['past']} any {f['obj']}."
+            hypothesis = f"{name} never {f['past']} any {f['obj']}."
         else:
-            hypothesis = f"{f['name']} {f['past']} the {f['obj']} {f['time']}."
+            form = w.rng.randrange(3)
+            if form == 0:
+                hypothesis = f"{name} {f['past']} the {f['obj']} {f['time']}."
+            elif form == 1:
+                hypothesis = f"{other} {f['past']} a {f['obj']}."
+            else:
+                hypothesis = f"{other} never {f['past']} any {f['obj']}."
         out.append((premise, hypothesis, label, w.pick(_GENRES)))
     return out
 
@@ -249,23 +259,67 @@ def write_squad(directory: str, *, train_articles: int = 10, dev_articles: int =
 
 
 # -- everything --------------------------------------------------------------------------
+COMPLETE_MARKER = "COMPLETE"
+
+
+def paths(output_dir: str) -> Dict[str, str]:
+    """{data setting: path} of a corpus written by `write_all` (t5lite/data/settings.py)."""
+    return {"vocabulary_path": os.path.join(output_dir, "spm.model"),
+            "pile_dir": os.path.join(output_dir, "pile"),
+            "mnli_dir": os.path.join(output_dir, "multinli_1.0"),
+            "squad_dir": os.path.join(output_dir, "squad")}
+
+
 def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
               docs_per_file: int = 200) -> Dict[str, str]:
-    """Every format above plus a vocabulary; returns the settings that point at them."""
+    """Every format above plus a vocabulary; returns {data setting: path}."""
     from t5lite import vocab
 
-    pile = write_pile(os.path.join(output_dir, "pile"), docs_per_file=docs_per_file,
-                      seed=seed)
-    write_multinli(os.path.join(output_dir, "multinli_1.0"), train=600, dev=150, seed=seed)
+    where = paths(output_dir)
+    pile = write_pile(where["pile_dir"], docs_per_file=docs_per_file, seed=seed)
+    write_multinli(where["mnli_dir"], train=3000, dev=150, seed=seed)
     write_glue_mnli(os.path.join(output_dir, "glue", "MNLI"), train=600, dev=150, seed=seed)
-    write_squad(os.path.join(output_dir, "squad"), train_articles=100, dev_articles=20,
-                seed=seed)
-    model = vocab.train_vocabulary(pile["train"], os.path.join(output_dir, "spm.model"),
-                                   vocab_size, seed=seed, hard_vocab_limit=False)
-    return {"T5LITE_VOCABULARY_PATH": model,
-            "T5LITE_PILE_DIR": os.path.join(output_dir, "pile"),
-            "T5LITE_MNLI_DIR": os.path.join(output_dir, "multinli_1.0"),
-            "T5LITE_SQUAD_DIR": os.path.join(output_dir, "squad")}
+    write_squad(where["squad_dir"], train_articles=100, dev_articles=20, seed=seed)
+    vocab.train_vocabulary(pile["train"], where["vocabulary_path"], vocab_size, seed=seed,
+                           hard_vocab_limit=False)
+    return where
+
+
+def ensure(output_dir: str, **kwargs) -> Dict[str, str]:
+    """The corpus under `output_dir`, written first if it is not complete there (into a
+    temporary sibling directory, then renamed: an interrupted write leaves nothing half
+    done, and concurrent callers agree). Returns {data setting: path}; kwargs go to
+    `write_all`."""
+    output_dir = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.exists(os.path.join(output_dir, COMPLETE_MARKER)):
+        return paths(output_dir)
+    if os.path.exists(output_dir) and os.listdir(output_dir):
+        from t5lite.data.errors import DataError
+        raise DataError(f"the demo data directory {output_dir} exists but holds no complete "
+                        f"demo corpus (no {COMPLETE_MARKER} file); remove it or choose "
+                        f"another DEMO_DATA_DIR")
+    import logging
+    import shutil
+    import tempfile
+    logging.getLogger(__name__).info("writing the demo corpus and training its vocabulary "
+                                     "in %s (first use only)", output_dir)
+    parent = os.path.dirname(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(output_dir) + ".tmp-", dir=parent)
+    try:
+        write_all(tmp, **kwargs)
+        with open(os.path.join(tmp, COMPLETE_MARKER), "w") as f:
+            f.write("written by t5lite.data.demo_corpus\n")
+        if os.path.isdir(output_dir) and not os.listdir(output_dir):
+            os.rmdir(output_dir)
+        try:
+            os.rename(tmp, output_dir)
+        except OSError:  # another process finished first
+            if not os.path.exists(os.path.join(output_dir, COMPLETE_MARKER)):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths(output_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -276,11 +330,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--docs_per_file", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    env = write_all(args.output_dir, vocab_size=args.vocab_size, seed=args.seed,
-                    docs_per_file=args.docs_per_file)
+    from t5lite.data import settings
+    where = write_all(args.output_dir, vocab_size=args.vocab_size, seed=args.seed,
+                      docs_per_file=args.docs_per_file)
     print(f"wrote the demo corpus to {args.output_dir}; point the tasks at it with:")
-    for name, value in env.items():
-        print(f"  export {name}={value}")
+    for name, value in where.items():
+        print(f"  export {settings.SETTINGS[name][1]}={value}")
     return 0
 
 

@@ -128,9 +128,20 @@ def register_tasks() -> None:
 
 def configure(vocabulary_path: Optional[str] = None, pile_dir: Optional[str] = None,
               mnli_dir: Optional[str] = None, squad_dir: Optional[str] = None,
-              tfds_data_dir: Optional[str] = None) -> None:
+              tfds_data_dir: Optional[str] = None, demo_dir: Optional[str] = None) -> None:
     """Set where the tasks find their vocabulary and data (None: the environment variable,
-    see t5lite/data/settings.py) and register the tasks again with them."""
+    see t5lite/data/settings.py) and register the tasks again with them.
+
+    demo_dir (the DEMO_DATA_DIR macro of configs/demo_*.gin): the generated demo corpus
+    (t5lite.data.demo_corpus), written there on first use; it supplies every path not
+    given here."""
+    if demo_dir:
+        from t5lite.data import demo_corpus
+        demo = demo_corpus.ensure(demo_dir)
+        vocabulary_path = vocabulary_path or demo["vocabulary_path"]
+        pile_dir = pile_dir or demo["pile_dir"]
+        mnli_dir = mnli_dir or demo["mnli_dir"]
+        squad_dir = squad_dir or demo["squad_dir"]
     settings.set_values(vocabulary_path=vocabulary_path, pile_dir=pile_dir,
                         mnli_dir=mnli_dir, squad_dir=squad_dir, tfds_data_dir=tfds_data_dir)
     register_tasks()

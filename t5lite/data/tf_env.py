@@ -2,16 +2,44 @@
 input pipeline never takes accelerator memory from JAX."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """File descriptor 2 pointed at /dev/null: TensorFlow's C++ start-up lines (oneDNN,
+    "could not find cuda drivers", cuInit) are written before its log level applies.
+    Python exceptions are unaffected (they are printed after this block)."""
+    if os.environ.get("T5LITE_TF_STARTUP_LOGS"):  # set it to see them
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def import_tensorflow():
     """`tensorflow`, with `tf.config.set_visible_devices([], "GPU")` applied once."""
-    import tensorflow as tf
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except (RuntimeError, ValueError):  # the runtime is already up: too late to change
-        pass
+    first = "tensorflow" not in sys.modules
+    with _native_stderr_silenced() if first else contextlib.nullcontext():
+        import tensorflow as tf
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except (RuntimeError, ValueError):  # the runtime is already up: too late to change
+            pass
     return tf

@@ -1,0 +1,88 @@
+"""The embedded demo (README's first command): `python -m t5lite.train` with no --gin_file
+writes its own corpus and vocabulary, pretrains a tiny T5 with span corruption and
+learns; `configs/demo_finetune.gin` finetunes that checkpoint on the generated MNLI task
+and its inference evaluation beats chance. The default test runs shortened versions;
+the `slow` one runs the demo exactly as shipped and checks the numbers in the docs."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import train_helpers as th
+
+pytest.importorskip("seqio")
+
+CHANCE = 100.0 / 3
+
+
+def _pretrain(cwd, *extra):
+    return th.run([sys.executable, "-m", "t5lite.train", *extra], cwd=cwd, timeout=600)
+
+
+def _finetune(cwd, *extra):
+    return th.run([sys.executable, "-m", "t5lite.train",
+                   "--gin_file=configs/demo_finetune.gin", *extra], cwd=cwd, timeout=600)
+
+
+def _losses(model_dir):
+    return [v for _, v in th.scalars(model_dir)["loss_per_token"]]
+
+
+def test_demo_pretrains_and_finetunes_above_chance(tmp_path):
+    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60", "--gin.LOG_PERIOD=10",
+                     "--gin.CHECKPOINT_PERIOD=30")
+    assert proc.returncode == 0, th.describe(proc)
+    assert "running the demo" in proc.stderr
+    demo = tmp_path / "t5lite_demo"
+    data = demo / "data"
+    assert (data / "COMPLETE").exists() and (data / "spm.model").exists()
+    assert sorted(p.name for p in (data / "pile" / "train").iterdir()) == [
+        "00.jsonl.zst", "01.jsonl.zst"]
+    assert th.complete_steps(demo / "pretrain") == [30, 60]
+    losses = _losses(demo / "pretrain")
+    assert len(losses) == 6
+    assert losses[-1] < losses[0] - 0.5, losses  # span corruption loss per token falls
+
+    proc = _finetune(tmp_path, "--gin.TRAIN_STEPS=100", "--gin.EVAL_PERIOD=100")
+    assert proc.returncode == 0, th.describe(proc)
+    assert "initial:t5lite_demo/pretrain" in proc.stderr  # started from the demo checkpoint
+    acc = th.scalars(demo / "mnli", "inference_eval")["mnli/accuracy"]
+    assert [s for s, _ in acc] == [100]
+    assert acc[0][1] > CHANCE + 15, acc
+    rows = [json.loads(l) for l in
+            (demo / "mnli" / "inference_eval" / "mnli_100_predictions.jsonl").open()]
+    assert len(rows) == 150
+    assert acc[0][1] == pytest.approx(
+        100.0 * sum(r["postprocessed"] == r["target"] for r in rows) / len(rows))
+
+    # A second run reuses the corpus (no rewrite) and resumes at the saved step.
+    mtime = (data / "spm.model").stat().st_mtime_ns
+    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60")
+    assert proc.returncode == 0, th.describe(proc)
+    assert "writing the demo corpus" not in proc.stderr
+    assert (data / "spm.model").stat().st_mtime_ns == mtime
+
+
+def test_incomplete_demo_data_dir_is_one_line(tmp_path):
+    data = tmp_path / "t5lite_demo" / "data"
+    data.mkdir(parents=True)
+    (data / "stray.txt").write_text("not a corpus")
+    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=2")
+    th.assert_one_error(proc, str(data), "no complete demo corpus", "DEMO_DATA_DIR")
+    assert (data / "stray.txt").read_text() == "not a corpus"
+
+
+@pytest.mark.slow
+def test_demo_as_shipped(tmp_path):
+    """The numbers quoted in README.md / docs/quickstart.md (within tolerance)."""
+    proc = _pretrain(tmp_path)
+    assert proc.returncode == 0, th.describe(proc)
+    losses = _losses(tmp_path / "t5lite_demo" / "pretrain")
+    assert losses[0] > 2.6 and losses[-1] < 2.4 and losses[-1] < losses[0] - 0.5, losses
+    proc = _finetune(tmp_path)
+    assert proc.returncode == 0, th.describe(proc)
+    acc = th.scalars(tmp_path / "t5lite_demo" / "mnli", "inference_eval")["mnli/accuracy"]
+    assert [s for s, _ in acc] == [100, 200, 300]
+    assert acc[-1][1] > 70.0, acc
