@@ -37,6 +37,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
     Returns {task: {metric: value}}."""
     if not output_dir:
         raise gin_utils.ConfigError("OUTPUT_DIR is not set")
+    evaluation.check_encoder_decoder(model, "python -m t5lite.eval")
     spec = evaluation.decoder_spec(decoding_method, beam_size, alpha)
     _, tasks = evaluation.import_data(data_settings)
     evaluation.check_split(tasks, mixture_or_task_name, split)  # fail before restoring

@@ -50,11 +50,16 @@ def decoder_spec(method: str = "greedy", beam_size: int = 4, alpha: float = 0.6)
                                 f"{', '.join(DECODER_NAMES)}")
 
 
+def is_encoder_decoder(model) -> bool:
+    return isinstance(getattr(model, "config", None), T5Config)
+
+
 def check_encoder_decoder(model, what: str) -> None:
-    if not isinstance(getattr(model, "config", None), T5Config):
+    if not is_encoder_decoder(model):
         raise gin_utils.ConfigError(
             f"{what} supports encoder-decoder (T5) models; MODEL is "
-            f"{type(model).__name__} (decoder-only models are not supported yet)")
+            f"{type(model).__name__}; for a decoder-only model use python -m t5lite.infer "
+            f"with an INPUT_FILE of prompts")
 
 
 def checkpoint_step(path: str) -> int:
@@ -165,12 +170,21 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
                  ici_mesh_shape: Sequence[int] = (-1, 1, 1),
                  dcn_mesh_shape: Sequence[int] = (1, 1, 1),
                  partition_rules: Sequence = ()) -> Session:
-    """Mesh from the ICI/DCN shapes, parameters restored onto it, jitted functions."""
-    check_encoder_decoder(model, "evaluation and inference")
+    """Mesh from the ICI/DCN shapes, parameters restored onto it, jitted functions.
+    For a decoder-only model, `inputs` is the prompt length and `targets` the number of
+    new tokens (their sum must fit a model with learned positions)."""
     for key in ("inputs", "targets"):
         if not feature_lengths or not feature_lengths.get(key):
             raise gin_utils.ConfigError(f"TASK_FEATURE_LENGTHS needs a positive {key!r} "
                                         f"length, got {feature_lengths!r}")
+    if not is_encoder_decoder(model):
+        cfg = model.config
+        total = int(feature_lengths["inputs"]) + int(feature_lengths["targets"])
+        if cfg.position_embedding == "learned" and total > cfg.max_length:
+            raise gin_utils.ConfigError(
+                f"TASK_FEATURE_LENGTHS: prompt {feature_lengths['inputs']} + new tokens "
+                f"{feature_lengths['targets']} = {total} positions, more than the model's "
+                f"max_length {cfg.max_length}; shorten them")
     part = partitioning.Partitioner(partitioning.make_mesh(ici_mesh_shape, dcn_mesh_shape),
                                     partition_rules)
     part.check_batch_size(batch_size)
@@ -205,6 +219,36 @@ def encdec_features(inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],
         batch.update(decoder_target_tokens=tgt, decoder_input_tokens=dec_in,
                      decoder_loss_weights=(tgt > 0).astype(np.float32))
     return batch
+
+
+def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str, int],
+                          targets: Optional[Sequence[Sequence[int]]] = None
+                          ) -> Dict[str, np.ndarray]:
+    """A decoder-only model's batch for token lists (no EOS). Every sequence starts with
+    BOS 0, as seqio.LMFeatureConverter's decoder_input_tokens do in training; a prompt
+    longer than `lengths["inputs"] - 1` keeps its last tokens.
+
+    Without targets (predict): decoder_input_tokens [rows, inputs] = BOS + prompt and
+    decoder_prompt_lengths [rows]. With targets (score): decoder_target_tokens
+    [rows, inputs + targets] = prompt + target, decoder_input_tokens (shifted right, BOS
+    0) and decoder_loss_weights 1 on the target tokens only."""
+    keep = lengths["inputs"] - 1
+    prompts = [list(p)[-keep:] if keep > 0 else [] for p in prompts]
+    if targets is None:
+        rows = [[0] + p for p in prompts]
+        return {"decoder_input_tokens": _pad(rows, lengths["inputs"]),
+                "decoder_prompt_lengths": np.array([len(r) for r in rows], np.int32)}
+    width = lengths["inputs"] + lengths["targets"]
+    tgt, weights = np.zeros((len(prompts), width), np.int32), np.zeros((len(prompts), width),
+                                                                      np.float32)
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        t = list(t)[: lengths["targets"]]
+        tgt[i, :len(p) + len(t)] = p + t
+        weights[i, len(p):len(p) + len(t)] = 1.0
+    dec_in = np.zeros_like(tgt)
+    dec_in[:, 1:] = tgt[:, :-1]
+    return {"decoder_target_tokens": tgt, "decoder_input_tokens": dec_in,
+            "decoder_loss_weights": weights}
 
 
 def tokenize(vocabulary, text: str, length: int) -> List[int]:

@@ -10,6 +10,10 @@ Writes OUTPUT_DIR/predictions.jsonl, one line per example in input order:
 of the targets). Each batch's lines are flushed and fsynced; a rerun after a crash keeps
 the complete lines already written (a partial last line is cut off) and continues with
 the next example. See docs/eval_infer.md.
+
+Decoder-only models (GPT, LLaMA) read INPUT_FILE only: each input is a prompt, continued
+by up to TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or followed by its
+"targets" text whose log-likelihood is the score (score).
 """
 from __future__ import annotations
 
@@ -89,14 +93,22 @@ def _file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
                 yield {"inputs": line}
 
 
-def _tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int]
-                    ) -> Iterator[Dict[str, Any]]:
+def _tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int],
+                    encoder_decoder: bool = True) -> Iterator[Dict[str, Any]]:
+    """Encoder-decoder: inputs and targets trimmed with EOS appended, as the tasks do.
+    Decoder-only: plain token ids (a prompt is continued, a target scored as the
+    continuation; evaluation.decoder_only_features trims them)."""
     for ex in _file_examples(path, mode):
-        out = dict(ex, inputs_ids=evaluation.tokenize(vocabulary, ex["inputs"],
-                                                      lengths["inputs"]))
-        if "targets" in ex:
-            out["targets_ids"] = evaluation.tokenize(vocabulary, ex["targets"],
-                                                     lengths["targets"])
+        if encoder_decoder:
+            out = dict(ex, inputs_ids=evaluation.tokenize(vocabulary, ex["inputs"],
+                                                          lengths["inputs"]))
+            if "targets" in ex:
+                out["targets_ids"] = evaluation.tokenize(vocabulary, ex["targets"],
+                                                         lengths["targets"])
+        else:
+            out = dict(ex, inputs_ids=[int(t) for t in vocabulary.encode(ex["inputs"])])
+            if "targets" in ex:
+                out["targets_ids"] = [int(t) for t in vocabulary.encode(ex["targets"])]
         yield out
 
 
@@ -147,6 +159,11 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
                                     "(with SPLIT) to say what to run on")
     if input_file and not Path(input_file).is_file():
         raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
+    encdec = evaluation.is_encoder_decoder(model)
+    if not encdec and not input_file:
+        raise gin_utils.ConfigError(
+            "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "
+            "splits are for encoder-decoder models")
     spec = evaluation.decoder_spec(decoding_method, beam_size, alpha)
     _, tasks = evaluation.import_data(data_settings)
     lengths = {"inputs": int(task_feature_lengths["inputs"]),
@@ -154,7 +171,11 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     if input_file:
         from t5lite.data import vocabularies
         vocab = vocabularies.get_vocabulary()
-        examples = _tokenized_file(input_file, mode, vocab, lengths)
+        if vocab.vocab_size > model.config.vocab_size:
+            raise gin_utils.ConfigError(
+                f"the vocabulary has {vocab.vocab_size} ids but the model's embedding only "
+                f"{model.config.vocab_size}; check VOCABULARY_PATH and the model file")
+        examples = _tokenized_file(input_file, mode, vocab, lengths, encdec)
     else:
         provider = evaluation.check_split(tasks, mixture_or_task_name, split)
         vocab = provider.output_features["targets"].vocabulary
@@ -180,14 +201,15 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     try:
         for chunk in _batches(examples, batch_size):
             inputs = [ex["inputs_ids"] for ex in chunk]
+            features = (evaluation.encdec_features if encdec
+                        else evaluation.decoder_only_features)
             if mode == "predict":
-                tokens = session.predict(evaluation.encdec_features(inputs, lengths))
+                tokens = session.predict(features(inputs, lengths))
                 lines = [{"inputs": ex["inputs"],
                           "prediction": evaluation.decode_tokens(vocab, row)}
                          for ex, row in zip(chunk, tokens)]
             else:
-                batch = evaluation.encdec_features(inputs, lengths,
-                                                   [ex["targets_ids"] for ex in chunk])
+                batch = features(inputs, lengths, [ex["targets_ids"] for ex in chunk])
                 scores = session.score(batch)
                 lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
                           "score": float(s)} for ex, s in zip(chunk, scores)]

@@ -1,0 +1,162 @@
+"""`python -m t5lite.infer` with decoder-only models (tiny LLaMA with GQA and RoPE, tiny GPT
+with learned positions): predictions equal a step-by-step argmax continuation computed
+with full forward passes (no KV cache, no batching or padding), scores equal
+log-softmax sums over the target positions, and what a decoder-only model cannot do
+(task splits, `t5lite.eval`, prompts beyond its positions) ends in one `error:` line."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("seqio")
+pytest.importorskip("t5")  # registers its gin configurables before any config is locked
+
+import jax  # noqa: E402
+
+from t5lite import checkpoint_io, decoding, gin_utils  # noqa: E402
+from t5lite.data import demo_corpus  # noqa: E402
+
+from data_helpers import data_env, vocabulary  # noqa: E402
+
+VOCAB = 512
+LENGTHS = {"inputs": 24, "targets": 8}
+BATCH = 8
+MODEL_FILES = {"llama": "configs/models/llama2/tiny.gin", "gpt": "configs/models/gpt/tiny.gin"}
+
+
+def _model(kind):
+    gin_utils.parse_gin([MODEL_FILES[kind]], [f"DecoderConfig.vocab_size = {VOCAB}",
+                                              "ACTIVATION_DTYPE = 'float32'"])
+    return gin_utils.resolve_macro("MODEL")
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt"])
+def setup(request, tmp_path_factory):
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"dec_{kind}")
+    model = _model(kind)
+    variables = model.init(jax.random.PRNGKey(11))
+    checkpoint_io.save_params(root / "ckpt", variables, step=3)
+    return dict(kind=kind, model=model, variables=variables, ckpt=root / "ckpt",
+                vocab=vocabulary(tmp_path_factory))
+
+
+@pytest.fixture(autouse=True)
+def _env(setup, monkeypatch, tmp_path):
+    data_env(monkeypatch, tmp_path, setup["vocab"])
+    yield
+    from t5lite.data import settings, tasks
+    settings.reset()
+    tasks.register_tasks()
+
+
+def _flags(setup, out, *extra):
+    return ["--gin_file=configs/runs/infer.gin", f"--gin_file={MODEL_FILES[setup['kind']]}",
+            f"--gin.DecoderConfig.vocab_size={VOCAB}", "--gin.ACTIVATION_DTYPE='float32'",
+            f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"', f'--gin.OUTPUT_DIR="{out}"',
+            f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", f"--gin.BATCH_SIZE={BATCH}",
+            f'--gin.VOCABULARY_PATH="{setup["vocab"]}"', *extra]
+
+
+def _infer(setup, out, *extra):
+    from t5lite import infer
+    return infer.main(_flags(setup, out, *extra))
+
+
+def _vocab(setup):
+    from t5lite.data import vocabularies
+    return vocabularies.get_vocabulary(str(setup["vocab"]))
+
+
+def _prompts(n):
+    """Texts of different lengths, some longer than the prompt window (kept: the end)."""
+    w = demo_corpus._Writer(4)  # noqa: SLF001
+    return [w.paragraph(1 + i % 3) for i in range(n)]
+
+
+def _reference_continuation(setup, ids):
+    """Greedy continuation by full forward passes: BOS + the last inputs-1 prompt tokens,
+    then append the argmax of the last position's logits until EOS or `targets` tokens."""
+    model, params = setup["model"], setup["variables"]
+    seq = [0] + list(ids)[-(LENGTHS["inputs"] - 1):]
+    new = []
+    for _ in range(LENGTHS["targets"]):
+        tokens = np.array([seq + new], np.int32)
+        logits = model.logits(params, {"decoder_input_tokens": tokens,
+                                       "decoder_target_tokens": tokens})
+        nxt = int(np.argmax(np.asarray(logits)[0, -1]))
+        new.append(nxt)
+        if nxt == decoding.EOS_ID:
+            break
+    return new
+
+
+def test_decoder_only_predict_continues_prompts(setup, tmp_path):
+    texts = _prompts(11)  # not a multiple of BATCH: a padded last batch
+    path = tmp_path / "prompts.txt"
+    path.write_text("".join(t + "\n" for t in texts))
+    out = tmp_path / "out"
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"') == 0
+    rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
+    assert [r["inputs"] for r in rows] == texts
+    vocab = _vocab(setup)
+    assert any(len(vocab.encode(t)) > LENGTHS["inputs"] - 1 for t in texts)
+    expected = [vocab.decode(_reference_continuation(setup, vocab.encode(t))) for t in texts]
+    assert [r["prediction"] for r in rows] == expected
+    assert any(r["prediction"] for r in rows)
+
+
+def test_decoder_only_score_is_the_continuation_log_likelihood(setup, tmp_path):
+    texts = _prompts(9)
+    targets = [" ".join(t.split()[:3]) for t in reversed(texts)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"inputs": i, "targets": t}) + "\n"
+                            for i, t in zip(texts, targets)))
+    out = tmp_path / "out"
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"', "--gin.MODE='score'") == 0
+    rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
+    vocab = _vocab(setup)
+    model, params = setup["model"], setup["variables"]
+    for row, text, target in zip(rows, texts, targets):
+        prompt = list(vocab.encode(text))[-(LENGTHS["inputs"] - 1):]
+        tgt = list(vocab.encode(target))[:LENGTHS["targets"]]
+        seq = np.array([[0] + prompt + tgt[:-1]], np.int32)
+        logits = np.asarray(model.logits(params, {"decoder_input_tokens": seq,
+                                                  "decoder_target_tokens": seq}))[0]
+        logp = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
+                                      keepdims=True)) - logits.max(-1, keepdims=True)
+        ref = sum(logp[len(prompt) + k, t] for k, t in enumerate(tgt))
+        assert row["score"] == pytest.approx(ref, rel=1e-4, abs=1e-3)
+        assert row["targets"] == target
+
+
+@pytest.mark.parametrize("case", ["task_split", "eval", "too_long"])
+def test_decoder_only_limits_are_one_line(setup, tmp_path, capsys, case):
+    if setup["kind"] != "gpt" and case == "too_long":
+        pytest.skip("RoPE has no position limit")
+    if setup["kind"] == "gpt" and case != "too_long":
+        pytest.skip("one model is enough for these")
+    from t5lite import eval as eval_module
+    from t5lite import infer
+    out = tmp_path / "out"
+    path = tmp_path / "prompts.txt"
+    path.write_text("hello\n")
+    if case == "task_split":
+        code = infer.main(_flags(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'"))
+        needles = ("decoder-only", "INPUT_FILE")
+    elif case == "eval":
+        flags = [f for f in _flags(setup, out) if "infer.gin" not in f]
+        code = eval_module.main(["--gin_file=configs/runs/eval.gin", *flags,
+                                 "--gin.MIXTURE_OR_TASK_NAME='mnli'"])
+        needles = ("encoder-decoder", "t5lite.infer")
+    else:
+        code = infer.main(_flags(setup, out, f'--gin.INPUT_FILE="{path}"',
+                                 "--gin.TASK_FEATURE_LENGTHS={'inputs': 500, 'targets': 100}"))
+        needles = ("600", "max_length 512")
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code != 0 and len(lines) == 1, err
+    assert all(n in lines[0] for n in needles), lines[0]
+    assert not (out / "predictions.jsonl").exists()
