@@ -57,6 +57,15 @@ def test_demo_pretrains_and_finetunes_above_chance(tmp_path):
     assert acc[0][1] == pytest.approx(
         100.0 * sum(r["postprocessed"] == r["target"] for r in rows) / len(rows))
 
+    # t5lite.eval with configs/demo_eval.gin on the finetuned MODEL_DIR (its step 100)
+    # reproduces the in-training evaluation.
+    proc = th.run([sys.executable, "-m", "t5lite.eval", "--gin_file=configs/demo_eval.gin"],
+                  cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    summary = json.loads((demo / "mnli_eval" / "metrics.json").read_text())
+    assert summary["step"] == 100
+    assert summary["metrics"]["mnli"]["accuracy"] == pytest.approx(acc[0][1])
+
     # A second run reuses the corpus (no rewrite) and resumes at the saved step.
     mtime = (data / "spm.model").stat().st_mtime_ns
     proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60")
@@ -65,12 +74,18 @@ def test_demo_pretrains_and_finetunes_above_chance(tmp_path):
     assert (data / "spm.model").stat().st_mtime_ns == mtime
 
 
-def test_incomplete_demo_data_dir_is_one_line(tmp_path):
+def test_incomplete_demo_data_dir_is_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("t5")
+    from t5lite import train
     data = tmp_path / "t5lite_demo" / "data"
     data.mkdir(parents=True)
     (data / "stray.txt").write_text("not a corpus")
-    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=2")
-    th.assert_one_error(proc, str(data), "no complete demo corpus", "DEMO_DATA_DIR")
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--gin.TRAIN_STEPS=2"]) != 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1
+    assert all(n in lines[0] for n in (str(data), "no complete demo corpus", "DEMO_DATA_DIR"))
+    assert sorted(p.name for p in data.iterdir()) == ["stray.txt"]
     assert (data / "stray.txt").read_text() == "not a corpus"
 
 
@@ -86,3 +101,30 @@ def test_demo_as_shipped(tmp_path):
     acc = th.scalars(tmp_path / "t5lite_demo" / "mnli", "inference_eval")["mnli/accuracy"]
     assert [s for s, _ in acc] == [100, 200, 300]
     assert acc[-1][1] > 70.0, acc
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("mnli hypothesis: Ada never built any boat. premise: Ada the pilot "
+                      "built a red boat by the lake.\n")
+    proc = th.run([sys.executable, "-m", "t5lite.infer", "--gin_file=configs/demo_infer.gin",
+                   f'--gin.INPUT_FILE="{inputs}"'], cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    rows = [json.loads(l) for l in
+            (tmp_path / "t5lite_demo" / "infer" / "predictions.jsonl").open()]
+    assert [r["prediction"] for r in rows] == ["contradiction"]
+
+
+def test_interrupted_corpus_write_leaves_nothing(tmp_path, monkeypatch):
+    from t5lite.data import demo_corpus
+    real = demo_corpus.write_pile
+
+    def crash(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # e.g. Ctrl-C while the corpus is being written
+
+    monkeypatch.setattr(demo_corpus, "write_pile", crash)
+    with pytest.raises(KeyboardInterrupt):
+        demo_corpus.ensure(str(tmp_path / "data"))
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor a temporary sibling
+    monkeypatch.setattr(demo_corpus, "write_pile", real)
+    paths = demo_corpus.ensure(str(tmp_path / "data"))
+    assert (tmp_path / "data" / "COMPLETE").exists() and [p.name for p in tmp_path.iterdir()] == ["data"]
+    assert all(__import__("os").path.exists(v) for v in paths.values())
