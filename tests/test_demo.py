@@ -6,6 +6,7 @@ the `slow` one runs the demo exactly as shipped and checks the numbers in the do
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -126,5 +127,6 @@ def test_interrupted_corpus_write_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # neither the directory nor a temporary sibling
     monkeypatch.setattr(demo_corpus, "write_pile", real)
     paths = demo_corpus.ensure(str(tmp_path / "data"))
-    assert (tmp_path / "data" / "COMPLETE").exists() and [p.name for p in tmp_path.iterdir()] == ["data"]
-    assert all(__import__("os").path.exists(v) for v in paths.values())
+    assert (tmp_path / "data" / "COMPLETE").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]
+    assert all(os.path.exists(v) for v in paths.values())
