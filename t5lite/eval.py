@@ -29,7 +29,8 @@ log = logging.getLogger("t5lite.eval")
 def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_dir: str,
              task_feature_lengths: Mapping[str, int], batch_size: int,
              split: str = "validation", decoding_method: str = "greedy", beam_size: int = 4,
-             alpha: float = 0.6, num_examples: Optional[int] = None,
+             alpha: float = 0.6, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, num_examples: Optional[int] = None,
              ici_mesh_shape: Sequence[int] = (-1, 1, 1),
              dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
              data_settings: Optional[Mapping[str, Any]] = None) -> Dict[str, Dict[str, float]]:
@@ -38,12 +39,14 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
     if not output_dir:
         raise gin_utils.ConfigError("OUTPUT_DIR is not set")
     evaluation.check_encoder_decoder(model, "python -m t5lite.eval")
-    spec = evaluation.decoder_spec(decoding_method, beam_size, alpha)
+    spec = evaluation.decoder_spec(decoding_method, beam_size, alpha, temperature,
+                                   top_k, top_p)
     _, tasks = evaluation.import_data(data_settings)
     evaluation.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
     session = evaluation.load_session(
         model, checkpoint_path, batch_size=batch_size, feature_lengths=task_feature_lengths,
-        decoder=spec, ici_mesh_shape=ici_mesh_shape, dcn_mesh_shape=dcn_mesh_shape,
+        decoder=spec, seed=seed, ici_mesh_shape=ici_mesh_shape,
+        dcn_mesh_shape=dcn_mesh_shape,
         partition_rules=partition_rules)
     t0 = time.perf_counter()
     results = evaluation.evaluate_task(session, mixture_or_task_name, split, num_examples)

@@ -30,14 +30,13 @@ from t5lite.models.configs import T5Config
 
 log = logging.getLogger(__name__)
 
-DECODER_NAMES = ("greedy", "beam_search")
+DECODER_NAMES = ("greedy", "beam_search", "sample")
 
 
-# ----------------------------------------------------------------------------- settings
-
-
-def decoder_spec(method: str = "greedy", beam_size: int = 4, alpha: float = 0.6):
-    """DECODING_METHOD / BEAM_SIZE / ALPHA -> a `t5lite.decoding` config."""
+def decoder_spec(method: str = "greedy", beam_size: int = 4, alpha: float = 0.6,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """DECODING_METHOD / BEAM_SIZE / ALPHA / TEMPERATURE / TOP_K / TOP_P -> a
+    `t5lite.decoding` config."""
     method = str(method).lower()
     if method == "greedy":
         return decoding.GreedyDecoder()
@@ -46,6 +45,16 @@ def decoder_spec(method: str = "greedy", beam_size: int = 4, alpha: float = 0.6)
             raise gin_utils.ConfigError(f"BEAM_SIZE must be a positive integer, got "
                                         f"{beam_size!r}")
         return decoding.BeamSearch(num_beams=beam_size, alpha=float(alpha))
+    if method in ("sample", "sampling"):
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise gin_utils.ConfigError(f"TEMPERATURE must be >= 0, got {temperature!r}")
+        if not isinstance(top_k, int) or top_k < 0:
+            raise gin_utils.ConfigError(f"TOP_K must be an integer >= 0 (0: off), got "
+                                        f"{top_k!r}")
+        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise gin_utils.ConfigError(f"TOP_P must be in (0, 1] (1: off), got {top_p!r}")
+        return decoding.Sampling(temperature=float(temperature), top_k=top_k,
+                                 top_p=float(top_p))
     raise gin_utils.ConfigError(f"DECODING_METHOD {method!r} is not one of "
                                 f"{', '.join(DECODER_NAMES)}")
 
@@ -86,6 +95,7 @@ class Session:
     feature_lengths: Dict[str, int]
     decoder: Any = dataclasses.field(default_factory=decoding.GreedyDecoder)
     step: int = 0
+    seed: int = 0  # sampling: batch i draws with fold_in(PRNGKey(seed), i)
 
     def __post_init__(self):
         self._predict = decoding.make_predict_fn(
@@ -115,10 +125,14 @@ class Session:
         local = {k: v[start:stop] for k, v in padded.items()}
         return self.partitioner.host_to_global(local, self.batch_size), rows
 
-    def predict(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Decoded token ids [rows, targets length] (EOS included, 0 after)."""
+    def predict(self, batch: Mapping[str, np.ndarray], index: int = 0) -> np.ndarray:
+        """Decoded token ids [rows, targets length] (EOS included, 0 after). `index`
+        (e.g. the position of the batch's first example) keys the sampling rng."""
         arrays, rows = self._global(batch)
-        return _to_host(self._predict(self.params, arrays))[:rows]
+        rng = None
+        if isinstance(self.decoder, decoding.Sampling):
+            rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), int(index))
+        return _to_host(self._predict(self.params, arrays, rng))[:rows]
 
     def score(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Summed log-likelihood of the targets [rows] (`model.score_batch`)."""
@@ -166,7 +180,7 @@ def restore_params(model, checkpoint_path: str, partitioner: partitioning.Partit
 
 
 def load_session(model, checkpoint_path: str, *, batch_size: int,
-                 feature_lengths: Mapping[str, int], decoder=None,
+                 feature_lengths: Mapping[str, int], decoder=None, seed: int = 0,
                  ici_mesh_shape: Sequence[int] = (-1, 1, 1),
                  dcn_mesh_shape: Sequence[int] = (1, 1, 1),
                  partition_rules: Sequence = ()) -> Session:
@@ -192,7 +206,8 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
     lengths = {"inputs": int(feature_lengths["inputs"]),
                "targets": int(feature_lengths["targets"])}
     return Session(model, part, params, int(batch_size), lengths,
-                   decoder or decoding.GreedyDecoder(), checkpoint_step(checkpoint_path))
+                   decoder or decoding.GreedyDecoder(), checkpoint_step(checkpoint_path),
+                   int(seed))
 
 
 # ----------------------------------------------------------------------------- features
@@ -352,7 +367,8 @@ class TaskEvaluator:
             out = []
             for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
                 tokens = session.predict(
-                    {"encoder_input_tokens": features["encoder_input_tokens"]})
+                    {"encoder_input_tokens": features["encoder_input_tokens"]},
+                    index=int(indices[0]))
                 out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
             tokens_by_task[self._task_of.get(id(ds), self.name)] = dict(out)
             return out

@@ -143,7 +143,8 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
           task_feature_lengths: Mapping[str, int], batch_size: int, mode: str = "predict",
           mixture_or_task_name: Optional[str] = None, split: str = "validation",
           input_file: Optional[str] = None, decoding_method: str = "greedy",
-          beam_size: int = 4, alpha: float = 0.6,
+          beam_size: int = 4, alpha: float = 0.6, temperature: float = 1.0,
+          top_k: int = 0, top_p: float = 1.0, seed: int = 0,
           ici_mesh_shape: Sequence[int] = (-1, 1, 1),
           dcn_mesh_shape: Sequence[int] = (1, 1, 1), partition_rules: Sequence = (),
           data_settings: Optional[Mapping[str, Any]] = None) -> int:
@@ -164,7 +165,8 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
         raise gin_utils.ConfigError(
             "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "
             "splits are for encoder-decoder models")
-    spec = evaluation.decoder_spec(decoding_method, beam_size, alpha)
+    spec = evaluation.decoder_spec(decoding_method, beam_size, alpha, temperature,
+                                   top_k, top_p)
     _, tasks = evaluation.import_data(data_settings)
     lengths = {"inputs": int(task_feature_lengths["inputs"]),
                "targets": int(task_feature_lengths["targets"])}
@@ -182,7 +184,8 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
         examples = _task_examples(provider, split, lengths)
     session = evaluation.load_session(
         model, checkpoint_path, batch_size=batch_size, feature_lengths=lengths,
-        decoder=spec, ici_mesh_shape=ici_mesh_shape, dcn_mesh_shape=dcn_mesh_shape,
+        decoder=spec, seed=seed, ici_mesh_shape=ici_mesh_shape,
+        dcn_mesh_shape=dcn_mesh_shape,
         partition_rules=partition_rules)
 
     out_path = Path(output_dir) / OUTPUT_FILE
@@ -204,7 +207,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
             features = (evaluation.encdec_features if encdec
                         else evaluation.decoder_only_features)
             if mode == "predict":
-                tokens = session.predict(features(inputs, lengths))
+                tokens = session.predict(features(inputs, lengths), index=done + written)
                 lines = [{"inputs": ex["inputs"],
                           "prediction": evaluation.decode_tokens(vocab, row)}
                          for ex, row in zip(chunk, tokens)]
