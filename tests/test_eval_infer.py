@@ -139,8 +139,8 @@ def test_eval_accuracy_counts_correct_rows_only(setup, tmp_path, monkeypatch):
     answer = evaluation.tokenize(vocab, "entailment", LENGTHS["targets"])
     real_predict = evaluation.Session.predict
 
-    def always_entailment(self, batch):
-        tokens = real_predict(self, batch)  # shape and padding handled as for real
+    def always_entailment(self, batch, index=0):
+        tokens = real_predict(self, batch, index)  # shape and padding handled as for real
         tokens[:] = 0
         tokens[:, :len(answer)] = answer
         return tokens
@@ -290,8 +290,8 @@ def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
         answers = [a.decode() for a in ex["answers"]]
         by_inputs[tuple(int(t) for t in ex["inputs"])] = answers[1]
 
-    def oracle(self, batch):
-        tokens = real_predict(self, batch)
+    def oracle(self, batch, index=0):
+        tokens = real_predict(self, batch, index)
         tokens[:] = 0
         for i, row in enumerate(batch["encoder_input_tokens"]):
             key = tuple(int(t) for t in row if t)
