@@ -209,6 +209,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     preempt = _Preemption()
     last: Dict[str, float] = {}
     t_last, steps_since = time.perf_counter(), 0
+    t_start, start_step = t_last, step
     try:
         while step < train_steps:
             state, step_metrics = fns.train_step(state, run.next_batch())
@@ -254,6 +255,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         if inference_eval is not None:
             inference_eval.close()
         preempt.restore()  # after the last save is committed: a SIGTERM now only sets the flag
+    if step >= train_steps and step > start_step:
+        log.info("done: steps %d-%d in %.0fs; checkpoints in %s, TensorBoard logs in %s "
+                 "(tensorboard --logdir %s)", start_step + 1, step,
+                 time.perf_counter() - t_start, model_dir / "checkpoints",
+                 model_dir / "train", model_dir)
     return last
 
 
