@@ -27,7 +27,6 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     """Point the settings at `dirs` (pile_dir=..., mnli_dir=...) through the environment,
     with an empty TFDS data directory unless tfds_data_dir is given; clears any
     configured values and registers the tasks again."""
-    from t5lite.data import settings, tasks
     names = {"pile_dir": "T5LITE_PILE_DIR", "mnli_dir": "T5LITE_MNLI_DIR",
              "squad_dir": "T5LITE_SQUAD_DIR", "tfds_data_dir": "TFDS_DATA_DIR"}
     for name, env in names.items():
@@ -38,6 +37,13 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     monkeypatch.setenv("T5LITE_VOCABULARY_PATH", vocab_path)
     for name, value in dirs.items():
         monkeypatch.setenv(names[name], str(value))
+    reset_data_settings()
+
+
+def reset_data_settings() -> None:
+    """Forget configured data settings (the environment applies again) and register the
+    tasks again with them: a test's teardown, so that none leaks into the next."""
+    from t5lite.data import settings, tasks
     settings.reset()
     tasks.register_tasks()
 

@@ -26,7 +26,7 @@ from t5lite import checkpoint_io, evaluation, gin_utils  # noqa: E402
 from t5lite.data import demo_corpus  # noqa: E402
 
 import train_helpers as th  # noqa: E402
-from data_helpers import data_env, vocabulary  # noqa: E402
+from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 MODEL_FILE = "configs/models/t5_1_1/tiny.gin"
 VOCAB = 512  # 300 pieces + 100 extra ids, padded
@@ -52,9 +52,7 @@ def setup(tmp_path_factory):
 def _env(setup, monkeypatch, tmp_path):
     data_env(monkeypatch, tmp_path, setup["vocab"], mnli_dir=setup["mnli"])
     yield
-    from t5lite.data import settings, tasks
-    settings.reset()
-    tasks.register_tasks()
+    reset_data_settings()
 
 
 def _model():

@@ -18,7 +18,7 @@ import jax  # noqa: E402
 from t5lite import checkpoint_io, decoding, gin_utils  # noqa: E402
 from t5lite.data import demo_corpus  # noqa: E402
 
-from data_helpers import data_env, vocabulary  # noqa: E402
+from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 VOCAB = 512
 LENGTHS = {"inputs": 24, "targets": 8}
@@ -47,9 +47,7 @@ def setup(request, tmp_path_factory):
 def _env(setup, monkeypatch, tmp_path):
     data_env(monkeypatch, tmp_path, setup["vocab"])
     yield
-    from t5lite.data import settings, tasks
-    settings.reset()
-    tasks.register_tasks()
+    reset_data_settings()
 
 
 def _flags(setup, out, *extra):

@@ -7,11 +7,11 @@ import pytest
 
 from t5lite.data import demo_corpus
 
-from data_helpers import data_env, vocabulary
+from data_helpers import data_env, reset_data_settings, vocabulary
 
 pytest.importorskip("seqio")
 
-from t5lite.data import pipeline, settings, tasks  # noqa: E402
+from t5lite.data import pipeline, tasks  # noqa: E402,F401 (importing tasks registers them)
 from t5lite.data.errors import DataError  # noqa: E402
 
 ENC_DEC = ("pile_span_corruption", "encoder_decoder", {"inputs": 32, "targets": 8})
@@ -21,8 +21,7 @@ DEC_ONLY = ("pile_lm", "decoder_only", {"targets": 16})
 @pytest.fixture(autouse=True)
 def _restore_settings():
     yield
-    settings.reset()
-    tasks.register_tasks()
+    reset_data_settings()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from t5lite.data import demo_corpus
 from t5lite.data.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
                                 VocabularyError)
 
-from data_helpers import VOCAB_SIZE, data_env, vocabulary
+from data_helpers import VOCAB_SIZE, data_env, reset_data_settings, vocabulary
 
 pytest.importorskip("seqio")
 pytest.importorskip("t5")
@@ -24,8 +24,7 @@ LENGTHS = {"inputs": 64, "targets": 16}
 @pytest.fixture(autouse=True)
 def _restore_settings():
     yield
-    settings.reset()
-    tasks.register_tasks()
+    reset_data_settings()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ search path, as they are for a user.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -96,6 +97,24 @@ def run(cmd: Sequence[str], devices: int = 1, cwd: Optional[PathLike] = None,
     """Run `cmd` to completion (text stdout / stderr captured)."""
     return subprocess.run(list(cmd), env=env(devices, extra_env), cwd=str(cwd or _outside()),
                           capture_output=True, text=True, timeout=timeout)
+
+
+HEAVY_PACKAGES = ("tensorflow", "tensorflow_datasets", "seqio", "t5", "clu")
+
+
+def imports_after(code: str, packages: Sequence[str] = HEAVY_PACKAGES,
+                  cwd: Optional[PathLike] = None, timeout: float = 300
+                  ) -> Tuple[subprocess.CompletedProcess, List[str]]:
+    """Run `code` in a fresh interpreter (which must succeed), then list the modules of
+    `packages` that it imported. Returns (the process, the sorted module names)."""
+    probe = ("\nimport sys as _s, json as _j\n"
+             f"print('IMPORTED', _j.dumps(sorted(n for n in _s.modules "
+             f"if n.split('.')[0] in {set(packages)!r})))\n")
+    proc = subprocess.run([sys.executable, "-c", code + probe], capture_output=True,
+                          text=True, timeout=timeout, cwd=str(cwd) if cwd else None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("IMPORTED ")][-1]
+    return proc, json.loads(line[len("IMPORTED "):])
 
 
 def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
