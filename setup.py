@@ -15,10 +15,9 @@ RUNTIME = [
     "sentencepiece>=0.2.0",
     "safetensors>=0.4",
     "clu>=0.0.12",
-    "zstandard>=0.20",  # the Pile's .jsonl.zst files
     # The data edge. t5 pins seqio-nightly and tfds-nightly; the released seqio and
     # tensorflow-datasets are listed here so that they are the ones installed too,
-    # and t5lite/_deps.py checks that they are the ones that import.
+    # and t5lite/deps.py (`python -m t5lite.deps`) checks that they are the ones that import.
     "seqio>=0.0.19",
     "tensorflow-datasets>=4.9.6",
     "t5>=0.9.4",
@@ -37,7 +36,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     # The repo keeps gin files in top-level configs/; a wheel ships them as the data
-    # package t5lite/configs (found by t5lite.gin_utils.shipped_configs_dir). An editable
+    # package t5lite/configs (found by t5lite.config.parsing.shipped_configs_dir). An editable
     # install keeps using configs/ in the checkout.
     packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite.configs"],
     package_dir={"t5lite.configs": "configs"},

@@ -1,10 +1,11 @@
-"""Convert a local Hugging Face model directory into a t5lite checkpoint.
+"""`python -m t5lite.convert`: convert a local Hugging Face model directory into a t5lite
+checkpoint (wiring only; the library is `t5lite.interop.convert`).
 
     python -m t5lite.convert --from=hf --input=HF_DIR --output=CKPT_DIR \\
         [--fuse_qkv] [--scan_layers] [--dtype=bfloat16]
 
-Writes CKPT_DIR/checkpoints/0/params (Orbax, see `t5lite.checkpoint_io`) and
-CKPT_DIR/model.gin, which binds MODEL to the matching architecture. Use them as::
+Writes CKPT_DIR/checkpoints/0/params and CKPT_DIR/model.gin, which binds MODEL to the
+matching architecture. Use them as::
 
     --gin_file=CKPT_DIR/model.gin --gin.INITIAL_CHECKPOINT_PATH=\\"CKPT_DIR\\"
 
@@ -14,72 +15,15 @@ output directory) prints one `error: ...` line and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from pathlib import Path
+import sys
 from typing import Optional, Sequence
 
-from t5lite.models.configs import DecoderConfig, T5Config
-
-GIN_NAME = "model.gin"
-# Config fields bound through the shared switch macros (configs/models/_switches.gin), so
-# `--gin.FUSE_QKV=...` and friends keep working with a converted model.gin.
-SWITCH_MACROS = {
-    "dropout_rate": "DROPOUT_RATE",
-    "dtype": "ACTIVATION_DTYPE",
-    "fuse_qkv": "FUSE_QKV",
-    "transpose_bs": "TRANSPOSE_BS",
-    "fp8": "FP8",
-    "remat_policy": "REMAT_POLICY",
-    "scan_layers": "SCAN_LAYERS",
-    "attention_impl": "ATTENTION_IMPL",
-}
-
-
-def model_gin(cfg, source: str = "") -> str:
-    """Gin text binding MODEL to a model built from `cfg` (every field spelled out)."""
-    if isinstance(cfg, T5Config):
-        model_name, cfg_name = "EncoderDecoderModel", "T5Config"
-    elif isinstance(cfg, DecoderConfig):
-        model_name, cfg_name = "DecoderOnlyModel", "DecoderConfig"
-    else:
-        raise TypeError(f"unsupported config type {type(cfg).__name__}")
-    values = dataclasses.asdict(cfg)
-    lines = [f"# t5lite model converted by `python -m t5lite.convert`{source}.",
-             "# The parameters live in checkpoints/<step>/params next to this file; they are",
-             "# stored in the fuse_qkv / scan_layers layout below (other layouts convert on load).",
-             "", "# Switches (same macros as configs/models/_switches.gin)."]
-    for field, macro in SWITCH_MACROS.items():
-        lines.append(f"{macro} = {values[field]!r}")
-    lines += ["", f"MODEL = @{model_name}()", f"{model_name}.config = @{cfg_name}()", ""]
-    for field in dataclasses.fields(cfg):
-        value = values[field.name]
-        if isinstance(value, list):
-            value = tuple(value)
-        rhs = f"%{SWITCH_MACROS[field.name]}" if field.name in SWITCH_MACROS else repr(value)
-        lines.append(f"{cfg_name}.{field.name} = {rhs}")
-    return "\n".join(lines) + "\n"
-
-
-def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
-               scan_layers: bool = False, dtype: Optional[str] = None, step: int = 0) -> Path:
-    """Library form of the CLI; returns the output directory."""
-    from t5lite import checkpoint_io, hf
-
-    out = Path(output_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"--output={out} exists and is not an empty directory; "
-                              "choose a new path")
-    overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
-    if dtype:
-        overrides["dtype"] = dtype
-    model, variables = hf.load_pretrained(input_dir, **overrides)
-    checkpoint_io.save_params(out, variables, step=step)
-    (out / GIN_NAME).write_text(model_gin(model.config, f" from {Path(input_dir).absolute()}"))
-    return out
+from t5lite.interop import convert
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m t5lite.convert", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m t5lite.convert",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--from", dest="source", required=True, choices=["hf"],
                    help="input format: hf = local Hugging Face directory (safetensors)")
     p.add_argument("--input", required=True, help="input model directory")
@@ -93,17 +37,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import sys
-
     args = _parser().parse_args(argv)
     try:
-        out = convert_hf(args.input, args.output, fuse_qkv=args.fuse_qkv,
-                         scan_layers=args.scan_layers, dtype=args.dtype, step=args.step)
+        out = convert.convert_hf(args.input, args.output, fuse_qkv=args.fuse_qkv,
+                                 scan_layers=args.scan_layers, dtype=args.dtype,
+                                 step=args.step)
     except (ValueError, OSError) as e:  # OSError covers FileNotFound / FileExists
-        msg = " ".join(str(e).split())
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    print(f"wrote {out / 'checkpoints' / str(args.step) / 'params'} and {out / GIN_NAME}")
+    print(f"wrote {out / 'checkpoints' / str(args.step) / 'params'} and "
+          f"{out / convert.GIN_NAME}")
     return 0
 
 

@@ -15,10 +15,10 @@ VOCAB_SIZE = 300
 def vocabulary(tmp_path_factory) -> str:
     """A 300-piece SentencePiece model, trained once per test session."""
     if "path" not in _VOCAB:
-        from t5lite import vocab
+        from t5lite.data import vocab_training
         directory = tmp_path_factory.mktemp("vocab")
         text = demo_corpus.write_text(str(directory / "corpus.txt"), lines=800, seed=7)
-        _VOCAB["path"] = vocab.train_vocabulary([text], str(directory / "spm.model"),
+        _VOCAB["path"] = vocab_training.train_vocabulary([text], str(directory / "spm.model"),
                                                 VOCAB_SIZE)
     return _VOCAB["path"]
 

@@ -11,13 +11,13 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
-from t5lite import checkpoint_io
-from t5lite.checkpoints import (CheckpointMismatchError, Checkpointer, restore_or_init,
-                                restore_params_for_finetuning)
+from t5lite.errors import CheckpointMismatchError
+from t5lite.interop import checkpoint_format
+from t5lite.runtime.checkpoints import Checkpointer, restore_or_init, restore_params_for_finetuning
 from t5lite.models import layouts
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel
-from t5lite.train_state import TrainState
+from t5lite.runtime.train_state import TrainState
 
 T5_TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=2,
                    num_decoder_layers=2, mlp_dim=32, dtype="float32")
@@ -239,7 +239,7 @@ def test_mismatch_names_layout_change(tmp_path, t5_abstract):
 def test_finetune_from_converted_checkpoint(tmp_path, t5_abstract):
     model, abs_vars, _, _ = t5_abstract
     variables = random_variables(abs_vars)
-    checkpoint_io.save_params(tmp_path / "conv", variables)
+    checkpoint_format.save_params(tmp_path / "conv", variables)
     mesh = Mesh(np.array(jax.devices()), ("x",))
     target = abstract(abs_vars, lambda x: NamedSharding(mesh, P()))
     for path in (tmp_path / "conv", tmp_path / "conv" / "checkpoints",
@@ -272,7 +272,7 @@ def test_finetune_converts_layout(tmp_path, t5_abstract, direction):
     else:
         src_model, src_abs, dst_model, dst_abs = fused_model, abs_fused, model, abs_vars
     variables = random_variables(src_abs, seed=3)
-    checkpoint_io.save_params(tmp_path / "conv", variables)
+    checkpoint_format.save_params(tmp_path / "conv", variables)
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
     target = abstract(dst_abs, lambda x: NamedSharding(mesh, P("a") if x.shape[0] % 2 == 0
                                                          else P()))
@@ -306,7 +306,7 @@ def test_finetune_errors(tmp_path, t5_abstract):
     with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
         restore_params_for_finetuning(tmp_path / "empty", model, target)
     bigger = EncoderDecoderModel(dataclasses.replace(T5_TINY, mlp_dim=48))
-    checkpoint_io.save_params(tmp_path / "big", random_variables(bigger.abstract_variables()))
+    checkpoint_format.save_params(tmp_path / "big", random_variables(bigger.abstract_variables()))
     with pytest.raises(CheckpointMismatchError) as e:
         restore_params_for_finetuning(tmp_path / "big", model, target)
     msg = str(e.value)
@@ -360,6 +360,6 @@ def test_restore_or_init_order(tmp_path):
 
 
 def test_converted_dir_is_not_a_model_dir(tmp_path):
-    checkpoint_io.save_params(tmp_path, {"params": {"w": np.ones((2,), np.float32)}})
+    checkpoint_format.save_params(tmp_path, {"params": {"w": np.ones((2,), np.float32)}})
     with pytest.raises(ValueError, match="INITIAL_CHECKPOINT_PATH"):
         Checkpointer(tmp_path)

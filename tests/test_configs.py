@@ -9,7 +9,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from t5lite import gin_utils, info
+from t5lite.config import flags, parsing
+from t5lite.errors import ConfigError
+from t5lite.runtime import footprint
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -32,14 +34,14 @@ SWITCH_DEFAULTS = {"FUSE_QKV": False, "TRANSPOSE_BS": False, "FP8": False,
 
 
 def _model(gin_file, *bindings):
-    gin_utils.parse_gin([gin_file], list(bindings))
-    return gin_utils.resolve_macro("MODEL")
+    parsing.parse_gin([gin_file], list(bindings))
+    return parsing.resolve_macro("MODEL")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.gin")), ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_config_parses(path):
     # Run configs may leave %gin.REQUIRED macros for the user, so no finalize here.
-    gin_utils.parse_gin([str(path)], finalize=False)
+    parsing.parse_gin([str(path)], finalize=False)
 
 
 @pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -47,7 +49,7 @@ def test_model_configs_bind_model_and_switches(path):
     model = _model(str(path.relative_to(CONFIGS)))  # found through the shipped search path
     assert hasattr(model, "config")
     for name, default in SWITCH_DEFAULTS.items():
-        value = gin_utils.gin.query_parameter(f"{name}/gin.macro.value")
+        value = parsing.gin.query_parameter(f"{name}/gin.macro.value")
         if not (path.name == "5b.gin" and name == "SCAN_LAYERS"):
             assert value == default, (path, name)
 
@@ -56,11 +58,11 @@ def test_model_configs_bind_model_and_switches(path):
 def test_parameter_counts_via_eval_shape(gin_file):
     model = _model(gin_file)
     start = time.perf_counter()
-    params = info.abstract_params(model, model.config)
+    params = footprint.abstract_params(model)
     elapsed = time.perf_counter() - start
     leaves = jax.tree_util.tree_leaves(params)
     assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-    assert info.param_count(params) == EXPECTED_PARAMS[gin_file]
+    assert footprint.param_count(params) == EXPECTED_PARAMS[gin_file]
     assert elapsed < 30, f"eval_shape took {elapsed:.1f}s: is something being allocated?"
 
 
@@ -76,15 +78,15 @@ def test_switch_macros_reach_the_config():
 def test_rewrite_gin_args_keeps_order():
     argv = ["--gin_file=a.gin", "--gin.BATCH_SIZE=8", "--gin_bindings=X = 1",
             "--gin.MODEL_DIR='/tmp/x=y'"]
-    assert gin_utils.rewrite_gin_args(argv) == [
+    assert flags.rewrite_gin_args(argv) == [
         "--gin_file=a.gin", "--gin_bindings=BATCH_SIZE = 8", "--gin_bindings=X = 1",
         "--gin_bindings=MODEL_DIR = '/tmp/x=y'"]
-    with pytest.raises(gin_utils.ConfigError, match="--gin.FOO"):
-        gin_utils.rewrite_gin_args(["--gin.FOO"])
+    with pytest.raises(ConfigError, match="--gin.FOO"):
+        flags.rewrite_gin_args(["--gin.FOO"])
 
 
 def test_search_path_includes_cwd_and_configs(tmp_path):
-    paths = gin_utils.search_paths(["/a,/b", "/c"])
+    paths = parsing.search_paths(["/a,/b", "/c"])
     assert paths[0] == os.getcwd() and paths[1:4] == ["/a", "/b", "/c"]
     assert str(CONFIGS) in paths
 
@@ -92,9 +94,9 @@ def test_search_path_includes_cwd_and_configs(tmp_path):
 def test_required_macro_is_reported_with_its_file(tmp_path):
     gin = tmp_path / "run.gin"
     gin.write_text("include 'models/t5_1_1/tiny.gin'\nMODEL_DIR = %gin.REQUIRED\n")
-    with pytest.raises(gin_utils.ConfigError, match=r"MODEL_DIR .*run.gin:2"):
-        gin_utils.parse_gin([str(gin)])
-    gin_utils.parse_gin([str(gin)], ["MODEL_DIR = '/tmp/m'"])  # set: fine
+    with pytest.raises(ConfigError, match=r"MODEL_DIR .*run.gin:2"):
+        parsing.parse_gin([str(gin)])
+    parsing.parse_gin([str(gin)], ["MODEL_DIR = '/tmp/m'"])  # set: fine
 
 
 # --------------------------------------------------------------------------- subprocess

@@ -13,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import t5lite.configurables  # noqa: E402,F401  (gin registrations)
-from t5lite import checkpoint_io, convert, gin_utils, hf  # noqa: E402
+import t5lite.config.registry  # noqa: E402,F401  (gin registrations)
+from t5lite.config import parsing  # noqa: E402
+from t5lite.interop import checkpoint_format, convert, hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +47,7 @@ def model_from_gin(path):
     gin.clear_config()
     try:
         gin.parse_config_file(str(path))
-        return gin_utils.resolve_macro("MODEL", str(path))
+        return parsing.resolve_macro("MODEL", str(path))
     finally:
         gin.clear_config()
 
@@ -83,8 +84,8 @@ def test_convert_t5_fused_scanned(hf_t5, tmp_path):
     assert (out / "checkpoints" / "0" / "params").is_dir()
 
     model, variables = hf.load_pretrained(hf_t5, fuse_qkv=True, scan_layers=True)
-    assert_trees_equal(checkpoint_io.load_params(out), variables)
-    assert_trees_equal(checkpoint_io.load_params(out / "checkpoints" / "0"), variables)
+    assert_trees_equal(checkpoint_format.load_params(out), variables)
+    assert_trees_equal(checkpoint_format.load_params(out / "checkpoints" / "0"), variables)
 
     built = model_from_gin(out / "model.gin")
     assert type(built).__name__ == "EncoderDecoderModel"
@@ -99,7 +100,7 @@ def test_convert_llama_gin_and_params(hf_llama, tmp_path):
     assert proc.returncode == 0, proc.stderr
     model, variables = hf.load_pretrained(hf_llama, dtype="float32")
     assert model.config.tie_embeddings and model.config.num_kv_heads == 2
-    assert_trees_equal(checkpoint_io.load_params(out), variables)
+    assert_trees_equal(checkpoint_format.load_params(out), variables)
     built = model_from_gin(out / "model.gin")
     assert type(built).__name__ == "DecoderOnlyModel"
     assert built.config == model.config
@@ -112,21 +113,21 @@ def test_convert_in_process_matches_gin_text(hf_t5, tmp_path):
     assert "MODEL = @EncoderDecoderModel()" in text
     assert "EncoderDecoderModel.config = @T5Config()" in text
     assert "T5Config.emb_dim = 32" in text and "FUSE_QKV = False" in text
-    assert set(t5lite.configurables.REGISTERED) >= {"EncoderDecoderModel", "T5Config"}
+    assert set(t5lite.config.registry.REGISTERED) >= {"EncoderDecoderModel", "T5Config"}
 
 
 def test_save_params_rejects_existing_step_and_load_missing(tmp_path):
     tree = {"params": {"w": np.arange(4, dtype=np.float32)}}
-    checkpoint_io.save_params(tmp_path, tree, step=3)
+    checkpoint_format.save_params(tmp_path, tree, step=3)
     with pytest.raises(FileExistsError):
-        checkpoint_io.save_params(tmp_path, tree, step=3)
-    assert_trees_equal(checkpoint_io.load_params(tmp_path / "checkpoints"), tree)
+        checkpoint_format.save_params(tmp_path, tree, step=3)
+    assert_trees_equal(checkpoint_format.load_params(tmp_path / "checkpoints"), tree)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint found"):
-        checkpoint_io.load_params(empty)
+        checkpoint_format.load_params(empty)
     with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
-        checkpoint_io.load_params(tmp_path / "nope")
+        checkpoint_format.load_params(tmp_path / "nope")
 
 
 def test_cli_errors(hf_t5, tmp_path):

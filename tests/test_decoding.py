@@ -1,4 +1,4 @@
-"""Decoding with a KV cache (`t5lite.decoding`, `predict_batch`).
+"""Decoding with a KV cache (`t5lite.models.decoding`, `predict_batch`).
 
 - cached greedy decoding equals uncached step-by-step argmax (a full forward pass per
   step) for T5, LLaMA (GQA) and GPT (learned positions), plain / transposed+fused /
@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite import decoding
+from t5lite.inference.session import make_predict_fn
+from t5lite.models import decoding
 from t5lite.models import layouts
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
@@ -447,7 +448,7 @@ def _quiet_transformers():
 def test_hf_t5_v11_greedy_parity(tmp_path, _quiet_transformers):
     torch = pytest.importorskip("torch")
     transformers = _quiet_transformers
-    from t5lite import hf
+    from t5lite.interop import hf
     vocab, steps = 160, 12
     torch.manual_seed(0)
     hf_model = transformers.T5ForConditionalGeneration(transformers.T5Config(
@@ -479,7 +480,7 @@ def test_hf_t5_v11_greedy_parity(tmp_path, _quiet_transformers):
 def test_hf_llama_gqa_greedy_parity(tmp_path, _quiet_transformers):
     torch = pytest.importorskip("torch")
     transformers = _quiet_transformers
-    from t5lite import hf
+    from t5lite.interop import hf
     vocab, steps, eos = 160, 12, 2
     torch.manual_seed(1)
     hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -522,14 +523,14 @@ def test_hf_llama_gqa_greedy_parity(tmp_path, _quiet_transformers):
                                                        marks=pytest.mark.slow),
                                           ("llama_gqa", "beam_search")])
 def test_sharded_decoding_equals_single_device(name, decoder):
-    from t5lite.partitioning import Partitioner, make_mesh
+    from t5lite.runtime.partitioning import Partitioner, make_mesh
     if jax.device_count() < 8:
         pytest.skip("needs 8 (fake) devices")
     cfg = dataclasses.replace(MODELS[name], fuse_qkv=True)
     model = make_model(cfg)
     params = layouts.convert_params(params_for(name), MODELS[name], cfg)
     batch = {k: v for k, v in batch_for(name, batch_size=4, seed=3).items()}
-    single = decoding.make_predict_fn(model, decoder=decoder, max_decode_length=8,
+    single = make_predict_fn(model, decoder=decoder, max_decode_length=8,
                                       return_scores=True)(params, batch)
 
     partitioner = Partitioner(make_mesh((2, 2, 2)))
@@ -538,7 +539,7 @@ def test_sharded_decoding_equals_single_device(name, decoder):
     assert any(not s.is_fully_replicated for s in jax.tree.leaves(shardings))
     sharded_batch = {k: jax.device_put(v, partitioner.batch_sharding(v.ndim))
                      for k, v in batch.items()}
-    fn = decoding.make_predict_fn(model, partitioner, decoder=decoder, max_decode_length=8,
+    fn = make_predict_fn(model, partitioner, decoder=decoder, max_decode_length=8,
                                   return_scores=True)
     tokens, scores = fn(sharded_params, sharded_batch)
     np.testing.assert_array_equal(np.asarray(tokens), np.asarray(single[0]))

@@ -1,5 +1,5 @@
 """`python -m t5lite.eval` and `python -m t5lite.infer` on a tiny T5 with random
-parameters (saved with checkpoint_io.save_params) and a MultiNLI jsonl fixture: metrics
+parameters (saved with checkpoint_format.save_params) and a MultiNLI jsonl fixture: metrics
 agree with the predictions they came from and with a direct predict_batch run, padding
 rows of the last batch are dropped, infer matches predict_batch / score_batch, a
 truncated predictions file resumes to the uninterrupted result, and bad input ends in one
@@ -22,7 +22,10 @@ pytest.importorskip("t5")
 
 import jax  # noqa: E402
 
-from t5lite import checkpoint_io, evaluation, gin_utils  # noqa: E402
+from t5lite.config import parsing  # noqa: E402
+from t5lite.inference.session import Session  # noqa: E402
+from t5lite.interop import checkpoint_format  # noqa: E402
+from t5lite.models import features  # noqa: E402
 from t5lite.data import demo_corpus  # noqa: E402
 
 import train_helpers as th  # noqa: E402
@@ -43,7 +46,7 @@ def setup(tmp_path_factory):
     demo_corpus.write_multinli(str(root / "multinli"), train=6, dev=DEV)
     model = _model()
     variables = model.init(jax.random.PRNGKey(3))
-    checkpoint_io.save_params(root / "ckpt", variables, step=7)
+    checkpoint_format.save_params(root / "ckpt", variables, step=7)
     return dict(vocab=vocab_path, mnli=root / "multinli", ckpt=root / "ckpt", model=model,
                 variables=variables, root=root)
 
@@ -56,9 +59,9 @@ def _env(setup, monkeypatch, tmp_path):
 
 
 def _model():
-    gin_utils.parse_gin([MODEL_FILE], [f"T5Config.vocab_size = {VOCAB}",
+    parsing.parse_gin([MODEL_FILE], [f"T5Config.vocab_size = {VOCAB}",
                                        "ACTIVATION_DTYPE = 'float32'"])
-    return gin_utils.resolve_macro("MODEL")
+    return parsing.resolve_macro("MODEL")
 
 
 def _flags(setup, out, *extra):
@@ -91,11 +94,11 @@ def _vocab(setup):
 def _direct_predict(setup, texts):
     """predict_batch on one unpadded batch (no mesh), detokenized."""
     vocab = _vocab(setup)
-    ids = [evaluation.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
-    batch = evaluation.encdec_features(ids, LENGTHS)
+    ids = [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
+    batch = features.encdec_features(ids, LENGTHS)
     tokens = setup["model"].predict_batch(setup["variables"], batch,
                                           max_decode_length=LENGTHS["targets"])
-    return [evaluation.decode_tokens(vocab, row) for row in np.asarray(tokens)]
+    return [features.decode_tokens(vocab, row) for row in np.asarray(tokens)]
 
 
 def _mnli_dev(setup):
@@ -134,8 +137,8 @@ def test_eval_accuracy_counts_correct_rows_only(setup, tmp_path, monkeypatch):
     """A model that always answers "entailment": accuracy is the share of entailment
     pairs, whatever the padding of the last batch."""
     vocab = _vocab(setup)
-    answer = evaluation.tokenize(vocab, "entailment", LENGTHS["targets"])
-    real_predict = evaluation.Session.predict
+    answer = features.tokenize(vocab, "entailment", LENGTHS["targets"])
+    real_predict = Session.predict
 
     def always_entailment(self, batch, index=0):
         tokens = real_predict(self, batch, index)  # shape and padding handled as for real
@@ -143,7 +146,7 @@ def test_eval_accuracy_counts_correct_rows_only(setup, tmp_path, monkeypatch):
         tokens[:, :len(answer)] = answer
         return tokens
 
-    monkeypatch.setattr(evaluation.Session, "predict", always_entailment)
+    monkeypatch.setattr(Session, "predict", always_entailment)
     out = tmp_path / "out"
     assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
                  "--gin.SPLIT='validation_matched'") == 0
@@ -184,9 +187,9 @@ def test_infer_score_matches_score_batch(setup, tmp_path):
     rows = _read_jsonl(out / "predictions.jsonl")
     assert [(r["inputs"], r["targets"]) for r in rows] == list(zip(texts, targets))
     vocab = _vocab(setup)
-    batch = evaluation.encdec_features(
-        [evaluation.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts], LENGTHS,
-        [evaluation.tokenize(vocab, t, LENGTHS["targets"]) for t in targets])
+    batch = features.encdec_features(
+        [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts], LENGTHS,
+        [features.tokenize(vocab, t, LENGTHS["targets"]) for t in targets])
     direct = np.asarray(setup["model"].score_batch(setup["variables"], batch))
     np.testing.assert_allclose([r["score"] for r in rows], direct, rtol=1e-4, atol=1e-4)
     assert all(s < 0 for s in direct)
@@ -223,7 +226,7 @@ def test_infer_resumes_after_a_truncated_file(setup, tmp_path):
 
 
 def test_complete_lines_cuts_a_partial_line(tmp_path):
-    from t5lite.infer import complete_lines
+    from t5lite.inference.predict import complete_lines
     p = tmp_path / "p.jsonl"
     assert complete_lines(p) == 0
     p.write_text('{"a": 1}\n{"a": 2}\n{"a"')
@@ -278,7 +281,7 @@ def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
     assert all(len(qa["answers"]) > 1 for art in dev for par in art["paragraphs"]
                for qa in par["qas"])
     vocab = _vocab(setup)
-    real_predict = evaluation.Session.predict
+    real_predict = Session.predict
 
     import seqio
     lengths = {"inputs": 128, "targets": 16}
@@ -293,11 +296,11 @@ def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
         tokens[:] = 0
         for i, row in enumerate(batch["encoder_input_tokens"]):
             key = tuple(int(t) for t in row if t)
-            ids = evaluation.tokenize(vocab, by_inputs[key], tokens.shape[1])
+            ids = features.tokenize(vocab, by_inputs[key], tokens.shape[1])
             tokens[i, :len(ids)] = ids
         return tokens
 
-    monkeypatch.setattr(evaluation.Session, "predict", oracle)
+    monkeypatch.setattr(Session, "predict", oracle)
     out = tmp_path / "out"
     assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='squad_v1_1'",
                  "--gin.TASK_FEATURE_LENGTHS={'inputs': 128, 'targets': 16}",
@@ -322,7 +325,7 @@ def _finetune(setup, model_dir, *extra):
                        f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.BATCH_SIZE=8",
                        "--gin.TRAIN_STEPS=5", "--gin.EVAL_PERIOD=2",
                        f"--gin.EVAL_BATCH_SIZE={BATCH}", "--gin.CHECKPOINT_PERIOD=2",
-                       "--gin.KEEP_CHECKPOINTS=None", "--gin.train.async_checkpointing=False",
+                       "--gin.KEEP_CHECKPOINTS=None", "--gin.CheckpointSettings.async_save=False",
                        f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
                        f'--gin.MNLI_DIR="{setup["mnli"]}"', *extra])
 

@@ -1,7 +1,7 @@
 """Model-FLOP formulas (REFERENCE.md, "Model FLOPs")."""
 import pytest
 
-from t5lite import flops
+from t5lite.models import flops
 from t5lite.models.configs import DecoderConfig, T5Config
 
 T5_SIZES = {  # name: (d_model, heads, layers per stack, d_ff, GFLOP per example at 512/128)

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5lite import hf  # noqa: E402
+from t5lite.interop import hf  # noqa: E402
 from t5lite.models.configs import DecoderConfig, T5Config  # noqa: E402
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel  # noqa: E402
 

@@ -15,7 +15,9 @@ pytest.importorskip("t5")  # registers its gin configurables before any config i
 
 import jax  # noqa: E402
 
-from t5lite import checkpoint_io, decoding, gin_utils  # noqa: E402
+from t5lite.config import parsing  # noqa: E402
+from t5lite.interop import checkpoint_format  # noqa: E402
+from t5lite.models import decoding  # noqa: E402
 from t5lite.data import demo_corpus  # noqa: E402
 
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
@@ -27,9 +29,9 @@ MODEL_FILES = {"llama": "configs/models/llama2/tiny.gin", "gpt": "configs/models
 
 
 def _model(kind):
-    gin_utils.parse_gin([MODEL_FILES[kind]], [f"DecoderConfig.vocab_size = {VOCAB}",
+    parsing.parse_gin([MODEL_FILES[kind]], [f"DecoderConfig.vocab_size = {VOCAB}",
                                               "ACTIVATION_DTYPE = 'float32'"])
-    return gin_utils.resolve_macro("MODEL")
+    return parsing.resolve_macro("MODEL")
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt"])
@@ -38,7 +40,7 @@ def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"dec_{kind}")
     model = _model(kind)
     variables = model.init(jax.random.PRNGKey(11))
-    checkpoint_io.save_params(root / "ckpt", variables, step=3)
+    checkpoint_format.save_params(root / "ckpt", variables, step=3)
     return dict(kind=kind, model=model, variables=variables, ckpt=root / "ckpt",
                 vocab=vocabulary(tmp_path_factory))
 

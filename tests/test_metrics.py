@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from t5lite import metrics
-from t5lite.metrics import (MetricWriter, Progress, format_log_line, peak_bf16_tflops,
-                            peak_fp8_tflops, read_scalars, throughput)
+from t5lite.runtime import event_files
+from t5lite.runtime.event_files import read_scalars
+from t5lite.runtime.metrics import (MetricWriter, Progress, format_log_line, peak_bf16_tflops,
+                                    peak_fp8_tflops, throughput)
 
 import train_helpers as th
 
@@ -78,13 +79,13 @@ def test_format_log_line_aliases_extras_and_numpy_values():
 
 
 def test_crc32c_and_varint_known_values():
-    assert metrics._crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert metrics._varint(300) == b"\xac\x02"
-    assert metrics._read_varint(metrics._varint(-1), 0)[0] == (1 << 64) - 1
+    assert event_files._crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert event_files._varint(300) == b"\xac\x02"
+    assert event_files._read_varint(event_files._varint(-1), 0)[0] == (1 << 64) - 1
 
 
 def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="t5lite.metrics")
+    caplog.set_level(logging.INFO, logger="t5lite.runtime.metrics")
     with MetricWriter(str(tmp_path), 0, log_every=2, total_steps=5,
                       backend="builtin") as w:
         assert w.backend == "builtin" and w.logdir == str(tmp_path / "train")
@@ -96,7 +97,7 @@ def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
     assert [s for s, _ in got["loss"]] == [1, 2, 3, 4, 5]
     assert [v for _, v in got["loss"]] == pytest.approx([3.75, 3.5, 3.25, 3.0, 2.75])
     assert [v for _, v in got["lr"]] == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.05])
-    lines = [r.getMessage() for r in caplog.records if r.name == "t5lite.metrics"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "t5lite.runtime.metrics"]
     assert [ln.split(" | ")[0] for ln in lines] == ["step 2/5", "step 4/5", "step 5/5"]
     assert "MFU -" in lines[0]
 
@@ -109,7 +110,7 @@ def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
 
 
 def test_eval_writer_and_none_backend(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="t5lite.metrics")
+    caplog.set_level(logging.INFO, logger="t5lite.runtime.metrics")
     w = MetricWriter(str(tmp_path), 0, log_every=1, subdir="eval", backend="builtin")
     w.write_scalars(1000, {"accuracy": 0.5})
     w.close()
@@ -179,7 +180,7 @@ def test_progress_bar_only_on_a_tty():
 
 def test_metrics_module_imports_no_tensorflow_or_clu():
     code = ("import tempfile\n"
-            "import t5lite.metrics as m\n"
+            "import t5lite.runtime.metrics as m\n"
             "w = m.MetricWriter(tempfile.mkdtemp(), 0, backend='builtin')\n"
             "w.write_scalars(1, {'loss': 1.0}); w.close()\n")
     _, imported = th.imports_after(code, th.HEAVY_PACKAGES + ("tensorboard",))

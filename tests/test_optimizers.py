@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-import t5lite.configurables  # noqa: F401  (gin registrations)
-from t5lite import optimizers as opt
+import t5lite.config.registry  # noqa: F401  (gin registrations)
+from t5lite.runtime import optimizers as opt
 
 
 def _updates(optimizer, params, grads, num_steps):
@@ -264,19 +264,19 @@ def test_gin_builds_optimizers(clean_gin):
         linear_decay.decay_steps = 1000
         t5lite.constant.value = 0.5  # qualified: gin has its own `constant`
     """)
-    a = t5lite.configurables.adamw()
+    a = t5lite.config.registry.adamw()
     assert isinstance(a, opt.Optimizer)
     assert float(a.learning_rate_fn(30)) == pytest.approx(5.5e-4)
     params = {"kernel": jnp.ones((3, 4)), "scale": jnp.ones((4,))}
     updates, _ = a.tx.update(jax.tree.map(jnp.ones_like, params), a.tx.init(params), params)
     assert all(np.all(np.isfinite(u)) for u in jax.tree_util.tree_leaves(updates))
 
-    f = t5lite.configurables.adafactor()
+    f = t5lite.config.registry.adafactor()
     assert float(f.learning_rate_fn(0)) == pytest.approx(0.1)  # 1 / sqrt(100)
-    assert float(t5lite.configurables.linear_decay()(500)) == pytest.approx(5e-5)
-    assert float(t5lite.configurables.constant()(3)) == pytest.approx(0.5)
+    assert float(t5lite.config.registry.linear_decay()(500)) == pytest.approx(5e-5)
+    assert float(t5lite.config.registry.constant()(3)) == pytest.approx(0.5)
 
 
 def test_gin_number_learning_rate(clean_gin):
     gin.parse_config("adamw.learning_rate = 1e-4")
-    assert float(t5lite.configurables.adamw().learning_rate_fn(123)) == pytest.approx(1e-4)
+    assert float(t5lite.config.registry.adamw().learning_rate_fn(123)) == pytest.approx(1e-4)

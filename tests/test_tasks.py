@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t5lite.data import demo_corpus
-from t5lite.data.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
+from t5lite.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
                                 VocabularyError)
 
 from data_helpers import VOCAB_SIZE, data_env, reset_data_settings, vocabulary
@@ -204,7 +204,8 @@ def test_configure_sets_locations_and_registers_again(tmp_path, monkeypatch, voc
     data_env(monkeypatch, tmp_path, vocab_path)  # nothing set but the vocabulary
     monkeypatch.delenv("T5LITE_VOCABULARY_PATH")
     before = seqio.TaskRegistry.get("squad_v1_1")
-    tasks.configure(vocabulary_path=vocab_path, squad_dir=str(tmp_path / "squad"))
+    tasks.configure(settings.DataSettings(vocabulary_path=vocab_path,
+                                        squad_dir=str(tmp_path / "squad")))
     after = seqio.TaskRegistry.get("squad_v1_1")
     assert after is not before
     assert len(_examples("squad_v1_1", split="validation",

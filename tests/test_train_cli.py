@@ -59,9 +59,9 @@ def _check_documented_run(model_dir, proc, model):
                  + f".vocab_size = {TINY_VOCAB[model]}"):
         assert line in config.splitlines(), f"{line!r} not in config.gin:\n{config}"
     # ... and it parses back on its own into the same run.
-    from t5lite import gin_utils
+    from t5lite.config import parsing
     import gin
-    gin_utils.parse_gin([str(model_dir / "config.gin")])
+    parsing.parse_gin([str(model_dir / "config.gin")])
     try:
         assert gin.query_parameter("TRAIN_STEPS/gin.macro.value") == 20
         assert gin.query_parameter("MODEL_DIR/gin.macro.value") == str(model_dir)
@@ -308,9 +308,9 @@ def test_model_dir_holding_converted_params_is_refused_untouched(tmp_path):
     """A converted (params-only) checkpoint given as MODEL_DIR: training there would
     delete it step by step (KEEP_CHECKPOINTS); the message points to
     INITIAL_CHECKPOINT_PATH instead."""
-    from t5lite import checkpoint_io
+    from t5lite.interop import checkpoint_format
     converted = tmp_path / "converted"
-    checkpoint_io.save_params(converted, {"params": {"w": np.ones((2, 3), np.float32)}})
+    checkpoint_format.save_params(converted, {"params": {"w": np.ones((2, 3), np.float32)}})
     before = th.snapshot(converted)
     proc = th.run_train(converted, steps=4, timeout=240)
     th.assert_one_error(proc, "converted parameter checkpoint", "INITIAL_CHECKPOINT_PATH",

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5lite import optimizers, partitioning, trainer
+from t5lite.runtime import optimizers, partitioning, train_step
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
@@ -37,7 +37,7 @@ def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS):
     model, task, lengths = _model(cfg)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
     part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
-    fns = trainer.make_train_step(model, tx or optax.adam(1e-2), part,
+    fns = train_step.make_train_step(model, tx or optax.adam(1e-2), part,
                                   num_microbatches=num_microbatches, lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
     losses = []
@@ -95,7 +95,7 @@ def test_fp8_state_is_overwritten_not_optimized():
     part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
     # a huge weight decay and learning rate would wreck anything the optimizer touched
     opt = optimizers.adamw(10.0, weight_decay=0.5, clip_norm=1e-3)
-    fns = trainer.make_train_step(model, opt.tx, part, lengths=lengths)
+    fns = train_step.make_train_step(model, opt.tx, part, lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
     assert set(state.fp8) == {FP8_COLLECTION}
     assert FP8_COLLECTION not in jax.tree_util.tree_structure(state.opt_state).__repr__()
@@ -119,7 +119,7 @@ def test_learning_rate_used_is_the_schedule():
     opt = optimizers.adamw(schedule, eps=1e-12)
     model, task, lengths = _model(LLAMA)
     part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
-    fns = trainer.make_train_step(model, opt.tx, part, learning_rate_fn=schedule,
+    fns = train_step.make_train_step(model, opt.tx, part, learning_rate_fn=schedule,
                                   lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
     # by hand: warmup 0 -> 0.1 over 2 steps, then linear to 0 at step 6
@@ -138,7 +138,7 @@ def test_learning_rate_used_is_the_schedule():
 def test_state_is_created_sharded_and_donated():
     model, task, lengths = _model(T5)
     part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
-    fns = trainer.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
+    fns = train_step.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
     emb = state.params["params"]["token_embedder"]["embedding"]
     assert emb.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
@@ -171,7 +171,7 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
         """Two Adam steps from a fresh init, or from `start_params` (plain layout)."""
         model, task, lengths = _model(cfg)
         tx = optax.adam(1e-2)
-        fns = trainer.make_train_step(model, tx, part, lengths=lengths)
+        fns = train_step.make_train_step(model, tx, part, lengths=lengths)
         state = fns.init(jax.random.PRNGKey(0))
         if start_params is not None:
             params = jax.device_put(layouts.convert_params(start_params, T5, cfg),

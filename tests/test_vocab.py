@@ -5,8 +5,9 @@ import json
 import pytest
 
 from t5lite import vocab
+from t5lite.data import vocab_training
 from t5lite.data import demo_corpus, readers
-from t5lite.data.errors import DataFormatError
+from t5lite.errors import DataFormatError
 
 from data_helpers import VOCAB_SIZE, vocabulary
 
@@ -56,11 +57,11 @@ def test_seqio_vocabulary_has_100_extra_ids_at_the_top(tmp_path_factory):
 
 def test_max_sentences_limits_what_is_read(tmp_path):
     _, jsonl, txt = _corpus(tmp_path)
-    assert len(list(vocab.iter_sentences([jsonl, txt], max_sentences=7))) == 7
+    assert len(list(vocab_training.iter_sentences([jsonl, txt], max_sentences=7))) == 7
     long_line = " ".join(["word"] * 3000)  # 14999 characters: split at spaces
     (tmp_path / "long.txt").write_text(long_line + "\n")
-    pieces = list(vocab.iter_sentences([str(tmp_path / "long.txt")]))
-    assert len(pieces) == 4 and all(len(p) <= vocab.MAX_CHARS_PER_SENTENCE for p in pieces)
+    pieces = list(vocab_training.iter_sentences([str(tmp_path / "long.txt")]))
+    assert len(pieces) == 4 and all(len(p) <= vocab_training.MAX_CHARS_PER_SENTENCE for p in pieces)
     assert " ".join(pieces) == long_line
 
 

@@ -37,7 +37,7 @@ MODEL_FILES = {
 }
 SYNTHETIC = "configs/synthetic_pretrain.gin"
 SMALL_FEATURES = "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}"
-SYNC_CHECKPOINTS = "--gin.train.async_checkpointing=False"
+SYNC_CHECKPOINTS = "--gin.CheckpointSettings.async_save=False"
 DEFAULT_TIMEOUT = 420
 
 
@@ -239,8 +239,8 @@ def checkpoints_dir(model_dir: PathLike) -> Path:
 
 def complete_steps(model_dir: PathLike) -> List[int]:
     """Committed training checkpoints under MODEL_DIR, oldest first."""
-    from t5lite import checkpoints
-    return checkpoints.complete_steps(str(checkpoints_dir(model_dir)))
+    from t5lite.runtime import checkpoint_files
+    return checkpoint_files.complete_steps(str(checkpoints_dir(model_dir)))
 
 
 def load_state(model_dir: PathLike, step: int) -> dict:
@@ -287,8 +287,8 @@ def assert_trees_equal(a, b, what: str = "trees") -> None:
 
 def scalars(model_dir: PathLike, subdir: str = "train") -> Dict[str, List[Tuple[int, float]]]:
     """TensorBoard scalars written under MODEL_DIR/<subdir> ({tag: [(step, value)]})."""
-    from t5lite import metrics
-    return metrics.read_scalars(str(Path(model_dir) / subdir))
+    from t5lite.runtime import event_files
+    return event_files.read_scalars(str(Path(model_dir) / subdir))
 
 
 def snapshot(directory: PathLike) -> Dict[str, Tuple[int, int]]:

@@ -273,15 +273,15 @@ def paths(output_dir: str) -> Dict[str, str]:
 def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
               docs_per_file: int = 200) -> Dict[str, str]:
     """Every format above plus a vocabulary; returns {data setting: path}."""
-    from t5lite import vocab
+    from t5lite.data import vocab_training
 
     where = paths(output_dir)
     pile = write_pile(where["pile_dir"], docs_per_file=docs_per_file, seed=seed)
     write_multinli(where["mnli_dir"], train=3000, dev=150, seed=seed)
     write_glue_mnli(os.path.join(output_dir, "glue", "MNLI"), train=600, dev=150, seed=seed)
     write_squad(where["squad_dir"], train_articles=100, dev_articles=20, seed=seed)
-    vocab.train_vocabulary(pile["train"], where["vocabulary_path"], vocab_size, seed=seed,
-                           hard_vocab_limit=False)
+    vocab_training.train_vocabulary(pile["train"], where["vocabulary_path"], vocab_size,
+                                    seed=seed, hard_vocab_limit=False)
     return where
 
 
@@ -294,7 +294,7 @@ def ensure(output_dir: str, **kwargs) -> Dict[str, str]:
     if os.path.exists(os.path.join(output_dir, COMPLETE_MARKER)):
         return paths(output_dir)
     if os.path.exists(output_dir) and os.listdir(output_dir):
-        from t5lite.data.errors import DataError
+        from t5lite.errors import DataError
         raise DataError(f"the demo data directory {output_dir} exists but holds no complete "
                         f"demo corpus (no {COMPLETE_MARKER} file); remove it or choose "
                         f"another DEMO_DATA_DIR")

@@ -37,9 +37,9 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from t5lite.data.errors import DataError
 from t5lite.data.synthetic import host_rows
 from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import DataError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402

@@ -25,7 +25,7 @@ import json
 import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from t5lite.data.errors import DataFormatError, DataNotFoundError
+from t5lite.errors import DataFormatError, DataNotFoundError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order

@@ -1,5 +1,6 @@
-"""Where the data edge finds its files: set by gin (through `t5lite.data.tasks.configure`)
-or by environment variables, and read only when a dataset is built.
+"""Where the data edge finds its files: set by gin (a `DataSettings` that the commands
+hand to `t5lite.data.tasks.configure`) or by environment variables, and read only when a
+dataset is built.
 
     setting          gin macro          environment variable
     vocabulary_path  VOCABULARY_PATH    T5LITE_VOCABULARY_PATH
@@ -8,10 +9,14 @@ or by environment variables, and read only when a dataset is built.
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
     tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
 
+    demo_dir         DEMO_DATA_DIR      (none: the generated demo corpus, written there
+                                         on first use, supplies every path not given)
+
 A configured value wins over the environment; `None` falls back to it. No TensorFlow here.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Dict, Optional
 
@@ -26,6 +31,19 @@ SETTINGS: Dict[str, tuple] = {
 DEFAULT_TFDS_DATA_DIR = os.path.join("~", "tensorflow_datasets")
 
 _configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """The data macros of a run (VOCABULARY_PATH, PILE_DIR, MNLI_DIR, SQUAD_DIR,
+    TFDS_DATA_DIR, DEMO_DATA_DIR); None: the environment variable (or nothing)."""
+
+    vocabulary_path: Optional[str] = None
+    pile_dir: Optional[str] = None
+    mnli_dir: Optional[str] = None
+    squad_dir: Optional[str] = None
+    tfds_data_dir: Optional[str] = None
+    demo_dir: Optional[str] = None
 
 
 def set_values(**values: Optional[str]) -> None:

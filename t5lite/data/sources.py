@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from t5lite.data import readers, settings
-from t5lite.data.errors import DataError, DataFormatError, DataNotFoundError
 from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402

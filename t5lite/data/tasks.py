@@ -20,19 +20,20 @@ format ("question: ... context: ..." -> the first answer; exact match and F1 aga
 all answers).
 
 Data locations and the vocabulary are read when a dataset is built, from the settings of
-t5lite/data/settings.py: `configure(...)` (which the runner calls with the gin macros) or
-environment variables. Nothing is downloaded.
+t5lite/data/settings.py: `configure(DataSettings(...))` (which the commands call with the
+gin macros) or environment variables. Nothing is downloaded.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from typing import Dict, List, Optional, Tuple
 
 from t5lite.data import settings, sources, vocabularies
-from t5lite.data.errors import UnknownTaskError
 from t5lite.data.readers import MNLI_LABELS
 from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import UnknownTaskError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -126,24 +127,21 @@ def register_tasks() -> None:
          metric_fns=[t5_metrics.squad])
 
 
-def configure(vocabulary_path: Optional[str] = None, pile_dir: Optional[str] = None,
-              mnli_dir: Optional[str] = None, squad_dir: Optional[str] = None,
-              tfds_data_dir: Optional[str] = None, demo_dir: Optional[str] = None) -> None:
-    """Set where the tasks find their vocabulary and data (None: the environment variable,
-    see t5lite/data/settings.py) and register the tasks again with them.
+def configure(data: Optional[settings.DataSettings] = None) -> None:
+    """Set where the tasks find their vocabulary and data (a None field: the environment
+    variable, see t5lite/data/settings.py) and register the tasks again with them.
 
-    demo_dir (the DEMO_DATA_DIR macro of configs/demo_*.gin): the generated demo corpus
-    (t5lite.data.demo_corpus), written there on first use; it supplies every path not
-    given here."""
-    if demo_dir:
+    data.demo_dir (the DEMO_DATA_DIR macro of configs/demo_*.gin): the generated demo
+    corpus (t5lite.data.demo_corpus), written there on first use; it supplies every path
+    not given."""
+    data = data or settings.DataSettings()
+    paths = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)
+             if f.name != "demo_dir"}
+    if data.demo_dir:
         from t5lite.data import demo_corpus
-        demo = demo_corpus.ensure(demo_dir)
-        vocabulary_path = vocabulary_path or demo["vocabulary_path"]
-        pile_dir = pile_dir or demo["pile_dir"]
-        mnli_dir = mnli_dir or demo["mnli_dir"]
-        squad_dir = squad_dir or demo["squad_dir"]
-    settings.set_values(vocabulary_path=vocabulary_path, pile_dir=pile_dir,
-                        mnli_dir=mnli_dir, squad_dir=squad_dir, tfds_data_dir=tfds_data_dir)
+        demo = demo_corpus.ensure(data.demo_dir)
+        paths = {k: v or demo.get(k) for k, v in paths.items()}
+    settings.set_values(**paths)
     register_tasks()
 
 

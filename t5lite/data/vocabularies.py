@@ -18,8 +18,8 @@ import functools
 from typing import Optional
 
 from t5lite.data import settings
-from t5lite.data.errors import VocabularyError
 from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import VocabularyError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402  (after TensorFlow is set up)

@@ -1,6 +1,8 @@
 """Architecture settings of the two model families, as plain frozen dataclasses.
 
-Gin binds these at the edges (`t5lite/configurables.py`); nothing here imports gin.
+Gin binds these at the edges (`t5lite/config/registry.py`); nothing here imports gin.
+`HF_MODEL_TYPE` names the Hugging Face `model_type` each family reads and writes
+(`t5lite.interop.hf`).
 
 Parameter tree naming (unscanned, unfused; every kernel in float32):
 
@@ -47,7 +49,7 @@ leading `layers` axis. `t5lite.models.layouts` converts between all four layouts
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import ClassVar, Optional, Tuple
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
 ATTENTION_IMPLS = ("xla", "dot_product", "cudnn")
@@ -58,6 +60,7 @@ PRECISIONS = ("bf16", "fp8")
 class T5Config:
     """T5 v1.1 (and original T5) encoder-decoder architecture and switches."""
 
+    HF_MODEL_TYPE: ClassVar[str] = "t5"
     vocab_size: int = 32128
     emb_dim: int = 512
     num_heads: int = 6
@@ -96,6 +99,7 @@ class T5Config:
 class DecoderConfig:
     """Decoder-only architecture (GPT and LLaMA) and switches."""
 
+    HF_MODEL_TYPE: ClassVar[str] = "llama"  # GPT-style settings have no HF mapping
     vocab_size: int = 32000
     emb_dim: int = 4096
     num_heads: int = 32

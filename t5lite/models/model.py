@@ -9,22 +9,40 @@ feature names, each [batch, length] int32 (weights float):
 - decoder-only: decoder_input_tokens, decoder_target_tokens, decoder_loss_weights,
   optional decoder_segment_ids and decoder_positions.
 
-`predict_batch` decodes with a KV cache (`t5lite.decoding`; docs/decoding.md):
+`predict_batch` decodes with a KV cache (`t5lite.models.decoding`; docs/decoding.md):
 encoder-decoder from encoder_input_tokens; decoder-only continues the prompts in
 decoder_input_tokens (left-aligned, 0-padded on the right; `decoder_prompt_lengths`
 [batch] when a prompt may end in token 0).
+
+A model answers every question that differs between the families, so that no caller
+branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
+
+    FEATURE_CONVERTER_KIND     "encoder_decoder" / "decoder_only": the feature converter
+                               (and synthetic batches) its training data need
+    DECODES_TASK_SPLITS        whether seqio task splits (inputs -> targets) can be
+                               decoded and evaluated with it
+    feature_lengths(...)       the feature lengths of its training batches
+    train_flops_per_example    model FLOPs of one training example (MFU convention)
+    flops_report(...)          the FLOP figures `python -m t5lite.info` shows
+    check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
+    inference_ids(...)         text -> the token ids of one inference input or target
+    inference_batch(...)       token lists -> the batch predict_batch / score_batch read
+
+`model_for_config(cfg)` builds the wrapper of a config's family.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from t5lite import decoding, losses
+from t5lite.errors import ConfigError
+from t5lite.models import decoding, features, flops, losses
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.decoder import DecoderOnly
 from t5lite.models.t5 import T5
@@ -33,9 +51,12 @@ Batch = Mapping[str, jax.Array]
 
 
 class BaseModel:
-    """Shared logic; subclasses set `module`, `FEATURES` and `dummy_batch`."""
+    """Shared logic; subclasses set `module`, `FEATURES`, `dummy_batch` and the family
+    answers listed in the module docstring."""
 
     FEATURES: Tuple[str, ...] = ()
+    FEATURE_CONVERTER_KIND: str = ""
+    DECODES_TASK_SPLITS: bool = False
     module: nn.Module
 
     def __init__(self, z_loss: float = 1e-4, label_smoothing: float = 0.0,
@@ -137,6 +158,34 @@ class BaseModel:
     def _finish(tokens, scores, return_scores: bool):
         return (tokens, scores) if return_scores else tokens
 
+    # -- family answers (overridden by each family) -----------------------------------
+    def feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Dict[str, int]:
+        """TASK_FEATURE_LENGTHS -> the lengths of this model's training batches."""
+        raise NotImplementedError
+
+    def train_flops_per_example(self, task_feature_lengths: Mapping[str, int]) -> float:
+        """Training (fwd + bwd) model FLOPs of one example of TASK_FEATURE_LENGTHS."""
+        raise NotImplementedError
+
+    def flops_report(self, *, inputs_length: int = 512, targets_length: int = 128,
+                     seq_length: int = 2048) -> Dict[str, Any]:
+        """The lengths this family uses and its training FLOPs at them."""
+        raise NotImplementedError
+
+    def check_decode_lengths(self, lengths: Mapping[str, int]) -> None:
+        """ConfigError when inference lengths {"inputs", "targets"} do not fit the model."""
+
+    def inference_ids(self, vocabulary, text: str, length: int) -> List[int]:
+        """Token ids of one inference input (or target) text of at most `length`."""
+        raise NotImplementedError
+
+    def inference_batch(self, inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],
+                        targets: Optional[Sequence[Sequence[int]]] = None
+                        ) -> Dict[str, np.ndarray]:
+        """Token lists -> the numpy batch `predict_batch` (no targets) or `score_batch`
+        (with targets) reads (`t5lite.models.features`)."""
+        raise NotImplementedError
+
 
 class EncoderDecoderModel(BaseModel):
     """T5-style encoder-decoder (`T5Config`)."""
@@ -144,6 +193,8 @@ class EncoderDecoderModel(BaseModel):
     FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                 "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
                 "decoder_positions")
+    FEATURE_CONVERTER_KIND = "encoder_decoder"
+    DECODES_TASK_SPLITS = True
 
     def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
@@ -206,12 +257,35 @@ class EncoderDecoderModel(BaseModel):
                 "decoder_input_tokens": jnp.ones((batch_size, dec), jnp.int32),
                 "decoder_target_tokens": jnp.ones((batch_size, dec), jnp.int32)}
 
+    # -- family answers -------------------------------------------------------------
+    def feature_lengths(self, task_feature_lengths):
+        return {"inputs": int(task_feature_lengths["inputs"]),
+                "targets": int(task_feature_lengths["targets"])}
+
+    def train_flops_per_example(self, task_feature_lengths):
+        lengths = self.feature_lengths(task_feature_lengths)
+        return flops.encoder_decoder_train_flops_per_example(
+            self.config, lengths["inputs"], lengths["targets"])
+
+    def flops_report(self, *, inputs_length=512, targets_length=128, seq_length=2048):
+        return {"inputs_length": inputs_length, "targets_length": targets_length,
+                "train_flops_per_example": flops.encoder_decoder_train_flops_per_example(
+                    self.config, inputs_length, targets_length)}
+
+    def inference_ids(self, vocabulary, text, length):
+        return features.tokenize(vocabulary, text, length)  # trimmed, EOS appended
+
+    def inference_batch(self, inputs, lengths, targets=None):
+        return features.encdec_features(inputs, lengths, targets)
+
 
 class DecoderOnlyModel(BaseModel):
     """GPT / LLaMA-style decoder-only language model (`DecoderConfig`)."""
 
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
                 "decoder_positions")
+    FEATURE_CONVERTER_KIND = "decoder_only"
+    DECODES_TASK_SPLITS = False  # a prompt is continued; it has no inputs -> targets task
 
     def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
@@ -284,6 +358,49 @@ class DecoderOnlyModel(BaseModel):
         length = dict(lengths or {}).get("targets", 8)
         return {"decoder_input_tokens": jnp.ones((batch_size, length), jnp.int32),
                 "decoder_target_tokens": jnp.ones((batch_size, length), jnp.int32)}
+
+    # -- family answers -------------------------------------------------------------
+    def feature_lengths(self, task_feature_lengths):
+        return {"targets": int(task_feature_lengths["targets"])}
+
+    def train_flops_per_example(self, task_feature_lengths):
+        return flops.decoder_only_train_flops_per_example(
+            self.config, self.feature_lengths(task_feature_lengths)["targets"])
+
+    def flops_report(self, *, inputs_length=512, targets_length=128, seq_length=2048):
+        return {"seq_length": seq_length,
+                "train_flops_per_token": flops.decoder_only_train_flops_per_token(
+                    self.config, seq_length),
+                "train_flops_per_example": flops.decoder_only_train_flops_per_example(
+                    self.config, seq_length)}
+
+    def check_decode_lengths(self, lengths):
+        cfg = self.config
+        total = int(lengths["inputs"]) + int(lengths["targets"])
+        if cfg.position_embedding == "learned" and total > cfg.max_length:
+            raise ConfigError(
+                f"TASK_FEATURE_LENGTHS: prompt {lengths['inputs']} + new tokens "
+                f"{lengths['targets']} = {total} positions, more than the model's "
+                f"max_length {cfg.max_length}; shorten them")
+
+    def inference_ids(self, vocabulary, text, length):
+        # plain ids: a prompt keeps its last tokens, a target is scored as the
+        # continuation (inference_batch trims both)
+        return [int(t) for t in vocabulary.encode(text)]
+
+    def inference_batch(self, inputs, lengths, targets=None):
+        return features.decoder_only_features(inputs, lengths, targets)
+
+
+MODEL_CLASSES = {T5Config: EncoderDecoderModel, DecoderConfig: DecoderOnlyModel}
+
+
+def model_for_config(config, **kwargs) -> BaseModel:
+    """The model wrapper of `config`'s family (kwargs: z_loss, label_smoothing, ...)."""
+    if type(config) not in MODEL_CLASSES:
+        raise TypeError(f"no model family for config type {type(config).__name__}; "
+                        f"expected one of {[c.__name__ for c in MODEL_CLASSES]}")
+    return MODEL_CLASSES[type(config)](config, **kwargs)
 
 
 def _gather_self_attention_cache(cache, rows, axis: int):

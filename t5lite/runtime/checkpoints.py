@@ -1,22 +1,15 @@
 """Training checkpoints (Orbax): save, resume, and the finetuning restore.
 
-On disk (the same root that `t5lite.checkpoint_io` writes converted checkpoints to)::
-
-    MODEL_DIR/checkpoints/
-      <step>/                    one Orbax CheckpointManager step, complete once committed
-        _CHECKPOINT_METADATA     (commit_timestamp_nsecs set at commit)
-        commit_success.txt       the commit marker
-        state/                   item "state": TrainState.as_dict() (StandardSave)
-        data/                    item "data": the data iterator position (JSON)
-      <step>.orbax-checkpoint-tmp-<t>/   a save in flight (or a crash's leftover)
-
-A converted checkpoint holds a `params` item (`{"params": ...}`) instead of `state`.
+The layout on disk and which steps count as complete: `t5lite.runtime.checkpoint_files`.
+A training step holds the items `state` (TrainState.as_dict(), StandardSave) and `data`
+(the data iterator position, JSON); a converted checkpoint holds `params` instead.
 
 Restore order (`restore_or_init`): the latest complete checkpoint in MODEL_DIR (the whole
 state and data position) -> else INITIAL_CHECKPOINT_PATH (parameters only, converted to
 the model's fuse_qkv / scan_layers layout) -> else fresh initialization.
 
-Nothing here imports TensorFlow, SeqIO or t5.
+`CheckpointSettings` carries CHECKPOINT_PERIOD, KEEP_CHECKPOINTS and whether saves run in
+the background. Nothing here imports TensorFlow, SeqIO or t5.
 """
 from __future__ import annotations
 
@@ -24,93 +17,38 @@ import dataclasses
 import json
 import logging
 import re
-import time
 import types
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from t5lite.errors import CheckpointMismatchError
 from t5lite.models import layouts
-from t5lite.train_state import TrainState
+from t5lite.runtime import periods
+from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
+                                             STATE_ITEM, PathLike, absolute, complete_steps,
+                                             resolve_item, set_aside_uncommitted)
+from t5lite.runtime.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
-PathLike = Union[str, "epath.PathLike"]
-CHECKPOINTS_DIR = "checkpoints"
-STATE_ITEM = "state"
-DATA_ITEM = "data"
-PARAMS_ITEM = "params"  # converted checkpoints (t5lite.checkpoint_io)
-_COMMIT_FILE = "commit_success.txt"
-_STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
-_INCOMPLETE_MARK = ".incomplete-"
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """CHECKPOINT_PERIOD (save every that many steps; the last step and a SIGTERM always
+    save), KEEP_CHECKPOINTS (how many complete checkpoints to keep, None: all) and
+    async_save (write in the background while training goes on)."""
 
-class CheckpointMismatchError(ValueError):
-    """A checkpoint's tree or shapes do not match the model; the message is one line."""
+    period: Optional[int] = 1000
+    keep: Optional[int] = 2
+    async_save: bool = True
 
-
-# ----------------------------------------------------------------------------- on disk
-
-
-def _absolute(path: PathLike) -> epath.Path:
-    path = epath.Path(path)
-    return path if "://" in str(path) else path.absolute()
-
-
-def _is_committed(step_dir: epath.Path) -> bool:
-    """Orbax's commit: the marker file (written last, before the atomic rename), or for
-    older Orbax versions a commit timestamp in the step metadata."""
-    if (step_dir / _COMMIT_FILE).exists():
-        return True
-    meta = step_dir / _STEP_METADATA_FILE
-    if not meta.exists():
-        return False
-    try:
-        return json.loads(meta.read_text()).get("commit_timestamp_nsecs") is not None
-    except (ValueError, OSError):
-        return False
-
-
-def _step_dirs(checkpoints: epath.Path) -> Dict[int, epath.Path]:
-    """Directories named by a bare step number (committed or not); tmp dirs excluded."""
-    if not checkpoints.is_dir():
-        return {}
-    return {int(p.name): p for p in checkpoints.iterdir() if p.name.isdigit() and p.is_dir()}
-
-
-def complete_steps(checkpoints: PathLike, items: Tuple[str, ...] = (STATE_ITEM,)) -> List[int]:
-    """Sorted steps under a `checkpoints` directory that are committed and hold one of
-    `items`. In-flight saves (tmp dirs), crashed saves (leftover tmp dirs, or a step dir
-    without its commit marker) and steps of another kind are left out."""
-    out = []
-    for step, d in _step_dirs(epath.Path(checkpoints)).items():
-        if _is_committed(d) and any((d / item).is_dir() for item in items):
-            out.append(step)
-    return sorted(out)
-
-
-def _sync(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def _set_aside_uncommitted(checkpoints: epath.Path) -> None:
-    """Rename step dirs without a commit (a crash mid-save on a file system where Orbax
-    writes in place) to `<step>.incomplete-<ns>`: Orbax would count them as checkpoints
-    (and refuse to save that step again). They are renamed, never deleted."""
-    if jax.process_index() == 0:
-        for step, d in sorted(_step_dirs(checkpoints).items()):
-            if not _is_committed(d):
-                dest = checkpoints / f"{step}{_INCOMPLETE_MARK}{time.time_ns()}"
-                log.warning("checkpoint %s was never committed (a crash mid-save?); moved to %s",
-                            d, dest.name)
-                d.rename(dest)
-    _sync("t5lite_checkpoints_set_aside")
+    def __post_init__(self):
+        periods.check_positive("CHECKPOINT_PERIOD", self.period, optional=True)
+        periods.check_positive("KEEP_CHECKPOINTS", self.keep, optional=True)
 
 
 # ----------------------------------------------------------------------------- tree checks
@@ -209,7 +147,7 @@ def check_state_matches(ckpt_tree: Mapping[str, Any], target: Mapping[str, Any],
                                       "t5lite's trainer — use a new MODEL_DIR")
 
 
-def _item_metadata_tree(item_dir: epath.Path) -> Any:
+def item_metadata_tree(item_dir: epath.Path) -> Any:
     handler = ocp.PyTreeCheckpointHandler()
     try:
         return handler.metadata(item_dir).tree
@@ -230,7 +168,7 @@ class Checkpointer:
 
     def __init__(self, model_dir: PathLike, keep: Optional[int] = 2,
                  period: Optional[int] = None, async_save: bool = True):
-        self.model_dir = _absolute(model_dir)
+        self.model_dir = absolute(model_dir)
         self.directory = self.model_dir / CHECKPOINTS_DIR
         self.keep, self.period = keep, period
         if keep is not None and keep < 1:
@@ -244,7 +182,7 @@ class Checkpointer:
                 f"{self.directory / str(foreign[0])} holds a converted parameter checkpoint, "
                 f"not a training run (its old steps would be deleted as new ones are kept) — "
                 f"give {self.model_dir} as INITIAL_CHECKPOINT_PATH and use a new MODEL_DIR")
-        _set_aside_uncommitted(self.directory)
+        set_aside_uncommitted(self.directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True)
@@ -260,7 +198,9 @@ class Checkpointer:
 
     # -- saving -----------------------------------------------------------------------
     def should_save(self, step: int) -> bool:
-        return self.period is None or int(step) % self.period == 0
+        """Whether `save` writes `step` without being forced (every call when period is
+        None)."""
+        return self.period is None or periods.due(int(step), self.period)
 
     def save(self, step: int, state: TrainState, data_state: Optional[dict] = None,
              force: bool = False) -> bool:
@@ -324,7 +264,7 @@ class Checkpointer:
                 f"{self.step_dir(step)}: no complete checkpoint (complete steps: "
                 f"{self.all_steps() or 'none'})")
         target = abstract_state.as_dict()
-        check_state_matches(_item_metadata_tree(self.step_dir(step) / STATE_ITEM), target,
+        check_state_matches(item_metadata_tree(self.step_dir(step) / STATE_ITEM), target,
                             str(self.step_dir(step)))
         items = {STATE_ITEM: ocp.args.StandardRestore(target)}
         has_data = (self.step_dir(step) / DATA_ITEM).is_dir()
@@ -336,36 +276,6 @@ class Checkpointer:
 
 
 # ----------------------------------------------------------------------------- finetuning
-
-
-def _resolve_item(path: PathLike) -> Tuple[epath.Path, str]:
-    """(item directory, item name) for an INITIAL_CHECKPOINT_PATH: a MODEL_DIR (latest
-    step under path/checkpoints), a `checkpoints` directory, one step directory, or an
-    item directory; the item is `params` (converted) or `state` (a training run)."""
-    p = _absolute(path)
-    if not p.exists():
-        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} does not exist")
-    if not p.is_dir():
-        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path} is not a directory")
-    if p.name in (PARAMS_ITEM, STATE_ITEM) and (p / "_METADATA").exists():
-        return p, p.name
-    for item in (PARAMS_ITEM, STATE_ITEM):
-        if (p / item).is_dir():
-            if not _is_committed(p):
-                raise FileNotFoundError(
-                    f"INITIAL_CHECKPOINT_PATH {path} is an incomplete checkpoint (no commit "
-                    f"marker: the save that wrote it did not finish)")
-            return p / item, item
-    for checkpoints in (p / CHECKPOINTS_DIR, p):
-        steps = complete_steps(checkpoints, (PARAMS_ITEM, STATE_ITEM))
-        if steps:
-            d = checkpoints / str(steps[-1])
-            item = PARAMS_ITEM if (d / PARAMS_ITEM).is_dir() else STATE_ITEM
-            return d / item, item
-    raise FileNotFoundError(
-        f"INITIAL_CHECKPOINT_PATH {path} holds no complete checkpoint (expected "
-        f"{CHECKPOINTS_DIR}/<step>/{{{PARAMS_ITEM},{STATE_ITEM}}}, <step>/{{...}} or the "
-        f"step directory itself)")
 
 
 def _layout_cfg(model, layout: Mapping[str, bool]):
@@ -382,20 +292,20 @@ def _place(x: np.ndarray, like: Any) -> Any:
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
 
-def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any]
-                                  ) -> Dict[str, Any]:
-    """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH; see
-    `_resolve_item`), as `abstract_params` (`{"params": ...}` of jax.ShapeDtypeStruct with
-    shardings) describes them. A training checkpoint gives its `params` only. A stored
-    layout other than the model's (fused / unfused QKV, scanned / unscanned layers) is
-    converted (on the host); then the shapes are checked (CheckpointMismatchError)."""
-    item_dir, item = _resolve_item(path)
+def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
+                                  what: str = "INITIAL_CHECKPOINT_PATH") -> Dict[str, Any]:
+    """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH, or the setting
+    `what` names; see `checkpoint_files.resolve_item`), as `abstract_params`
+    (`{"params": ...}` of jax.ShapeDtypeStruct with shardings) describes them. A training
+    checkpoint gives its `params` only. A stored layout other than the model's (fused /
+    unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
+    are checked (CheckpointMismatchError)."""
+    item_dir, item = resolve_item(path, what)
     where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
-    meta = _item_metadata_tree(item_dir)
+    meta = item_metadata_tree(item_dir)
     stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
     if not isinstance(stored, Mapping) or "params" not in stored:
-        raise FileNotFoundError(f"INITIAL_CHECKPOINT_PATH {path}: {item_dir} holds no "
-                                f"'params' collection")
+        raise FileNotFoundError(f"{what} {path}: {item_dir} holds no 'params' collection")
     bare = "params" not in abstract_params  # a bare params tree: return one alike
     target = {"params": abstract_params if bare else abstract_params["params"]}
     src_layout = layouts.detect_layout(stored)
@@ -405,7 +315,7 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     else:
         dst_layout = layouts.detect_layout(target)
     head = f"checkpoint {where} does not match the model: "
-    cause = ("INITIAL_CHECKPOINT_PATH probably holds another model size or architecture — "
+    cause = (f"{what} probably holds another model size or architecture — "
              "point it at a checkpoint of this model (or fix the model config)")
 
     if src_layout == dst_layout:

@@ -1,6 +1,6 @@
 """Optimizers (Adafactor, AdamW) and learning-rate schedules, built on optax.
 
-Everything here is a pure function; Gin registration lives in `t5lite/configurables.py`.
+Everything here is a pure function; Gin registration lives in `t5lite/config/registry.py`.
 
 Schedules map the optimizer step to a float32 learning rate and are jnp-traceable::
 

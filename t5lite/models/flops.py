@@ -1,4 +1,4 @@
-"""Model-FLOP formulas under the MFU convention (see REFERENCE.md, "Model FLOPs").
+"""Model-FLOP formulas under the MFU convention (docs/performance.md, "How MFU is counted").
 
 Conventions: matmul FLOPs only (2 per multiply-add), forward + backward = 3 x forward,
 no recomputation counted, padding counts as real tokens. `inner = num_heads * head_dim`;

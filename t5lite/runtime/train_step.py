@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from t5lite.models.precision import FP8_COLLECTION
-from t5lite.partitioning import Partitioner
-from t5lite.train_state import TrainState
+from t5lite.runtime.partitioning import Partitioner
+from t5lite.runtime.train_state import TrainState
 
 Metrics = Dict[str, jax.Array]
 
@@ -113,12 +112,11 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
                     learning_rate_fn: Optional[Callable] = None, num_microbatches: int = 1,
                     lengths: Optional[Dict[str, int]] = None) -> StepFunctions:
     """Build the jitted, sharded train step and state initializer for `model`."""
-    rules = partitioner.rules
 
     def init(rng):
         return init_state(model, tx, rng, lengths)
 
-    with partitioner.mesh, nn.logical_axis_rules(rules):
+    with partitioner.context():
         abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
     shardings = state_shardings(partitioner, model, abstract)
 
@@ -148,19 +146,9 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
             metrics["learning_rate"] = jnp.asarray(learning_rate_fn(state.step), jnp.float32)
         return new_state, metrics
 
-    batch_sh = partitioner.batch_sharding(2)
-    rep = partitioner.replicated()
-    jitted = jax.jit(step_fn, in_shardings=(shardings, batch_sh),
-                     out_shardings=(shardings, rep), donate_argnums=(0,))
-    jit_init = jax.jit(init, out_shardings=shardings)
-
-    def train_step(state, batch):
-        with partitioner.mesh, nn.logical_axis_rules(rules):
-            return jitted(state, batch)
-
-    def sharded_init(rng):
-        with partitioner.mesh, nn.logical_axis_rules(rules):
-            return jit_init(rng)
-
+    train_step = partitioner.partition(
+        step_fn, in_shardings=(shardings, partitioner.batch_sharding(2)),
+        out_shardings=(shardings, partitioner.replicated()), donate_argnums=(0,))
+    sharded_init = partitioner.partition(init, out_shardings=shardings)
     return StepFunctions(train_step=train_step, state_shardings=shardings,
                          abstract_state=abstract, init=sharded_init)

@@ -10,7 +10,8 @@ models; it drives one callback
 which feeds each row's newest token, sitting at position `index`, through the network
 and returns the next-token logits and the updated cache. `EncoderDecoderModel.predict_batch`
 and `DecoderOnlyModel.predict_batch` (`t5lite.models.model`) build that callback; see
-docs/decoding.md.
+docs/decoding.md. Jitting it on a mesh is the inference layer's job
+(`t5lite.inference.session.make_predict_fn`).
 
 Output convention (T5X): tokens [batch, max_steps], the EOS (id 1 by default) included,
 0 after it. A sequence stops at its first EOS; the loop stops when every sequence has
@@ -279,25 +280,3 @@ def decode(spec: DecoderSpec, tokens_to_logits: TokensToLogits, init_tokens: Arr
                                   top_p=spec.top_p, eos_id=eos_id)
     return greedy_decode(tokens_to_logits, init_tokens, init_index, cache, max_steps,
                          eos_id=eos_id)
-
-
-# ----------------------------------------------------------------------------- jitting
-
-
-def make_predict_fn(model, partitioner=None, **predict_kwargs) -> Callable:
-    """`model.predict_batch` with fixed keyword settings (decoder, max_decode_length,
-    return_scores, eos_id), jitted; with a `t5lite.partitioning.Partitioner` it runs
-    under the partitioner's mesh and logical-axis rules, with the shardings of the
-    arguments (put params on `partitioner.tree_shardings(...)`, batches on
-    `partitioner.batch_sharding()`). Call it as fn(params, batch, rng=None)."""
-    import flax.linen as nn
-
-    jitted = jax.jit(functools.partial(model.predict_batch, **predict_kwargs))
-    if partitioner is None:
-        return lambda params, batch, rng=None: jitted(params, batch, rng=rng)
-
-    def run(params, batch, rng=None):
-        with partitioner.mesh, nn.logical_axis_rules(partitioner.rules):
-            return jitted(params, batch, rng=rng)
-
-    return run

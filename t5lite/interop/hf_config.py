@@ -3,8 +3,8 @@
 `read_hf_config` reads a local model directory's config.json; `config_from_hf` maps it
 to a `T5Config` (`model_type` "t5") or `DecoderConfig` ("llama"), unfused, unscanned and
 with t5lite's default dtype. `t5_hf_config` / `llama_hf_config` go the other way for
-`t5lite.hf.save_pretrained`. Weights (and the output-head decision that depends on
-them) live in `t5lite.hf`.
+`t5lite.interop.hf.save_pretrained`. Weights (and the output-head decision that depends
+on them) live in `t5lite.interop.hf_families`.
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def _llama_config(hf: Mapping[str, Any]) -> DecoderConfig:
 
 def config_from_hf(hf: Mapping[str, Any]) -> Union[T5Config, DecoderConfig]:
     """t5lite config matching an HF config dict (unfused, unscanned, default dtype).
-    For T5, `logits_via_embedding` is decided later from the weights (see `t5lite.hf`)."""
+    For T5, `logits_via_embedding` is decided later from the weights (see `t5lite.interop.hf_families`)."""
     model_type = hf.get("model_type")
     if model_type == "t5":
         return _t5_config(hf)

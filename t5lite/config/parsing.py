@@ -1,45 +1,36 @@
-"""Command-line flags -> Gin, with errors that fit on one line.
+"""Gin files and bindings -> a parsed gin config, with errors that fit on one line.
 
-Flags understood (T5X habits)::
-
-    --gin_file=PATH            repeatable; searched in the config search path
-    --gin.NAME=VALUE           rewritten to the binding `NAME = VALUE` (strings need quotes:
-                               --gin.MODEL_DIR=\\"/tmp/run\\")
-    --gin_bindings=BINDING     repeatable; a raw gin binding line
-    --gin_search_paths=A,B     comma separated, repeatable; extra include/--gin_file roots
+    parse_gin(["models/t5_1_1/base.gin", "runs/pretrain.gin"], ["BATCH_SIZE = 8"])
+    model = resolve_macro("MODEL")
 
 The search path is: the current directory, then --gin_search_paths, then the shipped
 `configs/` directory (and its parent), so `--gin_file=models/t5_1_1/base.gin`,
 `--gin_file=configs/models/t5_1_1/base.gin` and `include 'models/t5_1_1/_base.gin'`
 work from any directory.
 
-Any problem with the configuration raises `ConfigError(one_line_message)`; entry points
-wrap their main in `run_main`, which prints `error: ...` to stderr and exits with 2.
+Any problem with the configuration raises `ConfigError(one_line_message)`; the commands
+print it as one `error: ...` line (t5lite/config/command.py). The flags that carry files
+and bindings are parsed in t5lite/config/flags.py.
 """
 from __future__ import annotations
 
-import argparse
 import copy
+import difflib
 import logging
 import os
 import re
-import sys
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence
 
 import gin
 
-import t5lite
+from t5lite.config import registry  # noqa: F401  (registers t5lite's configurables)
+from t5lite.errors import ConfigError
 
-EXIT_CONFIG_ERROR = 2
 # Placeholders for the run-level REQUIRED macros, for tools that read a run config but do
 # not train (info, bench); bound before the user's bindings, which still win.
 RUN_PLACEHOLDERS = ("MODEL_DIR = '/tmp/t5lite_placeholder'", "TRAIN_STEPS = 0",
                     "MIXTURE_OR_TASK_NAME = 'synthetic'", "INITIAL_CHECKPOINT_PATH = None")
-
-
-class ConfigError(Exception):
-    """A user-facing configuration problem; the message is a single line."""
 
 
 def _drop_gin_path_probes(record: logging.LogRecord) -> bool:
@@ -51,55 +42,11 @@ def _drop_gin_path_probes(record: logging.LogRecord) -> bool:
 logging.getLogger().addFilter(_drop_gin_path_probes)
 
 
-# --------------------------------------------------------------------------- flags
-
-def add_gin_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds --gin_file, --gin_bindings and --gin_search_paths (--gin.X=Y is rewritten)."""
-    group = parser.add_argument_group("gin")
-    group.add_argument("--gin_file", action="append", default=[], metavar="PATH",
-                       help="gin config file (repeatable)")
-    group.add_argument("--gin_bindings", action="append", default=[], metavar="BINDING",
-                       help="gin binding, e.g. 'BATCH_SIZE = 8' (repeatable); "
-                            "--gin.BATCH_SIZE=8 is the same")
-    group.add_argument("--gin_search_paths", action="append", default=[], metavar="DIRS",
-                       help="comma-separated directories searched for gin files")
-    return parser
-
-
-def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
-    """Rewrites each `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`, keeping order."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--gin."):
-            name, eq, value = arg[len("--gin."):].partition("=")
-            if not eq or not name:
-                raise ConfigError(f"{arg!r} needs a value: write --gin.NAME=VALUE")
-            out.append(f"--gin_bindings={name} = {value}")
-        else:
-            out.append(arg)
-    return out
-
-
-def parse_flags(parser: argparse.ArgumentParser,
-                argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Parses argv (default sys.argv[1:]) with `parser`, which must have the gin flags."""
-    argv = sys.argv[1:] if argv is None else argv
-    return parser.parse_args(rewrite_gin_args(argv))
-
-
-def parse_known_flags(argv: Optional[Sequence[str]] = None
-                      ) -> Tuple[argparse.Namespace, List[str]]:
-    """Parses only the gin flags; returns (namespace, the other arguments)."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = add_gin_flags(argparse.ArgumentParser(add_help=False))
-    return parser.parse_known_args(rewrite_gin_args(argv))
-
-
 # --------------------------------------------------------------------------- search path
 
 def shipped_configs_dir() -> Optional[Path]:
     """The `configs/` directory shipped with t5lite (installed package, then repo checkout)."""
-    pkg = Path(t5lite.__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # the t5lite package
     for candidate in (pkg / "configs", pkg.parent / "configs"):
         if (candidate / "models").is_dir():
             return candidate
@@ -137,11 +84,11 @@ def _locate(path: str, paths: Sequence[str]) -> Optional[Path]:
 
 def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
               extra_search_paths: Iterable[str] = (), finalize: bool = True) -> None:
-    """Clears gin, registers t5lite's configurables, parses files then bindings.
+    """Clears gin, parses files then bindings (t5lite's configurables are registered when
+    this module is imported).
 
     Raises ConfigError naming the problem and the file (or flag) it came from.
     """
-    import t5lite.configurables  # noqa: F401  (registration happens on import)
 
     paths = search_paths(extra_search_paths)
     gin.clear_config()
@@ -159,11 +106,6 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
             gin.finalize()
         except (ValueError, RuntimeError) as e:
             raise ConfigError(_required_message(str(e), gin_files, paths)) from None
-
-
-def configure(args: argparse.Namespace, finalize: bool = True) -> None:
-    """`parse_gin` from a namespace built by a parser with `add_gin_flags`."""
-    parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths, finalize=finalize)
 
 
 def macro_is_bound(name: str) -> bool:
@@ -205,10 +147,10 @@ class _translate_errors:
         if exc is None or not isinstance(exc, (ValueError, TypeError, RuntimeError, OSError,
                                                SyntaxError)):
             return False
-        raise ConfigError(_one_line(exc, self.origin, self.calling)) from None
+        raise ConfigError(_gin_error_line(exc, self.origin, self.calling)) from None
 
 
-def _one_line(exc: BaseException, origin: str, calling: bool) -> str:
+def _gin_error_line(exc: BaseException, origin: str, calling: bool) -> str:
     """`<problem> at <file>:<line>: <text>`, or `<problem> (<origin>)`, on one line."""
     if isinstance(exc, SyntaxError) and len(exc.args) > 1 and hasattr(exc.args[1], "line_num"):
         loc = exc.args[1]
@@ -273,33 +215,25 @@ def _find_required(name: str, gin_files, paths) -> Optional[str]:
     return None
 
 
-# --------------------------------------------------------------------------- entry points
-
-def entry_parser(description: str) -> argparse.ArgumentParser:
-    """The flags of every entry point that runs a model (train, eval, infer): gin flags
-    plus the multi-process ones."""
-    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
-    add_gin_flags(parser)
-    parser.add_argument("--multiprocess", action="store_true",
-                        help="call jax.distributed.initialize() (auto under SLURM)")
-    parser.add_argument("--coordinator_address", default=None)
-    parser.add_argument("--process_count", type=int, default=None)
-    parser.add_argument("--process_index", type=int, default=None)
-    return parser
-
-
-def setup_logging() -> None:
-    """t5lite's INFO lines on stderr; orbax, absl and the rest stay at WARNING."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", force=True)
-    logging.getLogger("t5lite").setLevel(logging.INFO)
-
-
-def run_main(main: Callable[[], Optional[int]]) -> None:
-    """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2."""
-    try:
-        status = main()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
-    sys.exit(status or 0)
+def check_command_line_macros(gin_files: Sequence[str], bindings: Sequence[str],
+                              extra_search_paths: Iterable[str] = ()) -> None:
+    """A `--gin.NAME=` macro that no gin file defines and nothing references is a typo
+    (`--gin.BATCH_SIZ=8`): gin would accept it and silently train with the default."""
+    names = []
+    for binding in bindings:
+        name = binding.partition("=")[0].strip()
+        if name and name.isidentifier() and "." not in name:
+            names.append(name)
+    if not names:
+        return
+    parse_gin(gin_files, (), extra_search_paths, finalize=False)
+    from_files = {scope for scope, selector in gin.config._CONFIG if selector == "gin.macro"}
+    parse_gin(gin_files, bindings, extra_search_paths, finalize=False)
+    referenced = {ref.scoped_selector.rpartition("/")[0]
+                  for ref in gin.config.iterate_references(gin.config._CONFIG)}
+    for name in names:
+        if name not in from_files and name not in referenced:
+            close = difflib.get_close_matches(name, sorted(from_files), n=1)
+            hint = f"did you mean {close[0]}?" if close else "check the spelling"
+            raise ConfigError(f"--gin.{name}: the gin files define no macro {name} and "
+                              f"nothing uses it ({hint})")

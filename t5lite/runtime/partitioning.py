@@ -1,27 +1,35 @@
 """The partitioner shared by every model family: a (data, fsdp, tensor) device mesh, the
 logical-axis rules that map the models' axis names onto it, shardings for parameters,
-optimizer and FP8 state and batches, host-slice -> global-array batches, and the
-multi-process start.
+optimizer and FP8 state and batches, host-slice -> global-array batches, jitted functions
+that run under the mesh and rules (`Partitioner.partition`), and the multi-process start.
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
 `layers`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp, embed -> fsdp, heads /
-joined_kv / mlp / vocab -> tensor, everything else replicated. Extra rules from gin
-(`Partitioner.extra_rules = [("kv", "tensor")]`) are tried before the defaults.
+joined_kv / mlp / vocab -> tensor, everything else replicated. Extra rules, the gin macro
+PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
+defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
+
+    part = MeshSettings(ici_mesh_shape=(-1, 1, 1)).partitioner()
+    step = part.partition(step_fn, in_shardings=..., out_shardings=..., donate_argnums=(0,))
+    new_state, metrics = step(state, batch)     # under the mesh and the axis rules
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from t5lite.errors import PartitioningError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -42,10 +50,6 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("relpos_buckets", None),
     ("abspos_buckets", None),
 )
-
-
-class PartitioningError(ValueError):
-    """A mesh or batch that does not fit the devices; the message is one line."""
 
 
 # ----------------------------------------------------------------------------- processes
@@ -144,6 +148,26 @@ class Partitioner:
         return tuple((name, tuple(m) if isinstance(m, list) else m)
                      for name, m in self.extra_rules) + DEFAULT_RULES
 
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """The mesh and the logical-axis rules, for tracing model code outside `partition`
+        (e.g. `jax.eval_shape` of an initializer)."""
+        with self.mesh, nn.logical_axis_rules(self.rules):
+            yield
+
+    def partition(self, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
+                  donate_argnums: Sequence[int] = (),
+                  static_argnames: Sequence[str] = ()) -> "PartitionedFunction":
+        """`jax.jit(fn, ...)` whose calls (and `lower`) run under this mesh and rules.
+        Shardings left None are inferred from the arguments (jit's default)."""
+        kwargs = {"donate_argnums": tuple(donate_argnums),
+                  "static_argnames": tuple(static_argnames)}
+        if in_shardings is not None:
+            kwargs["in_shardings"] = in_shardings
+        if out_shardings is not None:
+            kwargs["out_shardings"] = out_shardings
+        return PartitionedFunction(jax.jit(fn, **kwargs), self)
+
     def axis_size(self, mesh_axes) -> int:
         if mesh_axes is None:
             return 1
@@ -239,6 +263,38 @@ class Partitioner:
             out[name] = jax.make_array_from_process_local_data(
                 self.batch_sharding(x.ndim), x, (global_batch_size,) + x.shape[1:])
         return out
+
+
+class PartitionedFunction:
+    """A jitted function bound to a partitioner: each call enters its mesh and rules."""
+
+    def __init__(self, jitted, partitioner: Partitioner):
+        self._jitted, self._partitioner = jitted, partitioner
+
+    def __call__(self, *args, **kwargs):
+        with self._partitioner.context():
+            return self._jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        """`jax.jit(...).lower(...)` under the mesh and rules (for compiled memory stats)."""
+        with self._partitioner.context():
+            return self._jitted.lower(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor)
+    (one -1 entry in each fills the devices), and PARTITION_RULES, extra
+    (logical name, mesh axes) rules tried before `DEFAULT_RULES`."""
+
+    ici_mesh_shape: Sequence[int] = (-1, 1, 1)
+    dcn_mesh_shape: Sequence[int] = (1, 1, 1)
+    partition_rules: Sequence[Tuple[str, Any]] = ()
+
+    def partitioner(self, devices: Optional[Sequence[Any]] = None) -> Partitioner:
+        """The mesh over `devices` (default all) with these rules."""
+        return Partitioner(make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices),
+                           self.partition_rules)
 
 
 def _derived_spec(shape, param_shape, param_spec: P) -> P:

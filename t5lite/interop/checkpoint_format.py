@@ -1,7 +1,8 @@
 """The converted-checkpoint format: parameters only, as an Orbax checkpoint.
 
 Layout (the same one a training run's MODEL_DIR has, so a converted directory can be
-given as INITIAL_CHECKPOINT_PATH, or its step directory)::
+given as INITIAL_CHECKPOINT_PATH or CHECKPOINT_PATH, or its step directory; see
+t5lite/runtime/checkpoint_files.py)::
 
     DIR/
       model.gin                      (written by `t5lite.convert`: the architecture)
@@ -18,20 +19,20 @@ them on any mesh by passing a `target` tree with shardings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Union
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM, resolve_item
+from t5lite.runtime.checkpoints import item_metadata_tree
+
 PathLike = Union[str, Path]
-CHECKPOINTS_DIR = "checkpoints"
-ITEM = "params"
 
 
 def _params_only(variables: Mapping[str, Any]) -> dict:
     tree = variables["params"] if "params" in variables else variables
-    import jax
-
     return {"params": jax.tree.map(np.asarray, dict(tree))}
 
 
@@ -39,47 +40,36 @@ def save_params(directory: PathLike, variables: Mapping[str, Any], step: int = 0
     """Write `{"params": ...}` of `variables` (a variables dict, or a bare params tree) to
     `directory/checkpoints/<step>/params`. Returns the step directory."""
     root = Path(directory).absolute() / CHECKPOINTS_DIR
-    with ocp.CheckpointManager(root, item_names=(ITEM,),
+    with ocp.CheckpointManager(root, item_names=(PARAMS_ITEM,),
                                options=ocp.CheckpointManagerOptions(create=True)) as mgr:
         if step in mgr.all_steps():
             raise FileExistsError(f"{root / str(step)} already exists")
         mgr.save(step, args=ocp.args.Composite(
-            **{ITEM: ocp.args.StandardSave(_params_only(variables))}))
+            **{PARAMS_ITEM: ocp.args.StandardSave(_params_only(variables))}))
         mgr.wait_until_finished()
     return root / str(step)
 
 
-def _latest_step(checkpoints: Path) -> Optional[int]:
-    with ocp.CheckpointManager(checkpoints.absolute(), item_names=(ITEM,)) as mgr:
-        return mgr.latest_step()
-
-
-def resolve(path: PathLike) -> Path:
-    """The `params` item directory for `path`: a MODEL_DIR-like directory (latest step
-    under `path/checkpoints`), the `checkpoints` directory itself, one step directory, or
-    the item directory."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such checkpoint directory")
-    if (path / ITEM).is_dir():
-        return path / ITEM
-    for checkpoints in (path / CHECKPOINTS_DIR, path):
-        if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
-            step = _latest_step(checkpoints)
-            if step is not None and (checkpoints / str(step) / ITEM).is_dir():
-                return checkpoints / str(step) / ITEM
-    if (path / "_METADATA").is_file() or (path / "_CHECKPOINT_METADATA").is_file():
-        return path
-    raise FileNotFoundError(
-        f"{path}: no checkpoint found (expected {CHECKPOINTS_DIR}/<step>/{ITEM}, <step>/{ITEM} "
-        f"or {ITEM}/ under it)")
-
-
 def load_params(path: PathLike, target: Any = None) -> dict:
-    """Restore the `{"params": ...}` tree saved by `save_params` (or by a training run).
-
-    `path`: see `resolve`. `target`: optional tree of arrays or jax.ShapeDtypeStruct (with
-    shardings) to restore into; without it the arrays come back as saved (numpy)."""
-    item = resolve(path)
-    with ocp.StandardCheckpointer() as ckpt:
-        return ckpt.restore(item.absolute(), target)
+    """Restore the `{"params": ...}` tree of a converted checkpoint (or of a training
+    run's `state`). `path`: a MODEL_DIR-like directory, its `checkpoints` directory, one
+    step directory or the item directory (`checkpoint_files.resolve_item`). `target`:
+    optional tree of arrays or jax.ShapeDtypeStruct (with shardings) to restore into;
+    without it the arrays come back as saved (numpy)."""
+    item_dir, item = resolve_item(path, what="checkpoint")
+    stored = item_metadata_tree(item_dir)
+    if item != PARAMS_ITEM:  # a training state: its "params" field holds {"params": ...}
+        stored = stored["params"]
+    if target is None:
+        request = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                    request)
+    else:
+        request = target
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    if item != PARAMS_ITEM:
+        request, restore_args = {"params": request}, {"params": restore_args}
+    with ocp.PyTreeCheckpointer() as ckpt:
+        restored = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
+            item=request, restore_args=restore_args, partial_restore=True))
+    return restored if item == PARAMS_ITEM else restored["params"]

@@ -1,0 +1,79 @@
+"""What the commands share: logging, the single `error:` line a user error becomes, and
+the body of the commands that run a registered configurable with MODEL (train, eval,
+infer):
+
+    flags -> jax.distributed (when asked) -> --gin.NAME typo check -> gin files and
+    bindings -> MODEL -> call(model)
+
+    error type (t5lite.errors)                                   exit status
+    ConfigError (and DataError)                                  2
+    PartitioningError, CheckpointMismatchError, TrainingError,   1
+    FileNotFoundError
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from t5lite.config import flags, parsing
+from t5lite.errors import (CheckpointMismatchError, ConfigError, PartitioningError,
+                           TrainingError)
+from t5lite.runtime.partitioning import initialize_distributed
+
+log = logging.getLogger(__name__)
+EXIT_CONFIG_ERROR = 2
+EXIT_RUN_ERROR = 1
+RUN_ERRORS = (PartitioningError, CheckpointMismatchError, TrainingError, FileNotFoundError)
+
+
+def setup_logging() -> None:
+    """t5lite's INFO lines on stderr; orbax, absl and the rest stay at WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    logging.getLogger("t5lite").setLevel(logging.INFO)
+
+
+def one_line(e: BaseException) -> str:
+    """The message without the `In call to configurable ...` lines gin appends to errors
+    raised inside a configurable."""
+    return str(e).split("\n  In call to configurable")[0].strip()
+
+
+def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser,
+                      call: Callable[[Any], Any], default_gin_file: Optional[str] = None,
+                      default_what: str = "") -> int:
+    """The body of train / eval / infer (see the module docstring). `parser` comes from
+    `flags.entry_parser`; with no --gin_file, `default_gin_file` (`default_what` says
+    what it is) runs if given. Returns the exit status."""
+    setup_logging()
+    args = flags.parse_flags(parser, argv)
+    if not args.gin_file and default_gin_file:
+        log.info("no --gin_file given: running %s (%s); see README.md", default_what,
+                 default_gin_file)
+        args.gin_file = [default_gin_file]
+    initialize_distributed(args.coordinator_address, args.process_count, args.process_index,
+                           args.multiprocess)
+    parsing.check_command_line_macros(args.gin_file, args.gin_bindings, args.gin_search_paths)
+    parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
+    model = parsing.resolve_macro("MODEL")
+    try:
+        call(model)
+    except ConfigError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except RUN_ERRORS as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return EXIT_RUN_ERROR
+    return 0
+
+
+def run_main(main: Callable[[], Optional[int]]) -> None:
+    """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2."""
+    try:
+        status = main()
+    except ConfigError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+    sys.exit(status or 0)

@@ -1,0 +1,65 @@
+"""Command-line flags of the commands, T5X's habits::
+
+    --gin_file=PATH            repeatable; searched in the config search path
+    --gin.NAME=VALUE           rewritten to the binding `NAME = VALUE` (strings need quotes:
+                               --gin.MODEL_DIR=\\"/tmp/run\\")
+    --gin_bindings=BINDING     repeatable; a raw gin binding line
+    --gin_search_paths=A,B     comma separated, repeatable; extra include/--gin_file roots
+
+and, for the commands that run a model (train, eval, infer), the multi-process flags
+(--multiprocess, --coordinator_address, --process_count, --process_index).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional, Sequence
+
+from t5lite.errors import ConfigError
+
+
+def add_gin_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds --gin_file, --gin_bindings and --gin_search_paths (--gin.X=Y is rewritten)."""
+    group = parser.add_argument_group("gin")
+    group.add_argument("--gin_file", action="append", default=[], metavar="PATH",
+                       help="gin config file (repeatable)")
+    group.add_argument("--gin_bindings", action="append", default=[], metavar="BINDING",
+                       help="gin binding, e.g. 'BATCH_SIZE = 8' (repeatable); "
+                            "--gin.BATCH_SIZE=8 is the same")
+    group.add_argument("--gin_search_paths", action="append", default=[], metavar="DIRS",
+                       help="comma-separated directories searched for gin files")
+    return parser
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
+    """Rewrites each `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`, keeping order."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            name, eq, value = arg[len("--gin."):].partition("=")
+            if not eq or not name:
+                raise ConfigError(f"{arg!r} needs a value: write --gin.NAME=VALUE")
+            out.append(f"--gin_bindings={name} = {value}")
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_flags(parser: argparse.ArgumentParser,
+                argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses argv (default sys.argv[1:]) with `parser`, which must have the gin flags."""
+    argv = sys.argv[1:] if argv is None else argv
+    return parser.parse_args(rewrite_gin_args(argv))
+
+
+def entry_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of every entry point that runs a model (train, eval, infer): gin flags
+    plus the multi-process ones."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    add_gin_flags(parser)
+    parser.add_argument("--multiprocess", action="store_true",
+                        help="call jax.distributed.initialize() (auto under SLURM)")
+    parser.add_argument("--coordinator_address", default=None)
+    parser.add_argument("--process_count", type=int, default=None)
+    parser.add_argument("--process_index", type=int, default=None)
+    return parser

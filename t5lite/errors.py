@@ -1,0 +1,52 @@
+"""The error types every layer raises (a leaf: this module imports nothing of t5lite's).
+
+Each carries a one-line message that names the problem and the fix. The commands turn
+them into a single `error: ...` line and an exit status (t5lite/config/command.py):
+
+    ConfigError                 the configuration (a gin binding, a macro, a flag)     exit 2
+      DataError                 data or a task the user must point at                  exit 2
+        DataNotFoundError       nothing where a task looks for its data
+        DataFormatError         a file that is not in the format its task reads
+        UnknownTaskError        a task or mixture name no registry knows
+        VocabularyError         no vocabulary configured, or its file is missing
+    PartitioningError           a mesh or batch that does not fit the devices          exit 1
+    CheckpointMismatchError     a checkpoint whose tree or shapes differ from the model exit 1
+    TrainingError               a run that must stop (a non-finite loss)               exit 1
+"""
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A user-facing configuration problem; the message is a single line."""
+
+
+class DataError(ConfigError):
+    """A data problem the user must fix; the message is one line naming what and where."""
+
+
+class DataNotFoundError(DataError):
+    """No data where a task looks for it (an unset or empty directory, a missing file)."""
+
+
+class DataFormatError(DataError):
+    """A file that is not in the format its task reads."""
+
+
+class UnknownTaskError(DataError):
+    """A task or mixture name that no registry knows."""
+
+
+class VocabularyError(DataError):
+    """No vocabulary configured, or its file is missing."""
+
+
+class PartitioningError(ValueError):
+    """A mesh or batch that does not fit the devices; the message is one line."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's tree or shapes do not match the model; the message is one line."""
+
+
+class TrainingError(RuntimeError):
+    """A run that must stop (NaN loss, bad data); the message is one line."""

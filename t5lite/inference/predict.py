@@ -1,0 +1,221 @@
+"""`infer`: predict or score a task split or a file of inputs, to jsonl. The library
+behind `python -m t5lite.infer` (configs/runs/infer.gin binds it).
+
+Writes OUTPUT_DIR/predictions.jsonl, one line per example in input order:
+`{"inputs": ..., "prediction": ...}` (MODE 'predict') or
+`{"inputs": ..., "targets": ..., "score": ...}` (MODE 'score', the summed log-likelihood
+of the targets). Each batch's lines are flushed and fsynced; a rerun after a crash keeps
+the complete lines already written (a partial last line is cut off) and continues with
+the next example.
+
+Models that cannot decode task splits (decoder-only: `model.DECODES_TASK_SPLITS` is
+false) read INPUT_FILE only: each input is a prompt, continued by up to
+TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or followed by its "targets" text
+whose log-likelihood is the score (score).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+import jax
+
+from t5lite.data import edge
+from t5lite.data.settings import DataSettings
+from t5lite.errors import ConfigError
+from t5lite.inference.session import DecodingSettings, load_session
+from t5lite.inference.task_eval import tfds_numpy
+from t5lite.models.features import decode_tokens
+from t5lite.runtime.partitioning import MeshSettings
+
+log = logging.getLogger(__name__)
+MODES = ("predict", "score")
+OUTPUT_FILE = "predictions.jsonl"
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def complete_lines(path: Path) -> int:
+    """The number of complete (newline-terminated) lines in `path`; a partial last line
+    (a crash mid-write) is cut off the file. 0 if the file does not exist."""
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1  # 0 when there is no complete line
+        if end != len(data):
+            log.warning("%s ends with a partial line (%d bytes); cutting it off", path,
+                        len(data) - end)
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    return data[:end].count(b"\n")
+
+
+def _count_lines_readonly(path: Path) -> int:
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    return data[:data.rfind(b"\n") + 1].count(b"\n")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
+    """{"inputs": text[, "targets": text]} per record of a jsonl file (by extension
+    .jsonl / .json) or per line of a text file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"INPUT_FILE {path} does not exist")
+    is_jsonl = p.suffix in (".jsonl", ".json")
+    with open(p, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not is_jsonl:
+                if mode == "score":
+                    raise ConfigError(
+                        f"INPUT_FILE {path} is plain text: MODE 'score' needs targets, give "
+                        f"a .jsonl file with \"inputs\" and \"targets\" fields")
+                yield {"inputs": line}
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"INPUT_FILE {path}:{n} is not JSON ({e})") from None
+            if not isinstance(record, dict) or "inputs" not in record:
+                raise ConfigError(f"INPUT_FILE {path}:{n} has no \"inputs\" field")
+            if mode == "score" and "targets" not in record:
+                raise ConfigError(f"INPUT_FILE {path}:{n} has no \"targets\" field (MODE "
+                                  f"'score' needs one)")
+            ex = {"inputs": str(record["inputs"])}
+            if "targets" in record:
+                ex["targets"] = str(record["targets"])
+            yield ex
+
+
+def _tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int],
+                    model) -> Iterator[Dict[str, Any]]:
+    """Each example with its token ids, as the model reads inference text
+    (`model.inference_ids`)."""
+    for ex in _file_examples(path, mode):
+        out = dict(ex, inputs_ids=model.inference_ids(vocabulary, ex["inputs"],
+                                                      lengths["inputs"]))
+        if "targets" in ex:
+            out["targets_ids"] = model.inference_ids(vocabulary, ex["targets"],
+                                                     lengths["targets"])
+        yield out
+
+
+def _task_examples(provider, split: str, lengths: Mapping[str, int]
+                   ) -> Iterator[Dict[str, Any]]:
+    ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
+                              use_cached=False)
+    vocab = provider.output_features["targets"].vocabulary
+    for ex in tfds_numpy(ds):
+        def text(key):
+            raw = ex.get(f"{key}_pretokenized")
+            if raw is None:
+                return vocab.decode([int(t) for t in ex[key]])
+            return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        yield {"inputs": text("inputs"), "targets": text("targets"),
+               "inputs_ids": [int(t) for t in ex["inputs"]],
+               "targets_ids": [int(t) for t in ex["targets"]]}
+
+
+def _batches(it: Iterator, size: int) -> Iterator[List]:
+    while True:
+        chunk = list(itertools.islice(it, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def infer(*, model, checkpoint_path: str, output_dir: str,
+          task_feature_lengths: Mapping[str, int], batch_size: int, mode: str = "predict",
+          mixture_or_task_name: Optional[str] = None, split: str = "validation",
+          input_file: Optional[str] = None, decoding: Optional[DecodingSettings] = None,
+          mesh: Optional[MeshSettings] = None,
+          data_settings: Optional[DataSettings] = None) -> int:
+    """Predict or score every example of INPUT_FILE (else of the task split) into
+    OUTPUT_DIR/predictions.jsonl, resuming after the lines already there. Returns the
+    number of lines written by this call."""
+    if mode not in MODES:
+        raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
+    if not output_dir:
+        raise ConfigError("OUTPUT_DIR is not set")
+    if not input_file and not mixture_or_task_name:
+        raise ConfigError("set INPUT_FILE (jsonl or text) or MIXTURE_OR_TASK_NAME (with "
+                          "SPLIT) to say what to run on")
+    if input_file and not Path(input_file).is_file():
+        raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
+    if not input_file and not model.DECODES_TASK_SPLITS:
+        raise ConfigError(
+            "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "
+            "splits are for encoder-decoder models")
+    tasks = edge.import_tasks(data_settings or DataSettings())
+    lengths = {"inputs": int(task_feature_lengths["inputs"]),
+               "targets": int(task_feature_lengths["targets"])}
+    if input_file:
+        from t5lite.data import vocabularies
+        vocab = vocabularies.get_vocabulary()
+        if vocab.vocab_size > model.config.vocab_size:
+            raise ConfigError(
+                f"the vocabulary has {vocab.vocab_size} ids but the model's embedding only "
+                f"{model.config.vocab_size}; check VOCABULARY_PATH and the model file")
+        examples = _tokenized_file(input_file, mode, vocab, lengths, model)
+    else:
+        provider = edge.check_split(tasks, mixture_or_task_name, split)
+        vocab = provider.output_features["targets"].vocabulary
+        examples = _task_examples(provider, split, lengths)
+    session = load_session(model, checkpoint_path, batch_size=batch_size,
+                           feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
+
+    out_path = Path(output_dir) / OUTPUT_FILE
+    writer = jax.process_index() == 0
+    if writer:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        done = complete_lines(out_path)
+    else:
+        done = _count_lines_readonly(out_path)
+    if done:
+        log.info("resuming: %s already holds %d lines; skipping that many examples",
+                 out_path, done)
+    examples = itertools.islice(examples, done, None)
+    written, t0 = 0, time.perf_counter()
+    f = open(out_path, "a", encoding="utf-8") if writer else None
+    try:
+        for chunk in _batches(examples, batch_size):
+            inputs = [ex["inputs_ids"] for ex in chunk]
+            if mode == "predict":
+                tokens = session.predict(model.inference_batch(inputs, lengths),
+                                         index=done + written)
+                lines = [{"inputs": ex["inputs"], "prediction": decode_tokens(vocab, row)}
+                         for ex, row in zip(chunk, tokens)]
+            else:
+                batch = model.inference_batch(inputs, lengths,
+                                              [ex["targets_ids"] for ex in chunk])
+                lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
+                          "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
+            if f is not None:
+                f.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+                f.flush()
+                os.fsync(f.fileno())
+            written += len(lines)
+    finally:
+        if f is not None:
+            f.close()
+    log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
+             time.perf_counter() - t0)
+    return written

@@ -1,0 +1,189 @@
+"""A checkpoint's parameters on a mesh, with jitted predict / score functions: what
+`t5lite.eval`, `t5lite.infer` and the evaluation during training decode with.
+
+    session = load_session(model, "/runs/mnli", batch_size=32,
+                           feature_lengths={"inputs": 256, "targets": 8})
+    tokens = session.predict(batch_numpy)       # [rows, targets] on the host
+    scores = session.score(batch_numpy)         # [rows]
+
+Batches given to `predict` / `score` may hold fewer than `batch_size` rows (the last
+batch of a split): they are padded with zero rows, and the padding rows are dropped from
+the outputs. Every process passes the whole (same) batch; each feeds its own rows to the
+global array and gets the whole result back. `DecodingSettings` carries the decoding
+macros (DECODING_METHOD, BEAM_SIZE, ALPHA, TEMPERATURE, TOP_K, TOP_P, SEED).
+
+Nothing here imports TensorFlow or SeqIO.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+
+from t5lite.errors import ConfigError
+from t5lite.models import decoding
+from t5lite.runtime import checkpoint_files, checkpoints
+from t5lite.runtime.partitioning import MeshSettings, Partitioner
+
+DECODER_NAMES = ("greedy", "beam_search", "sample")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How to decode: DECODING_METHOD ('greedy', 'beam_search' with BEAM_SIZE and ALPHA,
+    or 'sample' with TEMPERATURE, TOP_K, TOP_P) and SEED (sampling: batch i draws with
+    fold_in(PRNGKey(SEED), index of its first example)). Checked when built."""
+
+    method: str = "greedy"
+    beam_size: int = 4
+    alpha: float = 0.6
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        self.decoder()
+
+    def decoder(self):
+        """The `t5lite.models.decoding` config these settings name."""
+        method = str(self.method).lower()
+        if method == "greedy":
+            return decoding.GreedyDecoder()
+        if method in ("beam", "beam_search"):
+            if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) \
+                    or self.beam_size < 1:
+                raise ConfigError(f"BEAM_SIZE must be a positive integer, got "
+                                  f"{self.beam_size!r}")
+            return decoding.BeamSearch(num_beams=self.beam_size, alpha=float(self.alpha))
+        if method in ("sample", "sampling"):
+            if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+                raise ConfigError(f"TEMPERATURE must be >= 0, got {self.temperature!r}")
+            if not isinstance(self.top_k, int) or self.top_k < 0:
+                raise ConfigError(f"TOP_K must be an integer >= 0 (0: off), got "
+                                  f"{self.top_k!r}")
+            if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+                raise ConfigError(f"TOP_P must be in (0, 1] (1: off), got {self.top_p!r}")
+            return decoding.Sampling(temperature=float(self.temperature), top_k=self.top_k,
+                                     top_p=float(self.top_p))
+        raise ConfigError(f"DECODING_METHOD {method!r} is not one of "
+                          f"{', '.join(DECODER_NAMES)}")
+
+
+def make_predict_fn(model, partitioner: Optional[Partitioner] = None,
+                    **predict_kwargs) -> Callable:
+    """`model.predict_batch` with fixed keyword settings (decoder, max_decode_length,
+    return_scores, eos_id), jitted; with a partitioner it runs under the partitioner's
+    mesh and logical-axis rules, with the shardings of the arguments (put params on
+    `partitioner.tree_shardings(...)`, batches on `partitioner.batch_sharding()`).
+    Call it as fn(params, batch, rng=None)."""
+    fn = functools.partial(model.predict_batch, **predict_kwargs)
+    jitted = jax.jit(fn) if partitioner is None else partitioner.partition(fn)
+    return lambda params, batch, rng=None: jitted(params, batch, rng=rng)
+
+
+# ----------------------------------------------------------------------------- session
+
+
+@dataclasses.dataclass
+class Session:
+    """A model's restored parameters on a mesh, and jitted predict / score functions."""
+
+    model: Any
+    partitioner: Partitioner
+    params: Any
+    batch_size: int
+    feature_lengths: Dict[str, int]
+    decoder: Any = dataclasses.field(default_factory=decoding.GreedyDecoder)
+    step: int = 0
+    seed: int = 0  # sampling: batch i draws with fold_in(PRNGKey(seed), i)
+
+    def __post_init__(self):
+        self._predict = make_predict_fn(self.model, self.partitioner, decoder=self.decoder,
+                                        max_decode_length=self.feature_lengths["targets"])
+        self._score = self.partitioner.partition(self.model.score_batch)
+
+    # -- batches ----------------------------------------------------------------------
+    def _global(self, batch: Mapping[str, np.ndarray]) -> Tuple[Dict[str, jax.Array], int]:
+        rows = len(next(iter(batch.values())))
+        if rows > self.batch_size:
+            raise ValueError(f"batch of {rows} rows exceeds BATCH_SIZE={self.batch_size}")
+        padded = {}
+        for k, v in batch.items():
+            v = np.asarray(v)
+            pad = np.zeros((self.batch_size - rows,) + v.shape[1:], v.dtype)
+            padded[k] = np.concatenate([v, pad], axis=0)
+        start, stop = self.partitioner.host_rows(self.batch_size)
+        local = {k: v[start:stop] for k, v in padded.items()}
+        return self.partitioner.host_to_global(local, self.batch_size), rows
+
+    def predict(self, batch: Mapping[str, np.ndarray], index: int = 0) -> np.ndarray:
+        """Decoded token ids [rows, targets length] (EOS included, 0 after). `index`
+        (e.g. the position of the batch's first example) keys the sampling rng."""
+        arrays, rows = self._global(batch)
+        rng = None
+        if isinstance(self.decoder, decoding.Sampling):
+            rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), int(index))
+        return _to_host(self._predict(self.params, arrays, rng))[:rows]
+
+    def score(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Summed log-likelihood of the targets [rows] (`model.score_batch`)."""
+        arrays, rows = self._global(batch)
+        return _to_host(self._score(self.params, arrays))[:rows]
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.array(jax.device_get(x))  # a writable host copy
+
+
+def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
+    """The model's variables from CHECKPOINT_PATH (a MODEL_DIR, a step directory or a
+    `t5lite.convert` output), sharded by `partitioner`; collections other than `params`
+    (FP8 statistics) start fresh."""
+    if not checkpoint_path:
+        raise ConfigError("CHECKPOINT_PATH is not set: point it at a MODEL_DIR, "
+                          "a checkpoint step directory or a t5lite.convert output")
+    if not Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
+        raise FileNotFoundError(f"CHECKPOINT_PATH {checkpoint_path} does not exist")
+    abstract = model.abstract_variables()
+    shardings = partitioner.tree_shardings(abstract, model.logical_axes())
+    target = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    params = checkpoints.restore_params_for_finetuning(
+        checkpoint_path, model, {"params": target["params"]}, what="CHECKPOINT_PATH")
+    variables = dict(params)
+    others = [k for k in abstract if k != "params"]
+    if others:  # e.g. FP8 scales: fresh values, as a finetuning restore gives them
+        fresh = jax.jit(lambda: model.init(jax.random.PRNGKey(0)),
+                        out_shardings=shardings)()
+        variables.update({k: fresh[k] for k in others})
+    return variables
+
+
+def load_session(model, checkpoint_path: str, *, batch_size: int,
+                 feature_lengths: Mapping[str, int],
+                 decoding_settings: Optional[DecodingSettings] = None,
+                 mesh: Optional[MeshSettings] = None) -> Session:
+    """Mesh, parameters restored onto it, jitted functions. For a decoder-only model,
+    `inputs` is the prompt length and `targets` the number of new tokens (the model says
+    whether they fit: `model.check_decode_lengths`)."""
+    for key in ("inputs", "targets"):
+        if not feature_lengths or not feature_lengths.get(key):
+            raise ConfigError(f"TASK_FEATURE_LENGTHS needs a positive {key!r} length, got "
+                              f"{feature_lengths!r}")
+    lengths = {"inputs": int(feature_lengths["inputs"]),
+               "targets": int(feature_lengths["targets"])}
+    model.check_decode_lengths(lengths)
+    settings = decoding_settings or DecodingSettings()
+    part = (mesh or MeshSettings()).partitioner()
+    part.check_batch_size(batch_size)
+    params = restore_params(model, checkpoint_path, part)
+    return Session(model, part, params, int(batch_size), lengths, settings.decoder(),
+                   checkpoint_files.checkpoint_step(checkpoint_path), int(settings.seed))

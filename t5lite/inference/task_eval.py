@@ -1,0 +1,146 @@
+"""Task evaluation: seqio's Evaluator over a task split, decoding with a `Session`, each
+task's postprocessing and metrics, and the predictions written next to them.
+
+    evaluator = TaskEvaluator("mnli", "validation_matched", {"inputs": 512, "targets": 8})
+    results = evaluator.evaluate(session)        # {task: TaskResult}, as often as needed
+    write_predictions(path, results["mnli"])
+
+TensorFlow and SeqIO load when a TaskEvaluator is built (the data edge), not on import.
+Only models whose `DECODES_TASK_SPLITS` is true are evaluated here (encoder-decoder:
+seqio.EncDecFeatureConverter's `encoder_input_tokens`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from t5lite.errors import ConfigError
+from t5lite.inference.session import Session
+from t5lite.models.features import decode_tokens
+
+
+def _jsonable(x):
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    if isinstance(x, np.ndarray):
+        return [_jsonable(v) for v in x.tolist()]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    return x
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """Metrics of one task, and what they were computed from (in example order)."""
+
+    metrics: Dict[str, float]
+    inputs: List[str]
+    predictions: List[Any]  # postprocessed
+    prediction_texts: List[str]
+    targets: List[Any]  # postprocessed (for SQuAD: all answers)
+
+
+class TaskEvaluator:
+    """seqio.Evaluator over `split` of the task or mixture `name`, built once (the split
+    is read, tokenized and cached here) and run as often as needed: each `evaluate(session)`
+    decodes every example with `session.predict`, detokenizes with each task's output
+    vocabulary and applies its postprocess_fn and metric_fns.
+
+    feature_lengths: {"inputs": ..., "targets": ...}; num_examples: None for the whole
+    split. Raises ConfigError when the tasks have no metrics (span corruption)."""
+
+    def __init__(self, name: str, split: str, feature_lengths: Mapping[str, int],
+                 num_examples: Optional[int] = None):
+        from t5lite.data.tf_env import import_tensorflow
+        import_tensorflow()  # TensorFlow set up for the data edge before seqio loads it
+        import seqio
+        self.name, self.split = name, split
+        self._evaluator = seqio.Evaluator(
+            mixture_or_task_name=name,
+            feature_converter=seqio.EncDecFeatureConverter(pack=False), eval_split=split,
+            sequence_length=dict(feature_lengths), num_examples=num_examples,
+            use_memory_cache=True, async_compute_metrics=False)
+        if not self._evaluator.eval_tasks:
+            raise ConfigError(f"task {name!r} has no metric_fns (or no split {split!r}): "
+                              f"nothing to evaluate")
+        # The Evaluator calls predict_fn once per task with that task's cached dataset.
+        self._task_of = {id(ds): task_name
+                         for task_name, ds in self._evaluator.cached_model_datasets.items()}
+        self._examples = {t.name: list(tfds_numpy(self._evaluator.cached_task_datasets[t.name]))
+                          for t in self._evaluator.eval_tasks}
+
+    @property
+    def num_examples(self) -> Dict[str, int]:
+        return {name: len(ex) for name, ex in self._examples.items()}
+
+    def evaluate(self, session: Session) -> Dict[str, TaskResult]:
+        """{task name: TaskResult} for the session's current parameters."""
+        tokens_by_task: Dict[str, Dict[int, List[int]]] = {}
+
+        def predict_fn(ds, model_feature_shapes=None):
+            out = []
+            for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
+                tokens = session.predict(
+                    {"encoder_input_tokens": features["encoder_input_tokens"]},
+                    index=int(indices[0]))
+                out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
+            tokens_by_task[self._task_of.get(id(ds), self.name)] = dict(out)
+            return out
+
+        metrics_future, _ = self._evaluator.evaluate(compute_metrics=True, step=session.step,
+                                                     predict_fn=predict_fn)
+        all_metrics = metrics_future.result()
+        return {task.name: self._result(task, tokens_by_task[task.name],
+                                        all_metrics.get(task.name, {}))
+                for task in self._evaluator.eval_tasks}
+
+    def _result(self, task, tokens: Mapping[int, List[int]], task_metrics) -> TaskResult:
+        vocab = task.output_features["targets"].vocabulary
+        inputs_vocab = task.output_features.get("inputs", task.output_features["targets"]
+                                                ).vocabulary
+        inputs, preds, texts, targets = [], [], [], []
+        for i, ex in enumerate(self._examples[task.name]):
+            text = decode_tokens(vocab, tokens[i])
+            texts.append(text)
+            preds.append(_jsonable(task.postprocess_fn(text, example=ex, is_target=False)))
+            target_text = ex["targets_pretokenized"] if "targets_pretokenized" in ex else \
+                vocab.decode([int(t) for t in ex["targets"]])
+            if isinstance(target_text, bytes):
+                target_text = target_text.decode("utf-8")
+            targets.append(_jsonable(task.postprocess_fn(target_text, example=ex,
+                                                         is_target=True)))
+            if "inputs_pretokenized" in ex:
+                inputs.append(_jsonable(ex["inputs_pretokenized"]))
+            else:
+                inputs.append(inputs_vocab.decode([int(t) for t in ex["inputs"]]))
+        metrics = {k: float(v.value if hasattr(v, "value") else v)
+                   for k, v in task_metrics.items()}
+        return TaskResult(metrics, inputs, preds, texts, targets)
+
+
+def evaluate_task(session: Session, name: str, split: str,
+                  num_examples: Optional[int] = None) -> Dict[str, TaskResult]:
+    """One evaluation of `split` of the task or mixture `name` (see TaskEvaluator)."""
+    return TaskEvaluator(name, split, session.feature_lengths, num_examples).evaluate(session)
+
+
+def write_predictions(path: Path, result: TaskResult) -> None:
+    """One JSON line per example: inputs, prediction text, postprocessed, target."""
+    with open(path, "w") as f:
+        for inp, pred, text, tgt in zip(result.inputs, result.predictions,
+                                        result.prediction_texts, result.targets):
+            f.write(json.dumps({"inputs": inp, "prediction": text, "postprocessed": pred,
+                                "target": tgt}) + "\n")
+
+
+def tfds_numpy(ds):
+    import tensorflow_datasets as tfds
+    return tfds.as_numpy(ds)

@@ -1,0 +1,74 @@
+"""Convert a local Hugging Face model directory into a t5lite checkpoint (the library of
+`python -m t5lite.convert`):
+
+    python -m t5lite.convert --from=hf --input=HF_DIR --output=CKPT_DIR \\
+        [--fuse_qkv] [--scan_layers] [--dtype=bfloat16]
+
+Writes CKPT_DIR/checkpoints/0/params (Orbax, see `t5lite.interop.checkpoint_format`) and
+CKPT_DIR/model.gin, which binds MODEL to the matching architecture. Use them as::
+
+    --gin_file=CKPT_DIR/model.gin --gin.INITIAL_CHECKPOINT_PATH=\\"CKPT_DIR\\"
+
+Bad input (missing directory, pickle-only weights, unsupported model, a non-empty
+output directory) raises ValueError / OSError with a one-line message.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from t5lite.interop import checkpoint_format, hf
+from t5lite.models.model import model_for_config
+
+GIN_NAME = "model.gin"
+# Config fields bound through the shared switch macros (configs/models/_switches.gin), so
+# `--gin.FUSE_QKV=...` and friends keep working with a converted model.gin.
+SWITCH_MACROS = {
+    "dropout_rate": "DROPOUT_RATE",
+    "dtype": "ACTIVATION_DTYPE",
+    "fuse_qkv": "FUSE_QKV",
+    "transpose_bs": "TRANSPOSE_BS",
+    "fp8": "FP8",
+    "remat_policy": "REMAT_POLICY",
+    "scan_layers": "SCAN_LAYERS",
+    "attention_impl": "ATTENTION_IMPL",
+}
+
+
+def model_gin(cfg, source: str = "") -> str:
+    """Gin text binding MODEL to a model built from `cfg` (every field spelled out). The
+    gin names are the class names of the config and of its family's model wrapper."""
+    model_name = type(model_for_config(cfg)).__name__
+    cfg_name = type(cfg).__name__
+    values = dataclasses.asdict(cfg)
+    lines = [f"# t5lite model converted by `python -m t5lite.convert`{source}.",
+             "# The parameters live in checkpoints/<step>/params next to this file; they are",
+             "# stored in the fuse_qkv / scan_layers layout below (other layouts convert on load).",
+             "", "# Switches (same macros as configs/models/_switches.gin)."]
+    for field, macro in SWITCH_MACROS.items():
+        lines.append(f"{macro} = {values[field]!r}")
+    lines += ["", f"MODEL = @{model_name}()", f"{model_name}.config = @{cfg_name}()", ""]
+    for field in dataclasses.fields(cfg):
+        value = values[field.name]
+        if isinstance(value, list):
+            value = tuple(value)
+        rhs = f"%{SWITCH_MACROS[field.name]}" if field.name in SWITCH_MACROS else repr(value)
+        lines.append(f"{cfg_name}.{field.name} = {rhs}")
+    return "\n".join(lines) + "\n"
+
+
+def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
+               scan_layers: bool = False, dtype: Optional[str] = None, step: int = 0) -> Path:
+    """Library form of the CLI; returns the output directory."""
+    out = Path(output_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"--output={out} exists and is not an empty directory; "
+                              "choose a new path")
+    overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
+    if dtype:
+        overrides["dtype"] = dtype
+    model, variables = hf.load_pretrained(input_dir, **overrides)
+    checkpoint_format.save_params(out, variables, step=step)
+    (out / GIN_NAME).write_text(model_gin(model.config, f" from {Path(input_dir).absolute()}"))
+    return out

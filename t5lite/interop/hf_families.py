@@ -1,0 +1,207 @@
+"""How each model family's parameters map onto a Hugging Face `model_type`: weight tables,
+the output-head decision, and the config.json of a saved model. `FAMILIES` is keyed by
+the t5lite config's `HF_MODEL_TYPE`, so loading and saving (t5lite.interop.hf) never
+branch on the family.
+
+Output logits follow the installed transformers (5.x) semantics:
+
+- T5: the decoder output is multiplied by d_model**-0.5 iff `scale_decoder_outputs`
+  (when config.json lacks it: iff `tie_word_embeddings` is not false). The output
+  projection is the shared embedding unless the file holds an `lm_head.weight` that
+  differs from it. Scaled + tied -> `logits_via_embedding=True`; unscaled -> a separate
+  `logits_dense` kernel (the lm_head, or a copy of the embedding); scaled with a distinct
+  lm_head -> `logits_dense` with the scale folded into the kernel.
+- LLaMA: `tie_word_embeddings` and no distinct `lm_head.weight` -> `tie_embeddings=True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from t5lite.interop.hf_config import llama_hf_config, t5_hf_config, t5_scales_output
+
+# --------------------------------------------------------------------------- weight maps
+#
+# One table per family: (HF tensor name, t5lite path "a/b/c", kind). `kind` says how a
+# torch tensor maps onto our array; shapes follow from our (abstract) parameter shapes.
+#   copy        same array (embeddings, norm scales, biases of [embed]/[mlp])
+#   transpose   torch Linear [out, in] <-> our [in, out]; T5 relpos [buckets, heads]
+#   in_heads    torch [heads*kv, embed]  <-> our [embed, heads, kv]   (q, k, v kernels)
+#   heads_out   torch [embed, heads*kv]  <-> our [heads, kv, embed]   (out kernel)
+#   bias_heads  torch [heads*kv]         <-> our [heads, kv]          (q, k, v biases)
+
+Entry = Tuple[str, str, str]
+
+
+def hf_shape(kind: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    if kind == "copy":
+        return shape
+    if kind == "transpose":
+        return shape[::-1]
+    if kind == "in_heads":
+        return (shape[1] * shape[2], shape[0])
+    if kind == "heads_out":
+        return (shape[2], shape[0] * shape[1])
+    if kind == "bias_heads":
+        return (shape[0] * shape[1],)
+    raise AssertionError(kind)
+
+
+def to_ours(kind: str, a: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+    if kind in ("transpose", "in_heads", "heads_out"):
+        a = a.T
+    return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+
+
+def to_hf(kind: str, a: np.ndarray) -> np.ndarray:
+    shape = hf_shape(kind, a.shape)
+    if kind in ("transpose", "in_heads", "heads_out"):
+        a = a.reshape(shape[::-1]).T
+    return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
+
+
+def _t5_entries(cfg) -> List[Entry]:
+    entries: List[Entry] = []
+    mlp_names = ("wi",) if len(cfg.mlp_activations) == 1 else tuple(
+        f"wi_{i}" for i in range(len(cfg.mlp_activations)))
+
+    def attention(hf: str, ours: str) -> None:
+        for a, b in (("q", "query"), ("k", "key"), ("v", "value")):
+            entries.append((f"{hf}.{a}.weight", f"{ours}/{b}/kernel", "in_heads"))
+        entries.append((f"{hf}.o.weight", f"{ours}/out/kernel", "heads_out"))
+
+    def mlp(hf: str, ours: str) -> None:
+        for n in mlp_names + ("wo",):
+            entries.append((f"{hf}.DenseReluDense.{n}.weight", f"{ours}/mlp/{n}/kernel",
+                            "transpose"))
+
+    def norm(hf: str, ours: str) -> None:
+        entries.append((f"{hf}.weight", f"{ours}/scale", "copy"))
+
+    for stack, n_layers in (("encoder", cfg.num_encoder_layers),
+                            ("decoder", cfg.num_decoder_layers)):
+        entries.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                        f"{stack}/relpos_bias/rel_embedding", "transpose"))
+        for i in range(n_layers):
+            hf, ours = f"{stack}.block.{i}.layer", f"{stack}/layers_{i}"
+            if stack == "encoder":
+                norm(f"{hf}.0.layer_norm", f"{ours}/pre_attention_layer_norm")
+                attention(f"{hf}.0.SelfAttention", f"{ours}/attention")
+                norm(f"{hf}.1.layer_norm", f"{ours}/pre_mlp_layer_norm")
+                mlp(f"{hf}.1", ours)
+            else:
+                norm(f"{hf}.0.layer_norm", f"{ours}/pre_self_attention_layer_norm")
+                attention(f"{hf}.0.SelfAttention", f"{ours}/self_attention")
+                norm(f"{hf}.1.layer_norm", f"{ours}/pre_cross_attention_layer_norm")
+                attention(f"{hf}.1.EncDecAttention", f"{ours}/encoder_decoder_attention")
+                norm(f"{hf}.2.layer_norm", f"{ours}/pre_mlp_layer_norm")
+                mlp(f"{hf}.2", ours)
+        norm(f"{stack}.final_layer_norm", f"{stack}/{stack}_norm")
+    return entries
+
+
+def _llama_entries(cfg) -> List[Entry]:
+    entries: List[Entry] = []
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}", f"decoder/layers_{i}"
+        entries.append((f"{hf}.input_layernorm.weight",
+                        f"{ours}/pre_self_attention_layer_norm/scale", "copy"))
+        for a, b in (("q", "query"), ("k", "key"), ("v", "value")):
+            entries.append((f"{hf}.self_attn.{a}_proj.weight",
+                            f"{ours}/self_attention/{b}/kernel", "in_heads"))
+            if cfg.use_bias:
+                entries.append((f"{hf}.self_attn.{a}_proj.bias",
+                                f"{ours}/self_attention/{b}/bias", "bias_heads"))
+        entries.append((f"{hf}.self_attn.o_proj.weight", f"{ours}/self_attention/out/kernel",
+                        "heads_out"))
+        if cfg.use_bias:
+            entries.append((f"{hf}.self_attn.o_proj.bias", f"{ours}/self_attention/out/bias",
+                            "copy"))
+        entries.append((f"{hf}.post_attention_layernorm.weight",
+                        f"{ours}/pre_mlp_layer_norm/scale", "copy"))
+        for a, b in (("gate", "wi_0"), ("up", "wi_1"), ("down", "wo")):
+            entries.append((f"{hf}.mlp.{a}_proj.weight", f"{ours}/mlp/{b}/kernel", "transpose"))
+            if cfg.use_bias:
+                entries.append((f"{hf}.mlp.{a}_proj.bias", f"{ours}/mlp/{b}/bias", "copy"))
+    entries.append(("model.norm.weight", "decoder/decoder_norm/scale", "copy"))
+    return entries
+
+
+# Tensors transformers writes or accepts that carry nothing t5lite needs.
+IGNORED = re.compile(
+    r"^(encoder\.embed_tokens\.weight|decoder\.embed_tokens\.weight"
+    r"|decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"
+    r"|model\.rotary_emb\.inv_freq|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)$")
+
+
+def _t5_output_head(cfg, hf: Mapping[str, Any], embedding: np.ndarray,
+                    lm_head: Optional[np.ndarray], tied: bool):
+    if t5_scales_output(hf):
+        if tied:
+            return dataclasses.replace(cfg, logits_via_embedding=True), None
+        # transformers 5.x unties a distinct lm_head and still scales: fold the scale.
+        return cfg, lm_head.T * np.float32(cfg.emb_dim ** -0.5)
+    return cfg, (embedding if tied else lm_head).T
+
+
+def _llama_output_head(cfg, hf: Mapping[str, Any], embedding: np.ndarray,
+                       lm_head: Optional[np.ndarray], tied: bool):
+    if hf.get("tie_word_embeddings", False) and tied:
+        return dataclasses.replace(cfg, tie_embeddings=True), None
+    if lm_head is None:
+        raise ValueError("lm_head.weight is missing and tie_word_embeddings is false")
+    return dataclasses.replace(cfg, tie_embeddings=False), lm_head.T
+
+
+def _llama_zero_bias_groups(cfg, hf: Mapping[str, Any]) -> Tuple[str, ...]:
+    """Biases of a group the file does not have (attention_bias != mlp_bias) are 0."""
+    if not cfg.use_bias:
+        return ()
+    return tuple(g for g, flag in (("self_attn.", "attention_bias"), ("mlp.", "mlp_bias"))
+                 if not hf.get(flag))
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One family's mapping onto an HF model_type."""
+
+    model_type: str
+    embed_names: Tuple[str, ...]  # HF names of the token embedding; the first present wins
+    head_key: str                 # our path of an untied output kernel [embed, vocab]
+    entries: Callable[[Any], List[Entry]]
+    output_head: Callable         # (cfg, hf, embedding, lm_head, tied) -> (cfg, kernel)
+    has_head: Callable[[Any], bool]
+    hf_config: Callable[[Any], Dict[str, Any]]
+    zero_bias_groups: Callable[[Any, Mapping[str, Any]], Tuple[str, ...]] = \
+        lambda cfg, hf: ()
+
+    def decide_output_head(self, cfg, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+                           embed_name: str):
+        """(cfg with the tying field set, logits_dense kernel [embed, vocab] or None)."""
+        embedding = tensors[embed_name]
+        lm_head = tensors.get("lm_head.weight")
+        tied = lm_head is None or (lm_head.shape == embedding.shape
+                                   and np.array_equal(lm_head, embedding))
+        return self.output_head(cfg, hf, embedding, lm_head, tied)
+
+
+FAMILIES: Dict[str, Family] = {
+    "t5": Family("t5", ("shared.weight", "encoder.embed_tokens.weight",
+                        "decoder.embed_tokens.weight"),
+                 "decoder/logits_dense/kernel", _t5_entries, _t5_output_head,
+                 lambda cfg: not cfg.logits_via_embedding, t5_hf_config),
+    "llama": Family("llama", ("model.embed_tokens.weight",), "logits_dense/kernel",
+                    _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
+                    llama_hf_config, _llama_zero_bias_groups),
+}
+
+
+def family_of(cfg) -> Family:
+    """The HF mapping of a t5lite config (`cfg.HF_MODEL_TYPE`)."""
+    kind = getattr(cfg, "HF_MODEL_TYPE", None)
+    if kind not in FAMILIES:
+        raise ValueError(f"no Hugging Face mapping for config type {type(cfg).__name__}")
+    return FAMILIES[kind]

@@ -1,0 +1,18 @@
+"""The training runtime: what turns a model and batches into trained, saved parameters on
+a mesh. Imports models and data, never inference, interop, config or the commands.
+
+    partitioning.py      mesh (data, fsdp, tensor), logical-axis rules, Partitioner,
+                         MeshSettings, the multi-process start
+    train_state.py       the TrainState pytree
+    train_step.py        the pure, donated train step with gradient accumulation
+    optimizers.py        Adafactor, AdamW and learning-rate schedules
+    checkpoint_files.py  checkpoints on disk: layout, complete steps, user paths
+    checkpoints.py       save / resume (Orbax), the finetuning restore, CheckpointSettings
+    metrics.py           throughput and MFU, the log line, MetricWriter, progress bar
+    event_files.py       TensorBoard event files without dependencies
+    periods.py           LOG/CHECKPOINT/EVAL_PERIOD validation and "is this step due?"
+    run.py               build_run: partitioner + train step + data iterator
+    loop.py              train: the training loop (InferenceEvalSettings)
+    benchmark.py         timing the train step (python -m t5lite.bench)
+    footprint.py         parameter count, FLOPs, optimizer bytes (python -m t5lite.info)
+"""

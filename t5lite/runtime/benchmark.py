@@ -1,0 +1,84 @@
+"""Timing the train step: compile, warm up, time steps one by one, and report median step
+time, seq/s, target tokens/s, model TFLOP/s per device, MFU and peak device memory. The
+library behind `python -m t5lite.bench`. Needs only jax, flax, optax and orbax (no
+TensorFlow: run it on the synthetic task).
+
+    run = build_run(...)                            # t5lite.runtime.run
+    result = bench(run, steps=20, warmup=2)
+    print(format_table(result))
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+
+from t5lite.runtime import metrics
+from t5lite.runtime.run import Run
+
+
+def peak_memory_bytes() -> Optional[int]:
+    """The largest peak of bytes in use over the local devices (None where unreported)."""
+    peaks = []
+    for d in jax.local_devices():
+        try:
+            stats = d.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - CPU devices may not report
+            stats = {}
+        if "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+def bench(run: Run, steps: int, warmup: int, fp8: bool = False) -> Dict[str, Any]:
+    """Compile, warm up and time `steps` train steps of `run`."""
+    state = run.fns.init(jax.random.PRNGKey(0))
+    batch = run.next_batch()
+    t0 = time.perf_counter()
+    state, m = run.fns.train_step(state, batch)
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        state, m = run.fns.train_step(state, run.next_batch())
+    jax.block_until_ready((state, m))
+    durations: List[float] = []
+    for _ in range(steps):
+        batch = run.next_batch()
+        jax.block_until_ready(batch)
+        t = time.perf_counter()
+        state, m = run.fns.train_step(state, batch)
+        jax.block_until_ready(m)
+        durations.append(time.perf_counter() - t)
+    median = statistics.median(durations)
+    result = metrics.throughput(median, run.batch_size, run.target_tokens,
+                                run.flops_per_example, jax.device_count(),
+                                jax.devices()[0].device_kind, fp8=fp8)
+    result.update(median_step_s=median, compile_and_first_step_s=compile_s,
+                  step_durations_s=durations, peak_memory_bytes=peak_memory_bytes(),
+                  final_loss=float(m["loss"]))
+    return result
+
+
+def format_table(result: Dict[str, Any]) -> str:
+    """The result as an aligned two-column table."""
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    mem = result.get("peak_memory_bytes")
+    rows = [
+        ("device", f"{result['device_count']} x {result['device_kind']}"),
+        ("median step", f"{result['median_step_s'] * 1000:.1f} ms "
+                        f"({len(result['step_durations_s'])} timed steps)"),
+        ("seq/s", fmt(result["seq_per_s"], ".1f")),
+        ("target tokens/s", fmt(result["target_tokens_per_s"], ".0f")),
+        ("TFLOP/s per device", fmt(result["tflops_per_device"], ".2f")),
+        ("MFU (bf16 peak)", "-" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"),
+        ("peak memory", "-" if mem is None else f"{mem / 2**30:.2f} GiB"),
+        ("compile + first step", f"{result['compile_and_first_step_s']:.1f} s"),
+    ]
+    if result.get("mfu_fp8") is not None:
+        rows.insert(6, ("MFU (fp8 peak)", f"{100 * result['mfu_fp8']:.1f}%"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

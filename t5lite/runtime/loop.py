@@ -1,0 +1,199 @@
+"""The training loop: `train` restores or initializes the state, then runs the jitted step
+until TRAIN_STEPS, logging, checkpointing and (optionally) evaluating on the way. The
+library behind `python -m t5lite.train` (configs/runs/pretrain.gin binds it).
+
+    for each step:  state, metrics = train_step(state, next batch)
+      every LOG_PERIOD steps and the last   metrics to TensorBoard and the log line
+                                            (a non-finite loss stops the run, unsaved)
+      every CHECKPOINT_PERIOD, the last,    save state + data position (async)
+      and on SIGTERM
+      every EVAL_PERIOD and the last        the inference evaluator's metrics
+
+Evaluation during training is injected, so that this layer knows nothing of inference:
+`inference_evaluator(model, partitioner, task_name=..., feature_lengths=...,
+batch_size=..., output_dir=..., settings=InferenceEvalSettings)` builds a callable
+`(step, variables) -> {"<task>/<metric>": value}` with a `close()`
+(`t5lite.inference.train_eval.InferenceEvaluation`; gin binds it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import jax
+
+from t5lite.data.settings import DataSettings
+from t5lite.errors import ConfigError, TrainingError
+from t5lite.runtime import checkpoints, metrics, periods
+from t5lite.runtime.partitioning import MeshSettings
+from t5lite.runtime.run import SYNTHETIC_TASK, build_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceEvalSettings:
+    """Evaluation during training (T5X's infer_eval): EVAL_PERIOD (None or 0: never),
+    EVAL_SPLIT, EVAL_BATCH_SIZE (None: BATCH_SIZE) and EVAL_NUM_EXAMPLES (None: all)."""
+
+    period: Optional[int] = None
+    split: Optional[str] = "validation"
+    batch_size: Optional[int] = None
+    num_examples: Optional[int] = None
+
+    def __post_init__(self):
+        if self.period == 0:
+            object.__setattr__(self, "period", None)
+        if self.period is not None and (isinstance(self.period, bool) or
+                                        not isinstance(self.period, int) or self.period < 0):
+            raise ConfigError(f"EVAL_PERIOD must be a positive integer (or None for no "
+                              f"evaluation during training), got {self.period!r}")
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _write_config(model_dir: Path) -> None:
+    """MODEL_DIR/config.gin: the resolved configuration of this run (process 0)."""
+    import gin
+    if jax.process_index() == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.gin").write_text(gin.config_str())
+
+
+def _finite(values: Mapping[str, Any]) -> bool:
+    return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm") if k in values)
+
+
+def train(*, model, model_dir: str, train_steps: int, batch_size: int,
+          task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
+          num_microbatches: int = 1, initial_checkpoint_path: Optional[str] = None,
+          random_seed: int = 0, pack: bool = False, log_period: int = 10,
+          mesh: Optional[MeshSettings] = None,
+          checkpointing: Optional[checkpoints.CheckpointSettings] = None,
+          data_settings: Optional[DataSettings] = None,
+          inference_eval: Optional[InferenceEvalSettings] = None,
+          inference_evaluator: Optional[Callable] = None) -> Dict[str, float]:
+    """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
+    a checkpoint. With `inference_eval.period`, decode its split of the task every that
+    many steps and after the last. Returns the last logged metrics (and the last
+    inference-evaluation metrics, `<task>/<metric>`)."""
+    periods.check_positive("LOG_PERIOD", log_period)
+    checkpointing = checkpointing or checkpoints.CheckpointSettings()
+    inference_eval = inference_eval or InferenceEvalSettings()
+    eval_period = inference_eval.period
+    if eval_period and mixture_or_task_name == SYNTHETIC_TASK:
+        raise ConfigError("EVAL_PERIOD: the 'synthetic' task has no metrics to evaluate; set "
+                          "EVAL_PERIOD=None")
+    if eval_period and inference_evaluator is None:
+        raise ConfigError("EVAL_PERIOD is set but no inference evaluator is bound: set "
+                          "train.inference_evaluator = @InferenceEvaluation (runs/pretrain.gin "
+                          "does)")
+    model_dir = Path(model_dir)
+    run = build_run(model=model, batch_size=batch_size,
+                    task_feature_lengths=task_feature_lengths,
+                    mixture_or_task_name=mixture_or_task_name, optimizer=optimizer,
+                    num_microbatches=num_microbatches, random_seed=random_seed, mesh=mesh,
+                    pack=pack, data_settings=data_settings)
+    part, fns, it = run.partitioner, run.fns, run.iterator
+    abstract = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        fns.abstract_state, fns.state_shardings)
+    ckpt = checkpoints.Checkpointer(model_dir, keep=checkpointing.keep,
+                                    period=checkpointing.period,
+                                    async_save=checkpointing.async_save)
+    evaluator = None
+    try:
+        state, data_state, source = checkpoints.restore_or_init(
+            ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
+            initial_checkpoint_path=initial_checkpoint_path, model=model)
+        if eval_period:
+            evaluator = inference_evaluator(
+                model, part, task_name=mixture_or_task_name,
+                feature_lengths=task_feature_lengths, batch_size=batch_size,
+                output_dir=str(model_dir), settings=inference_eval)
+    except BaseException:
+        ckpt.close()
+        raise
+    if data_state:
+        it.set_state(data_state)
+    _write_config(model_dir)
+    step = int(jax.device_get(state.step))
+    log.info("start: %s at step %d; mesh %s; %d process(es)", source, step,
+             dict(part.mesh.shape), jax.process_count())
+
+    writer = metrics.MetricWriter(str(model_dir), jax.process_index(), log_every=log_period,
+                                  total_steps=train_steps, subdir="train")
+    progress = metrics.Progress(train_steps, initial=step, process_index=jax.process_index())
+    device_kind = jax.devices()[0].device_kind
+    preempt = _Preemption()
+    last: Dict[str, float] = {}
+    t_last, steps_since = time.perf_counter(), 0
+    t_start, start_step = t_last, step
+    try:
+        while step < train_steps:
+            state, step_metrics = fns.train_step(state, run.next_batch())
+            step += 1
+            steps_since += 1
+            report = periods.due(step, log_period, train_steps)
+            stopping = preempt.requested  # read once: a SIGTERM from here on waits a step
+            saving = ckpt.should_save(step) or step == train_steps or stopping
+            if report or saving:
+                values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+                if not _finite(values):
+                    ckpt.wait()  # an async save in flight is part of what was kept
+                    good = ckpt.latest_step()
+                    kept = (f"The last good checkpoint is step {good} in {model_dir}"
+                            if good is not None else f"No checkpoint was saved in {model_dir}")
+                    raise TrainingError(
+                        f"the loss or its gradient is not finite at step {step} (loss "
+                        f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
+                        f"without saving it. {kept}. Lower the learning rate or check the data")
+            if report:
+                now = time.perf_counter()
+                step_time = (now - t_last) / steps_since
+                t_last, steps_since = now, 0
+                values.update(metrics.throughput(step_time, batch_size, run.target_tokens,
+                                                 run.flops_per_example, jax.device_count(),
+                                                 device_kind))
+                writer.write_scalars(step, values)
+                writer.flush()  # on disk now: a crash must not lose the curve so far
+                progress.update(step, values)
+                last = values
+            if saving:
+                ckpt.save(step, state, it.get_state(), force=True)
+            if evaluator is not None and periods.due(step, eval_period, train_steps):
+                last = {**last, **evaluator(step, state.variables)}
+            if stopping:
+                log.info("SIGTERM: saved step %d; exiting", step)
+                break
+    finally:
+        progress.close()
+        ckpt.wait()
+        ckpt.close()
+        writer.close()
+        if evaluator is not None:
+            evaluator.close()
+        preempt.restore()  # after the last save is committed: a SIGTERM now only sets the flag
+    if step >= train_steps and step > start_step:
+        log.info("done: steps %d-%d in %.0fs; checkpoints in %s, TensorBoard logs in %s "
+                 "(tensorboard --logdir %s)", start_step + 1, step,
+                 time.perf_counter() - t_start, model_dir / "checkpoints",
+                 model_dir / "train", model_dir)
+    return last

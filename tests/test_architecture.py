@@ -1,0 +1,200 @@
+"""The house rules of t5lite/ (docs/architecture.md), read from the source with `ast`:
+
+- imports run one way: errors <- models <- data <- runtime <- inference / interop <-
+  config <- commands; function-local imports count;
+- no import cycle between modules;
+- a command never imports another command, and is thin wiring;
+- no module passes 500 lines;
+- the model families are told apart only inside models/ (no isinstance on them elsewhere);
+- no project file sends users to the developers' shared folder (they do not have it).
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "t5lite"
+COMMANDS = {"train", "eval", "infer", "bench", "info", "convert", "vocab", "deps"}
+LAYERS = {"errors": 0, "models": 1, "data": 2, "runtime": 3, "inference": 4, "interop": 4,
+          "config": 5}
+COMMAND_LAYER = 6
+FAMILY_NAMES = {"T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES: Dict[str, Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _room(module: str) -> str:
+    """'errors', 'models', ..., 'command:<name>', or 'root' (the package itself)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "root"
+    if parts[1] in COMMANDS and len(parts) == 2:
+        return f"command:{parts[1]}"
+    return parts[1]
+
+
+def _layer(module: str) -> int:
+    room = _room(module)
+    if room == "root":
+        return -1  # imports nothing; anything may import it
+    return COMMAND_LAYER if room.startswith("command:") else LAYERS[room]
+
+
+def _imports(module: str) -> Set[str]:
+    """The t5lite modules `module` imports anywhere in its body (module level or not)."""
+    tree = ast.parse(MODULES[module].read_text())
+    out = set()
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        names: List[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                names.append(sub if sub in MODULES else base)
+        for name in names:
+            while name and name not in MODULES:  # `import t5lite.a.b` names module a.b
+                name = name.rpartition(".")[0]
+            if name.startswith("t5lite") and name != module:
+                out.add(name)
+    return out
+
+
+GRAPH: Dict[str, Set[str]] = {m: _imports(m) for m in MODULES}
+
+
+def test_every_module_is_in_a_room():
+    rooms = {_room(m) for m in MODULES}
+    assert rooms - {"root"} - set(LAYERS) <= {f"command:{c}" for c in COMMANDS}, rooms
+    assert not GRAPH["t5lite"], "t5lite/__init__.py must import nothing"
+
+
+def test_imports_run_one_way():
+    against = []
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if _layer(target) > _layer(module):
+                against.append(f"{module} -> {target}")
+            elif {_room(module), _room(target)} == {"inference", "interop"}:
+                against.append(f"{module} -> {target} (sibling rooms)")
+            elif _room(module).startswith("command:") and _room(target).startswith("command:"):
+                against.append(f"{module} -> {target} (a command borrows from another)")
+    assert not against, "imports against errors <- models <- data <- runtime <- " \
+                        "inference / interop <- config <- commands:\n" + "\n".join(sorted(against))
+
+
+def _strongly_connected(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Tarjan's algorithm (iterative): the components with more than one module."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out: List[List[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work: List[Tuple[str, List[str]]] = [(root, sorted(graph[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycles():
+    assert _strongly_connected(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _strongly_connected(graph) == [["a", "b", "c"]]
+    assert _strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m).startswith("command:")))
+def test_commands_are_thin(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= 100, f"{MODULES[module]} has {lines} lines: move library code out"
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(REPO)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
+
+
+def test_model_families_are_told_apart_only_in_models():
+    found = []
+    for module, path in MODULES.items():
+        if _room(module) == "models":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("isinstance", "issubclass")):
+                names = {n.id if isinstance(n, ast.Name) else n.attr
+                         for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
+                if names & FAMILY_NAMES:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, "ask the model (or its config) instead of branching on its type: " \
+                      + ", ".join(found)
+
+
+def test_no_project_file_sends_users_to_shared():
+    needle = "shared" + "/"  # not spelled out, so this file does not match itself
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = REPO / name
+        if not path.is_file() or path.suffix not in (".py", ".md", ".gin", ".sh", ".sub",
+                                                     ".txt", ".cfg", ".toml", ".ini", ""):
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if needle in line and "t5lite_demo" not in line:
+                hits.append(f"{name}:{n}: {line.strip()}")
+    assert not hits, "restate what users need in docs/ instead:\n" + "\n".join(hits)
