@@ -16,8 +16,9 @@ RUNTIME = [
     "safetensors>=0.4",
     "clu>=0.0.12",
     # The data edge. t5 pins seqio-nightly and tfds-nightly; the released seqio and
-    # tensorflow-datasets are listed here so that they are the ones installed too,
-    # and t5lite/deps.py (`python -m t5lite.deps`) checks that they are the ones that import.
+    # tensorflow-datasets are listed here so that they are the ones installed too, and
+    # `python -m t5lite.deps` (t5lite/data/package_check.py) checks that they are what
+    # imports.
     "seqio>=0.0.19",
     "tensorflow-datasets>=4.9.6",
     "t5>=0.9.4",

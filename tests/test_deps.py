@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from t5lite import deps
+from t5lite.data import package_check
 
 import train_helpers as th
 
@@ -23,7 +23,7 @@ def test_released_seqio_and_tfds_are_what_import():
         "print(json.dumps([seqio.__version__, tfds.__version__]))"))
     assert got == [metadata.version("seqio"), metadata.version("tensorflow-datasets")]
     assert "dev" not in got[0] and "dev" not in got[1]
-    assert deps.problems() == []
+    assert package_check.problems() == []
 
 
 def test_shadowing_nightly_is_detected(tmp_path):
@@ -33,7 +33,7 @@ def test_shadowing_nightly_is_detected(tmp_path):
     (tmp_path / "tensorflow_datasets" / "version.py").write_text(
         "_MAJOR_VERSION = '4'\n_MINOR_VERSION = '9'\n_PATCH_VERSION = '2.dev202308090034'\n"
         "__version__ = '.'.join([_MAJOR_VERSION, _MINOR_VERSION, _PATCH_VERSION])\n")
-    found = deps.problems(search_path=[str(tmp_path)])
+    found = package_check.problems(search_path=[str(tmp_path)])
     assert [(m, d) for m, d, _ in found] == [("seqio", "seqio"),
                                             ("tensorflow_datasets", "tensorflow-datasets")]
 

@@ -17,6 +17,7 @@ TensorFlow / SeqIO live beside it and are imported explicitly by the code that n
     sources.py         SeqIO data sources: local files or a local prepared TFDS dataset
     tasks.py           the SeqIO tasks (registered on import), configure(DataSettings)
     pipeline.py        task -> this process's numpy batches, resumable position
+    package_check.py   whether the released seqio / tensorflow-datasets are what imports
 
 The errors it raises (DataError and its kinds) live in `t5lite.errors`. See docs/data.md.
 """
