@@ -1,33 +1,33 @@
-"""`python -m t5lite.bench`: time the train step of a gin-configured run (wiring only; the
-library is `t5lite.runtime.benchmark`).
+"""`python -m t5lite.bench`: time the train step of a gin-configured run, or a whole grid
+of them (wiring only; the libraries are `t5lite.runtime.benchmark` and
+`t5lite.config.bench_grid`).
 
     python -m t5lite.bench --gin_file=configs/models/t5_1_1/large.gin \
       --gin_file=configs/synthetic_pretrain.gin \
       --gin.TASK_FEATURE_LENGTHS="{'inputs': 512, 'targets': 128}" --gin.BATCH_SIZE=64 \
       --steps=20 --json_out=docs/perf/large_bf16.json
+    python -m t5lite.bench --grid=scripts_gpu/grids/sizes.json --out_dir=/tmp/grid
 
-Compiles (timed), warms up, then times `--steps` steps one by one (each waits for its
-result), and prints median step time, seq/s, target tokens/s, model TFLOP/s per device,
-MFU and peak device memory. The JSON result holds the device, versions, the command, the
-resolved gin config, every timed step and the memory, so a number quoted in the docs can
-be traced to its run. Needs only jax, flax, optax, orbax and gin-config (no TensorFlow).
+One configuration: compiles (timed), warms up, times `--steps` steps one by one and prints
+median step time, seq/s, target tokens/s, model TFLOP/s per device, MFU, the compiled
+step's memory and the measured peak. The JSON holds the device, versions, the command,
+the resolved gin config and every timed step, so a number in the docs traces to its run.
+A grid writes one such JSON per configuration plus `results.md` under --out_dir.
+Needs only jax, flax, optax, orbax and gin-config (no TensorFlow).
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
-import platform
 import sys
 from typing import Optional, Sequence
 
-import gin
 import jax
 
-from t5lite.config import command, flags, parsing
-from t5lite.errors import PartitioningError
-from t5lite.runtime import benchmark, run
+from t5lite.config import bench_grid, benchmarking, command, flags
+from t5lite.errors import ConfigError
+from t5lite.runtime import benchmark
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,33 +36,49 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compile")
     parser.add_argument("--json_out", default="bench.json", help="where to write the result")
+    parser.add_argument("--grid", help="a grid file (JSON): run every configuration in it")
+    parser.add_argument("--out_dir", help="with --grid: where results are written")
+    parser.add_argument("--only", action="append", help="with --grid: run names to keep "
+                        "(shell patterns, repeatable)")
+    parser.add_argument("--time_budget_s", type=float, help="with --grid: start no "
+                        "configuration that would end past this many seconds")
     return parser
+
+
+def _grid(args) -> int:
+    if not args.out_dir:
+        raise ConfigError("--grid needs --out_dir (where the results are written)")
+    grid = bench_grid.load_grid(args.grid)
+    runs = bench_grid.select(grid.runs, args.only)
+    if not runs:
+        raise ConfigError(f"--only {args.only} matches no run of {args.grid}")
+
+    def measure(grid_run, per_device_batch):
+        batch = per_device_batch * jax.device_count()
+        the_run = benchmarking.build_bench_run(
+            grid_run.gin_files, [*grid_run.bindings, f"BATCH_SIZE = {batch}"],
+            args.gin_search_paths)
+        return benchmarking.timed(the_run, grid.steps, grid.warmup,
+                                  bench_grid.command_for(grid_run, batch))
+
+    grid = bench_grid.Grid(tuple(runs), grid.steps, grid.warmup)
+    rows = bench_grid.run_grid(grid, args.out_dir, measure, time_budget_s=args.time_budget_s,
+                               log=lambda line: print(line, flush=True))
+    print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} configurations measured; "
+          f"results in {args.out_dir}/results.md")
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, force=True)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = flags.parse_flags(_parser(), argv)
-    parsing.parse_gin(args.gin_file, list(parsing.RUN_PLACEHOLDERS) + list(args.gin_bindings),
-                      args.gin_search_paths)
-    model = parsing.resolve_macro("MODEL")
-    # The run's settings are the `train` bindings that build_run takes (not the loop's).
-    wanted = set(inspect.signature(run.build_run).parameters) - {"model"}
-    settings = {k: v for k, v in gin.get_bindings("train").items() if k in wanted}
-    try:
-        the_run = run.build_run(model=model, **settings)
-    except PartitioningError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    result = benchmark.bench(the_run, args.steps, args.warmup,
-                             fp8=bool(getattr(model.config, "fp8", False)))
-    import flax
-    result.update(
-        device_kind=jax.devices()[0].device_kind, device_count=jax.device_count(),
-        process_count=jax.process_count(), jax_version=jax.__version__,
-        flax_version=flax.__version__, python=platform.python_version(),
-        command=" ".join(["python -m t5lite.bench", *argv]), gin_config=gin.config_str(),
-        flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size)
+    if args.grid:
+        return _grid(args)
+    the_run = benchmarking.build_bench_run(args.gin_file, args.gin_bindings,
+                                           args.gin_search_paths)
+    result = benchmarking.timed(the_run, args.steps, args.warmup,
+                                " ".join(["python -m t5lite.bench", *argv]))
     print(benchmark.format_table(result))
     with open(args.json_out, "w") as f:
         json.dump(result, f, indent=1)

@@ -1,13 +1,16 @@
 """`python -m t5lite.info`: model facts from a gin config, without allocating the model
 (wiring only; the library is `t5lite.runtime.footprint`).
 
-    python -m t5lite.info --gin_file=configs/models/t5_1_1/large.gin \\
+    python -m t5lite.info --gin_file=configs/large_pile_pretrain.gin \\
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
-        [--optimizer=adafactor|adamw] [--json]
+        [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32] [--json]
 
 Prints the exact parameter count, training model FLOPs (matmuls, fwd + bwd) and the
-bytes of float32 parameters plus optimizer state. With --json the table goes to stderr
-and a JSON dict to stdout.
+bytes of float32 parameters plus the state of the optimizer the config binds (or
+--optimizer). With --memory it also compiles the config's train step for --devices
+simulated CPU devices (its mesh, NUM_MICROBATCHES, remat and switches) and prints the
+per-device memory XLA plans for it, with a plain answer for a --device_memory_gib device.
+With --json the table goes to stderr and a JSON dict to stdout.
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from t5lite.config import command, flags, parsing
+import gin
+
+from t5lite.config import benchmarking, command, flags, parsing
 from t5lite.errors import ConfigError
-from t5lite.runtime import footprint
+from t5lite.runtime import footprint, step_memory
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--inputs_length", type=int, default=512, help="enc-dec inputs length")
     parser.add_argument("--targets_length", type=int, default=128, help="enc-dec targets length")
     parser.add_argument("--seq_length", type=int, default=2048, help="decoder-only length")
-    parser.add_argument("--optimizer", choices=footprint.OPTIMIZERS, default="adafactor")
+    parser.add_argument("--optimizer", choices=sorted(benchmarking.OPTIMIZERS),
+                        help="count this optimizer's state instead of the config's")
+    parser.add_argument("--memory", action="store_true", help="compile the train step and "
+                        "report its memory per device")
+    parser.add_argument("--devices", type=int, default=8, help="with --memory: devices")
+    parser.add_argument("--per_device_batch", type=int, help="with --memory: examples per "
+                        "device (default: the config's BATCH_SIZE / --devices)")
+    parser.add_argument("--device_memory_gib", type=float, default=80.0,
+                        help="with --memory: memory of one device (H100: 80)")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, table on stderr")
     return parser
 
@@ -38,14 +51,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.gin_file:
         raise ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
     # a run config (configs/*_pile_pretrain.gin) leaves its run macros REQUIRED; info
-    # only needs the model, so they get placeholders (the user's bindings still win)
-    parsing.parse_gin(args.gin_file, list(parsing.RUN_PLACEHOLDERS) + list(args.gin_bindings),
-                      args.gin_search_paths)
+    # only needs the model, so unset ones get placeholders
+    devices = step_memory.cpu_devices(args.devices) if args.memory else None
+    parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
+                      placeholders=parsing.RUN_PLACEHOLDERS)
     source = ", ".join(args.gin_file)
     model = parsing.resolve_macro("MODEL", origin=source)
-    report = footprint.model_report(model, inputs_length=args.inputs_length,
+    optimizer, origin = benchmarking.run_optimizer(args.optimizer)
+    report = footprint.model_report(model, optimizer, inputs_length=args.inputs_length,
                                     targets_length=args.targets_length,
-                                    seq_length=args.seq_length, optimizer=args.optimizer)
+                                    seq_length=args.seq_length, optimizer_source=origin)
+    if args.memory:
+        batch = benchmarking.global_batch(args.per_device_batch, args.devices)
+        lengths = report["task_feature_lengths"]
+        the_run = benchmarking.step_run(model, batch_size=batch, devices=devices,
+                                        task_feature_lengths=lengths, optimizer=optimizer)
+        report["step_memory"] = footprint.step_memory_report(
+            the_run, lengths, bool(gin.get_bindings("train").get("pack", False)),
+            int(args.device_memory_gib * 2 ** 30))
     table = footprint.format_report(report, source)
     if args.json:
         print(table, file=sys.stderr)

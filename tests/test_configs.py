@@ -124,7 +124,8 @@ def test_info_json_llama_adamw_from_another_directory(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["params"] == 6_738_415_616
-    assert report["optimizer_state_bytes"] == 8 * 6_738_415_616
+    # two float32 moments per parameter, plus a few bytes of step counters
+    assert 8 * 6_738_415_616 <= report["optimizer_state_bytes"] <= 8 * 6_738_415_616 + 64
     assert report["train_flops_per_example"] == 4096 * report["train_flops_per_token"]
 
 

@@ -28,7 +28,9 @@ from t5lite.config import registry  # noqa: F401  (registers t5lite's configurab
 from t5lite.errors import ConfigError
 
 # Placeholders for the run-level REQUIRED macros, for tools that read a run config but do
-# not train (info, bench); bound before the user's bindings, which still win.
+# not train (info, bench): `parse_gin(..., placeholders=RUN_PLACEHOLDERS)` binds each one
+# only where the files leave its macro unset or REQUIRED (a recipe's own TRAIN_STEPS or
+# task stay), and before the user's bindings, which still win.
 RUN_PLACEHOLDERS = ("MODEL_DIR = '/tmp/t5lite_placeholder'", "TRAIN_STEPS = 0",
                     "MIXTURE_OR_TASK_NAME = 'synthetic'", "INITIAL_CHECKPOINT_PATH = None")
 
@@ -83,9 +85,11 @@ def _locate(path: str, paths: Sequence[str]) -> Optional[Path]:
 # --------------------------------------------------------------------------- parsing
 
 def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
-              extra_search_paths: Iterable[str] = (), finalize: bool = True) -> None:
-    """Clears gin, parses files then bindings (t5lite's configurables are registered when
-    this module is imported).
+              extra_search_paths: Iterable[str] = (), finalize: bool = True,
+              placeholders: Sequence[str] = ()) -> None:
+    """Clears gin, parses files, then the `placeholders` ("NAME = value" macro bindings,
+    each only where the files leave NAME unset or REQUIRED), then `bindings` (t5lite's
+    configurables are registered when this module is imported).
 
     Raises ConfigError naming the problem and the file (or flag) it came from.
     """
@@ -98,6 +102,9 @@ def parse_gin(gin_files: Sequence[str] = (), bindings: Sequence[str] = (),
             raise ConfigError(f"gin file not found: {gin_file} (searched {', '.join(paths)})")
         with _translate_errors(origin=gin_file):
             gin.parse_config_file(str(_locate(gin_file, paths)))
+    for placeholder in placeholders:
+        if not _macro_has_value(placeholder.split("=", 1)[0].strip()):
+            gin.parse_config(placeholder)
     for binding in bindings:
         with _translate_errors(origin=f"binding {binding.strip()!r}"):
             gin.parse_config(binding)
@@ -115,6 +122,15 @@ def macro_is_bound(name: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _macro_has_value(name: str) -> bool:
+    """Bound to something other than %gin.REQUIRED."""
+    if not macro_is_bound(name):
+        return False
+    value = gin.query_parameter(f"{name}/gin.macro.value")
+    return not (isinstance(value, gin.config.ConfigurableReference)
+                and str(value) == "%gin.REQUIRED")
 
 
 def resolve_macro(name: str, origin: str = "the gin config"):

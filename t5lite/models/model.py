@@ -169,7 +169,8 @@ class BaseModel:
 
     def flops_report(self, *, inputs_length: int = 512, targets_length: int = 128,
                      seq_length: int = 2048) -> Dict[str, Any]:
-        """The lengths this family uses and its training FLOPs at them."""
+        """The lengths this family uses (also as `task_feature_lengths`) and its training
+        FLOPs at them."""
         raise NotImplementedError
 
     def check_decode_lengths(self, lengths: Mapping[str, int]) -> None:
@@ -269,6 +270,7 @@ class EncoderDecoderModel(BaseModel):
 
     def flops_report(self, *, inputs_length=512, targets_length=128, seq_length=2048):
         return {"inputs_length": inputs_length, "targets_length": targets_length,
+                "task_feature_lengths": {"inputs": inputs_length, "targets": targets_length},
                 "train_flops_per_example": flops.encoder_decoder_train_flops_per_example(
                     self.config, inputs_length, targets_length)}
 
@@ -368,7 +370,7 @@ class DecoderOnlyModel(BaseModel):
             self.config, self.feature_lengths(task_feature_lengths)["targets"])
 
     def flops_report(self, *, inputs_length=512, targets_length=128, seq_length=2048):
-        return {"seq_length": seq_length,
+        return {"seq_length": seq_length, "task_feature_lengths": {"targets": seq_length},
                 "train_flops_per_token": flops.decoder_only_train_flops_per_token(
                     self.config, seq_length),
                 "train_flops_per_example": flops.decoder_only_train_flops_per_example(

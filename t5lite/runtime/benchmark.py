@@ -1,7 +1,11 @@
 """Timing the train step: compile, warm up, time steps one by one, and report median step
-time, seq/s, target tokens/s, model TFLOP/s per device, MFU and peak device memory. The
-library behind `python -m t5lite.bench`. Needs only jax, flax, optax and orbax (no
-TensorFlow: run it on the synthetic task).
+time, seq/s, target tokens/s, model TFLOP/s per device, MFU, the compiled step's memory
+per device (`runtime.step_memory`) and the measured peak. The library behind
+`python -m t5lite.bench`. Needs only jax, flax, optax and orbax (no TensorFlow: run it on
+the synthetic task).
+
+The step is compiled once, ahead of time, for the first batch; the timed steps call that
+executable, so the compile time is reported apart from the first step's.
 
     run = build_run(...)                            # t5lite.runtime.run
     result = bench(run, steps=20, warmup=2)
@@ -15,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import jax
 
-from t5lite.runtime import metrics
+from t5lite.runtime import metrics, step_memory
 from t5lite.runtime.run import Run
 
 
@@ -32,32 +36,66 @@ def peak_memory_bytes() -> Optional[int]:
     return max(peaks) if peaks else None
 
 
-def bench(run: Run, steps: int, warmup: int, fp8: bool = False) -> Dict[str, Any]:
-    """Compile, warm up and time `steps` train steps of `run`."""
-    state = run.fns.init(jax.random.PRNGKey(0))
+class StepDoesNotFit(RuntimeError):
+    """The compiled step needs more memory per device than the device can give."""
+
+
+def device_memory_limit() -> Optional[int]:
+    """The bytes a local device lets XLA allocate (None where unreported, e.g. CPU)."""
+    limits = []
+    for d in jax.local_devices():
+        try:
+            stats = d.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - CPU devices may not report
+            stats = {}
+        if "bytes_limit" in stats:
+            limits.append(int(stats["bytes_limit"]))
+    return min(limits) if limits else None
+
+
+def bench(run: Run, steps: int, warmup: int, fp8: bool = False,
+          memory_limit_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """Compile, warm up and time `steps` train steps of `run`.
+
+    The step is compiled before any state exists; when its compiled memory per device
+    exceeds `memory_limit_bytes` (default: what the device reports) it is not run and
+    StepDoesNotFit says so, instead of an out-of-memory error halfway through a step.
+    """
     batch = run.next_batch()
     t0 = time.perf_counter()
-    state, m = run.fns.train_step(state, batch)
-    jax.block_until_ready(m)
+    step = step_memory.compile_train_step(run, batch)
     compile_s = time.perf_counter() - t0
+    memory = step_memory.compiled_memory(step)
+    limit = device_memory_limit() if memory_limit_bytes is None else memory_limit_bytes
+    if memory is not None and limit is not None and memory.peak_bytes > limit:
+        raise StepDoesNotFit(f"the compiled step needs {memory.peak_bytes / 2**30:.2f} GiB "
+                             f"per device, more than the {limit / 2**30:.2f} GiB available")
+    state = run.fns.init(jax.random.PRNGKey(0))
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready(m)
+    first_step_s = time.perf_counter() - t0
     for _ in range(warmup):
-        state, m = run.fns.train_step(state, run.next_batch())
+        state, m = step(state, run.next_batch())
     jax.block_until_ready((state, m))
     durations: List[float] = []
     for _ in range(steps):
         batch = run.next_batch()
         jax.block_until_ready(batch)
         t = time.perf_counter()
-        state, m = run.fns.train_step(state, batch)
+        state, m = step(state, batch)
         jax.block_until_ready(m)
         durations.append(time.perf_counter() - t)
     median = statistics.median(durations)
     result = metrics.throughput(median, run.batch_size, run.target_tokens,
                                 run.flops_per_example, jax.device_count(),
                                 jax.devices()[0].device_kind, fp8=fp8)
-    result.update(median_step_s=median, compile_and_first_step_s=compile_s,
+    result.update(median_step_s=median, compile_s=compile_s, first_step_s=first_step_s,
+                  compile_and_first_step_s=compile_s + first_step_s,
                   step_durations_s=durations, peak_memory_bytes=peak_memory_bytes(),
+                  compiled_memory=None if memory is None else memory.as_dict(),
                   final_loss=float(m["loss"]))
+    del state, m
     return result
 
 
@@ -67,6 +105,7 @@ def format_table(result: Dict[str, Any]) -> str:
         return "-" if v is None else format(v, spec)
 
     mem = result.get("peak_memory_bytes")
+    planned = (result.get("compiled_memory") or {}).get("peak_bytes")
     rows = [
         ("device", f"{result['device_count']} x {result['device_kind']}"),
         ("median step", f"{result['median_step_s'] * 1000:.1f} ms "
@@ -75,8 +114,9 @@ def format_table(result: Dict[str, Any]) -> str:
         ("target tokens/s", fmt(result["target_tokens_per_s"], ".0f")),
         ("TFLOP/s per device", fmt(result["tflops_per_device"], ".2f")),
         ("MFU (bf16 peak)", "-" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"),
-        ("peak memory", "-" if mem is None else f"{mem / 2**30:.2f} GiB"),
-        ("compile + first step", f"{result['compile_and_first_step_s']:.1f} s"),
+        ("peak memory (measured)", "-" if mem is None else f"{mem / 2**30:.2f} GiB"),
+        ("step memory (compiled)", "-" if planned is None else f"{planned / 2**30:.2f} GiB"),
+        ("compile", f"{result['compile_s']:.1f} s"),
     ]
     if result.get("mfu_fp8") is not None:
         rows.insert(6, ("MFU (fp8 peak)", f"{100 * result['mfu_fp8']:.1f}%"))

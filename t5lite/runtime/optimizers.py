@@ -155,6 +155,7 @@ class Optimizer:
 
     tx: optax.GradientTransformation
     learning_rate_fn: Schedule
+    name: str = "optimizer"
 
 
 def _maybe(enabled: bool, make: Callable[[], optax.GradientTransformation]):
@@ -233,7 +234,7 @@ def adafactor(learning_rate: ScheduleOrFloat, decay_rate: float = 0.8,
                lambda: optax.add_decayed_weights(weight_decay_rate, mask=weight_decay_mask)),
         optax.scale(-1.0),
     )
-    return Optimizer(tx=tx, learning_rate_fn=schedule)
+    return Optimizer(tx=tx, learning_rate_fn=schedule, name="adafactor")
 
 
 def adamw(learning_rate: ScheduleOrFloat, b1: float = 0.9, b2: float = 0.999,
@@ -265,4 +266,4 @@ def adamw(learning_rate: ScheduleOrFloat, b1: float = 0.9, b2: float = 0.999,
                lambda: optax.add_decayed_weights(weight_decay, mask=weight_decay_mask)),
         optax.scale_by_learning_rate(schedule),
     )
-    return Optimizer(tx=tx, learning_rate_fn=schedule)
+    return Optimizer(tx=tx, learning_rate_fn=schedule, name="adamw")

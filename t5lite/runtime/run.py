@@ -12,7 +12,7 @@ is a SeqIO task or mixture read through the data edge (TensorFlow loads then).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
@@ -73,9 +73,11 @@ class Run:
 def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int],
               mixture_or_task_name: str, optimizer, num_microbatches: int = 1,
               random_seed: int = 0, mesh: Optional[MeshSettings] = None, pack: bool = False,
-              data_settings: Optional[DataSettings] = None) -> Run:
-    """Mesh, sharded train step and this process's data iterator."""
-    part = (mesh or MeshSettings()).partitioner()
+              data_settings: Optional[DataSettings] = None,
+              devices: Optional[Sequence[Any]] = None) -> Run:
+    """Mesh (over `devices`, default all), sharded train step and this process's data
+    iterator."""
+    part = (mesh or MeshSettings()).partitioner(devices)
     part.check_batch_size(batch_size, num_microbatches)
     fns = train_step.make_train_step(model, optimizer.tx, part,
                                      learning_rate_fn=optimizer.learning_rate_fn,

@@ -1,0 +1,109 @@
+"""From gin to a timed train step, for `python -m t5lite.bench` and its grids: build the
+step a gin config describes (`step_run`: the loop's own settings, checkpointing and
+evaluation, play no part in a step's speed or memory) and wrap a timing in what makes it
+traceable: device, versions, command and resolved config. `info --memory` compiles the
+same step.
+
+    the_run = build_bench_run(["models/t5_1_1/large.gin", "synthetic_pretrain.gin"],
+                              ["BATCH_SIZE = 64"])
+    result = timed(the_run, steps=20, warmup=3, command="python -m t5lite.bench ...")
+"""
+from __future__ import annotations
+
+import inspect
+import platform
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+import gin
+import jax
+
+from t5lite.config import parsing
+from t5lite.errors import ConfigError, PartitioningError
+from t5lite.runtime import benchmark, optimizers, run
+
+
+def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
+                    search_paths: Iterable[str] = ()) -> run.Run:
+    """Parse the config (unset run macros get placeholders: a benchmark has no MODEL_DIR)
+    and build its step run (`step_run`). Raises ConfigError / PartitioningError."""
+    parsing.parse_gin(gin_files, bindings, search_paths, placeholders=parsing.RUN_PLACEHOLDERS)
+    return step_run(parsing.resolve_macro("MODEL", origin=", ".join(gin_files)))
+
+
+def step_run(model, *, batch_size: Optional[int] = None,
+             devices: Optional[Sequence[Any]] = None,
+             task_feature_lengths: Optional[Mapping[str, int]] = None,
+             optimizer: Any = None) -> run.Run:
+    """The parsed config's train step (model, optimizer, mesh, batch size, microbatches,
+    lengths: the `train` bindings that `build_run` takes; arguments given here win) fed
+    random batches of the same shapes: a step's speed and memory do not depend on the
+    text, and random batches need no TensorFlow, even for a recipe naming a real task.
+    Raises ConfigError in one line (a batch that does not divide over the mesh, say)."""
+    wanted = set(inspect.signature(run.build_run).parameters) - {"model", "devices"}
+    settings = {k: v for k, v in gin.get_bindings("train").items() if k in wanted}
+    settings["mixture_or_task_name"] = run.SYNTHETIC_TASK
+    settings.setdefault("optimizer", default_optimizer())
+    given = {"batch_size": batch_size, "task_feature_lengths": task_feature_lengths,
+             "optimizer": optimizer}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    missing = sorted({"batch_size", "task_feature_lengths"} - set(settings))
+    if missing:
+        raise ConfigError(f"the config sets no {' or '.join(m.upper() for m in missing)}; "
+                          f"include a run config (e.g. runs/pretrain.gin) or bind it")
+    try:
+        return run.build_run(model=model, devices=devices, **settings)
+    except PartitioningError as e:
+        raise ConfigError(str(e)) from None
+
+
+OPTIMIZERS = {"adafactor": lambda: optimizers.adafactor(optimizers.rsqrt_decay()),
+              "adamw": lambda: optimizers.adamw(1e-4)}
+
+
+def default_optimizer():
+    """What the T5 recipes train with when a config binds none: Adafactor, rsqrt decay."""
+    return OPTIMIZERS["adafactor"]()
+
+
+def run_optimizer(name: Optional[str] = None) -> Tuple[Any, str]:
+    """The optimizer named (adafactor / adamw), else the one the parsed config binds to
+    `train.optimizer`, else the default; with where it came from, in words."""
+    if name is not None:
+        return OPTIMIZERS[name](), "--optimizer"
+    bound = gin.get_bindings("train").get("optimizer")
+    if bound is not None:
+        return bound, "bound by the config"
+    return default_optimizer(), "the config binds none; T5's default"
+
+
+def global_batch(per_device_batch: Optional[int], devices: int) -> int:
+    """per_device_batch x devices, or the parsed config's BATCH_SIZE when none is given."""
+    if per_device_batch is None:
+        batch = gin.get_bindings("train").get("batch_size")
+        if batch is None:
+            raise ConfigError("the config sets no BATCH_SIZE: give --per_device_batch")
+        if batch % devices:
+            raise ConfigError(f"BATCH_SIZE={batch} does not divide over {devices} devices: "
+                              f"give --per_device_batch")
+        return batch
+    if per_device_batch < 1:
+        raise ConfigError(f"--per_device_batch must be >= 1, got {per_device_batch}")
+    return per_device_batch * devices
+
+
+def provenance(the_run: run.Run, command: str) -> Dict[str, Any]:
+    """What a benchmark number needs to be traced to its run."""
+    import flax
+    return dict(device_kind=jax.devices()[0].device_kind, device_count=jax.device_count(),
+                process_count=jax.process_count(), jax_version=jax.__version__,
+                flax_version=flax.__version__, python=platform.python_version(),
+                command=command, gin_config=gin.config_str(),
+                flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size)
+
+
+def timed(the_run: run.Run, steps: int, warmup: int, command: str) -> Dict[str, Any]:
+    """`runtime.benchmark.bench` of the run, with its provenance."""
+    result = benchmark.bench(the_run, steps, warmup,
+                             fp8=bool(getattr(the_run.model.config, "fp8", False)))
+    result.update(provenance(the_run, command))
+    return result

@@ -1,0 +1,143 @@
+"""Per-device memory of the compiled train step, read from XLA's own buffer assignment
+(`jax.jit(...).lower(...).compile().memory_analysis()`), without allocating anything.
+
+    compiled = compile_train_step(run, abstract_batch(run))  # nothing on the devices yet
+    mem = compiled_memory(compiled)                          # StepMemory, bytes per device
+    print(verdict(mem.peak_bytes, 80 * 2**30))
+
+The train step donates its state, so the state's buffers are both argument and output
+(`alias`); one device holds at most arguments + outputs - aliased + temporaries (the
+activations kept for the backward pass, gradients, optimizer scratch) + the program. The
+number is exact for the backend that compiled it. On simulated CPU devices it estimates
+a GPU's: the shardings and the saved activations are the same, but the GPU compiler
+fuses and schedules differently (and may run attention as one cuDNN kernel), so compare
+with a measured peak before trusting the last GiB (`docs/performance.md` states the
+measured error). One known gap, measured: the CPU compiler credits a remat policy only
+when the layers are scanned (SCAN_LAYERS=True); for an unrolled stack it schedules the
+recomputation early and reports the memory of no remat, so there the estimate is an
+upper bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional
+
+import jax
+import numpy as np
+
+from t5lite.data import synthetic
+from t5lite.errors import ConfigError
+from t5lite.runtime.run import Run
+
+GiB = 2 ** 30
+HEADROOM = 0.9
+"""Fraction of device memory a step may plan on: the rest goes to the runtime (CUDA
+context, cuBLAS / cuDNN workspaces) and to fragmentation. The GPU launchers give XLA
+the same fraction (`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9`)."""
+
+PACKED_FEATURES = ("segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """Bytes per device of one compiled program."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        """Arguments + outputs not aliased to an argument + temporaries + the program."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.code_bytes)
+
+    def as_dict(self) -> Dict[str, int]:
+        return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def batch_specs(model, task_feature_lengths: Mapping[str, int], batch_size: int,
+                pack: bool = False) -> Dict[str, tuple]:
+    """{feature: (shape, dtype)} of a global batch as the model's family reads it (packed
+    batches carry segment ids and positions per sequence)."""
+    lengths = model.feature_lengths(task_feature_lengths)
+    task = synthetic.SyntheticTask(lengths, model.config.vocab_size,
+                                   model.FEATURE_CONVERTER_KIND, seed=0)
+    specs = task.feature_specs(batch_size)
+    if pack:
+        for prefix, tokens in (("encoder", "encoder_input_tokens"),
+                               ("decoder", "decoder_target_tokens")):
+            if tokens in specs:
+                for what in PACKED_FEATURES:
+                    specs[f"{prefix}_{what}"] = (specs[tokens][0], np.dtype(np.int32))
+    return specs
+
+
+def abstract_batch(run: Run, task_feature_lengths: Mapping[str, int],
+                   pack: bool = False) -> Dict[str, jax.ShapeDtypeStruct]:
+    """The run's global batch as sharded ShapeDtypeStructs (nothing allocated)."""
+    specs = batch_specs(run.model, task_feature_lengths, run.batch_size, pack)
+    return {k: jax.ShapeDtypeStruct(shape, dtype,
+                                    sharding=run.partitioner.batch_sharding(len(shape)))
+            for k, (shape, dtype) in specs.items()}
+
+
+def abstract_state(run: Run):
+    """The run's train state as sharded ShapeDtypeStructs (nothing allocated)."""
+    return jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        run.fns.abstract_state, run.fns.state_shardings)
+
+
+def compile_train_step(run: Run, batch: Mapping[str, Any], state: Any = None):
+    """The run's train step compiled for `batch` (arrays or ShapeDtypeStructs) and `state`
+    (default: the abstract state): a `jax.stages.Compiled`, callable as
+    `compiled(state, batch)`."""
+    state = abstract_state(run) if state is None else state
+    return run.fns.train_step.lower(state, dict(batch)).compile()
+
+
+def compiled_memory(compiled) -> Optional[StepMemory]:
+    """The compiled program's per-device memory, or None where the backend reports none."""
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, AttributeError, RuntimeError):
+        return None
+    if stats is None:
+        return None
+    return StepMemory(argument_bytes=int(stats.argument_size_in_bytes),
+                      output_bytes=int(stats.output_size_in_bytes),
+                      alias_bytes=int(stats.alias_size_in_bytes),
+                      temp_bytes=int(stats.temp_size_in_bytes),
+                      code_bytes=int(stats.generated_code_size_in_bytes))
+
+
+def verdict(peak_bytes: int, device_bytes: int, headroom: float = HEADROOM) -> str:
+    """A plain answer: does a step of `peak_bytes` per device fit a device of
+    `device_bytes`, planning on `headroom` of it?"""
+    usable = headroom * device_bytes
+    device = f"{device_bytes / GiB:.0f} GiB"
+    if peak_bytes <= usable:
+        return (f"fits in {device} ({peak_bytes / GiB:.1f} GiB of the {usable / GiB:.1f} GiB "
+                f"usable, {100 * peak_bytes / usable:.0f}%)")
+    return (f"does not fit in {device}: needs {peak_bytes / GiB:.1f} GiB of "
+            f"{usable / GiB:.1f} GiB usable; use remat (REMAT_POLICY), more "
+            f"NUM_MICROBATCHES, more fsdp shards or a smaller per-device batch")
+
+
+def cpu_devices(count: int):
+    """`count` CPU devices to compile for. Call before jax starts (first thing in a
+    command): jax then makes that many; a process that already has enough uses them."""
+    if count < 1:
+        raise ConfigError(f"--devices must be >= 1, got {count}")
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:
+        pass  # jax already started: use the devices it has
+    devices = jax.devices("cpu")
+    if len(devices) < count:
+        raise ConfigError(f"{count} simulated devices asked, but jax already started with "
+                          f"{len(devices)} CPU devices; run `python -m t5lite.info` afresh")
+    return devices[:count]

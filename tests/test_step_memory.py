@@ -1,0 +1,162 @@
+"""Memory before hardware: the compiled train step's per-device memory
+(`runtime.step_memory`, `python -m t5lite.info --memory`) follows the mesh, the batch and
+the remat switch as it must, `info` counts the optimizer the config binds, and its
+answer says plainly whether a step fits."""
+import json
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import train_helpers as th
+from t5lite.config import benchmarking, parsing
+from t5lite.models import configs, model as model_lib
+from t5lite.runtime import footprint, optimizers, run, step_memory
+from t5lite.runtime.partitioning import MeshSettings
+
+LENGTHS = {"inputs": 64, "targets": 32}
+
+
+def _tiny_t5(**switches):
+    cfg = configs.T5Config(vocab_size=256, emb_dim=64, num_heads=4, head_dim=16,
+                           num_encoder_layers=2, num_decoder_layers=2, mlp_dim=256,
+                           **switches)
+    return model_lib.EncoderDecoderModel(cfg)
+
+
+def _memory(model, batch, mesh_shape, optimizer=None, devices=8):
+    the_run = run.build_run(model=model, batch_size=batch, task_feature_lengths=LENGTHS,
+                            mixture_or_task_name="synthetic",
+                            optimizer=optimizer or optimizers.adamw(1e-3),
+                            mesh=MeshSettings(ici_mesh_shape=mesh_shape),
+                            devices=jax.devices()[:devices])
+    compiled = step_memory.compile_train_step(the_run, step_memory.abstract_batch(the_run,
+                                                                                  LENGTHS))
+    return step_memory.compiled_memory(compiled)
+
+
+def _state_bytes(model, optimizer):
+    params = footprint.abstract_params(model)
+    return 4 * footprint.param_count(params) + footprint.optimizer_state_bytes(params,
+                                                                               optimizer)
+
+
+def test_state_is_sharded_by_fsdp_and_replicated_by_data_parallelism():
+    model, opt = _tiny_t5(), optimizers.adamw(1e-3)
+    state = _state_bytes(model, opt)
+    data = _memory(model, 8, (8, 1, 1), opt)
+    fsdp = _memory(model, 8, (1, 8, 1), opt)
+    # data parallel: every device holds the whole state (plus batch, rng, step)
+    assert state <= data.argument_bytes < state * 1.05
+    # fsdp over 8: each holds about an eighth of it (small leaves stay replicated)
+    assert fsdp.argument_bytes < state / 4
+    # the donated state is aliased to the new state: outputs add no second copy
+    assert data.alias_bytes >= state and data.peak_bytes < data.argument_bytes + data.temp_bytes * 1.01 + data.code_bytes + 2**20
+
+
+def test_activations_grow_with_the_batch_and_remat_shrinks_them():
+    small = _memory(_tiny_t5(), 8, (8, 1, 1), devices=8)     # 1 example per device
+    large = _memory(_tiny_t5(), 64, (8, 1, 1), devices=8)    # 8 per device
+    assert large.temp_bytes > 2 * small.temp_bytes
+    # remat frees the saved activations; the CPU compiler credits it for scanned layers
+    # (for an unrolled stack it schedules the recomputation early: see step_memory)
+    scanned = _memory(_tiny_t5(scan_layers=True), 64, (8, 1, 1), devices=8)
+    remat = _memory(_tiny_t5(scan_layers=True, remat_policy="full"), 64, (8, 1, 1), devices=8)
+    assert remat.temp_bytes < scanned.temp_bytes / 2
+
+
+def test_verdict_is_a_plain_answer():
+    assert step_memory.verdict(10 * 2**30, 80 * 2**30).startswith("fits in 80 GiB")
+    no = step_memory.verdict(75 * 2**30, 80 * 2**30)   # above 90% of 80 GiB
+    assert no.startswith("does not fit in 80 GiB") and "REMAT_POLICY" in no
+    assert "NUM_MICROBATCHES" in no
+
+
+def test_optimizer_state_is_counted_from_the_optimizer_itself():
+    # Adafactor factors matrices whose both sides are >= 128: a model wide enough for that
+    params = footprint.abstract_params(model_lib.EncoderDecoderModel(configs.T5Config(
+        vocab_size=256, emb_dim=128, num_heads=4, head_dim=32, num_encoder_layers=2,
+        num_decoder_layers=2, mlp_dim=512)))
+    n = footprint.param_count(params)
+    adamw = footprint.optimizer_state_bytes(params, optimizers.adamw(1e-3))
+    assert 8 * n <= adamw <= 8 * n + 64          # two float32 moments + step counters
+    ada = footprint.optimizer_state_bytes(params, optimizers.adafactor(1e-2))
+    # factored second moments for the big matrices (the [embed, heads, kv] attention
+    # kernels stay whole: their second-largest side, kv, is under 128): well under 4 B/param
+    assert ada < 2 * n
+    momentum = footprint.optimizer_state_bytes(params, optimizers.adafactor(1e-2,
+                                                                            momentum=0.9))
+    assert momentum >= ada + 4 * n               # a full first moment on top
+
+
+def test_placeholders_fill_only_unset_run_macros(tmp_path):
+    recipe = tmp_path / "recipe.gin"
+    recipe.write_text("include 'models/t5_1_1/tiny.gin'\ninclude 'runs/pretrain.gin'\n"
+                      "TRAIN_STEPS = 5000\nMIXTURE_OR_TASK_NAME = 'pile_span_corruption'\n")
+    import gin
+    parsing.parse_gin([str(recipe)], ["BATCH_SIZE = 16"], placeholders=parsing.RUN_PLACEHOLDERS)
+    assert gin.query_parameter("TRAIN_STEPS/gin.macro.value") == 5000
+    assert gin.query_parameter("MIXTURE_OR_TASK_NAME/gin.macro.value") == "pile_span_corruption"
+    assert gin.query_parameter("MODEL_DIR/gin.macro.value") == "/tmp/t5lite_placeholder"
+    # the step run still reads random batches: no TensorFlow, no PILE_DIR
+    the_run = benchmarking.step_run(parsing.resolve_macro("MODEL"), devices=jax.devices()[:1])
+    assert the_run.batch_size == 16 and type(the_run.iterator).__name__ == "SyntheticIterator"
+
+
+# --------------------------------------------------------------------------- the command
+
+def _info(*args):
+    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=th.REPO,
+                          env=th.env(devices=1), capture_output=True, text=True, timeout=300)
+
+
+def test_info_counts_the_optimizer_the_recipe_binds():
+    proc = _info("--gin_file=configs/large_pile_pretrain.gin", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["optimizer"] == "adamw" and report["optimizer_source"] == "bound by the config"
+    n = report["params"]
+    assert 8 * n <= report["optimizer_state_bytes"] <= 8 * n + 64   # ~5.8 GiB, not 0.07
+    assert "adamw state" in proc.stderr and "bound by the config" in proc.stderr
+    proc = _info("--gin_file=configs/large_pile_pretrain.gin", "--optimizer=adafactor",
+                 "--json")
+    assert json.loads(proc.stdout)["optimizer"] == "adafactor"
+
+
+def test_info_memory_on_simulated_devices():
+    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
+                 "--gin_file=configs/synthetic_pretrain.gin", "--inputs_length=64",
+                 "--targets_length=32", "--memory", "--devices=4", "--per_device_batch=2",
+                 "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--json")
+    assert proc.returncode == 0, proc.stderr
+    mem = json.loads(proc.stdout)["step_memory"]
+    assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert mem["per_device_batch"] == 2 and mem["batch_size"] == 8
+    assert mem["peak_bytes"] == (mem["argument_bytes"] + mem["output_bytes"]
+                                 - mem["alias_bytes"] + mem["temp_bytes"] + mem["code_bytes"])
+    assert mem["verdict"].startswith("fits in 80 GiB")
+    assert "train step memory" in proc.stderr and "4 simulated CPU devices" in proc.stderr
+    # the same step on a device of a few KiB: a plain no, with what to change
+    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
+                 "--gin_file=configs/synthetic_pretrain.gin", "--memory", "--devices=2",
+                 "--per_device_batch=2", "--device_memory_gib=0.00001")
+    assert proc.returncode == 0, proc.stderr
+    assert "does not fit in 0 GiB" in proc.stdout and "REMAT_POLICY" in proc.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=2"],
+     ["BATCH_SIZE", "--per_device_batch"]),
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
+      "--memory", "--devices=2", "--per_device_batch=1", "--gin.NUM_MICROBATCHES=4"],
+     ["NUM_MICROBATCHES"]),
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=0"], ["--devices"]),
+])
+def test_info_memory_mistakes_are_one_line(args, words):
+    proc = _info(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
