@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The whole path on a GPU, in one call: switch variants against the configured model
+# (cuDNN attention, native FP8, layouts; scripts_gpu/check_switches.py), then a synthetic
+# training run that checkpoints, stops, resumes and ends where an uninterrupted run ends.
+#
+#   scripts_gpu/gpu_proof.sh OUT_DIR [MODEL_GIN] [BATCH] [STEPS] [INPUTS TARGETS]
+#   scripts_gpu/gpu_proof.sh "$OUT" configs/models/t5_1_1/large.gin 32 200
+#
+# Writes OUT_DIR/switches.json, OUT_DIR/{first_half,second_half,uninterrupted}.log and
+# OUT_DIR/proof.txt (losses at the first, middle and last step of each run). Needs jax,
+# flax, optax, orbax and gin-config (wheels in ./.whl are installed into /tmp if gin is
+# missing), no TensorFlow: the data is random batches.
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 OUT_DIR [MODEL_GIN] [BATCH] [STEPS] [INPUTS TARGETS]" >&2
+  exit 2
+fi
+out=$(realpath -m "$1"); model=${2:-configs/models/t5_1_1/large.gin}
+batch=${3:-32}; steps=${4:-200}; inputs=${5:-512}; targets=${6:-128}
+half=$((steps / 2))
+cd "$(dirname "$0")/.."
+source scripts_gpu/xla_flags.sh
+if ! python3 -c "import gin" 2>/dev/null; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/t5lite_site .whl/*.whl
+    export PYTHONPATH=/tmp/t5lite_site:${PYTHONPATH:-}
+  else
+    echo "error: gin-config is not installed and no wheels are in ./.whl" >&2
+    exit 2
+  fi
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+mkdir -p "$out"
+variants=${VARIANTS:-float32,dot_product,cudnn,fused_qkv,transpose_bs,scan_layers,fp8}
+switch_rc=0
+python3 scripts_gpu/check_switches.py --gin_file="$model" --variants="$variants" \
+  --inputs_length="$inputs" --targets_length="$targets" --seq_length="$targets" \
+  --batch=4 --json_out="$out/switches.json" 2>&1 | tee "$out/switches.log" || switch_rc=$?
+
+train() {  # MODEL_DIR TRAIN_STEPS LOG
+  python3 -m t5lite.train --gin_file="$model" --gin_file=configs/synthetic_pretrain.gin \
+    --gin.MODEL_DIR="\"$1\"" --gin.TRAIN_STEPS="$2" --gin.BATCH_SIZE="$batch" \
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': $inputs, 'targets': $targets}" \
+    --gin.CHECKPOINT_PERIOD="$half" --gin.LOG_PERIOD=10 2>&1 | tee "$3"
+}
+rm -rf "$out/run" "$out/run_uninterrupted"
+train "$out/run" "$half" "$out/first_half.log"
+train "$out/run" "$steps" "$out/second_half.log"
+train "$out/run_uninterrupted" "$steps" "$out/uninterrupted.log"
+{
+  echo "switch check exit status: $switch_rc"
+  for f in first_half second_half uninterrupted; do
+    echo "== $f"; grep -E "step [0-9]+/[0-9]+ \| loss|resum|restor" "$out/$f.log" | sed -n '1p;$p'
+  done
+} | tee "$out/proof.txt"
+rm -rf "$out/run" "$out/run_uninterrupted"   # checkpoints are too large to bring back

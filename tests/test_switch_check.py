@@ -1,0 +1,68 @@
+"""The GPU proof's logits check (`runtime.switch_check`, scripts_gpu/check_switches.py)
+on CPU: exact switches come out exact, a perturbed variant is caught, a variant the
+backend cannot run is a row (and a non-zero exit), FP8 is judged by its own tolerance."""
+import json
+import subprocess
+import sys
+
+import train_helpers as th
+from t5lite.models import configs, model as model_lib
+from t5lite.runtime import switch_check
+
+LENGTHS = {"inputs": 24, "targets": 12}
+
+
+def _model(**fields):
+    return model_lib.EncoderDecoderModel(configs.T5Config(
+        vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
+        num_decoder_layers=2, mlp_dim=64, **fields))
+
+
+def test_layouts_are_exact_and_bf16_error_sets_the_tolerance():
+    report = switch_check.compare_variants(
+        _model(), {n: switch_check.VARIANTS[n] for n in
+                   ("float32", "fused_qkv", "transpose_bs", "dot_product", "fp8")},
+        LENGTHS, batch_size=3)
+    rows = report["variants"]
+    bf16 = report["bf16_error"]
+    assert 1e-4 < bf16 < 0.05 and "ok" not in rows["float32"]
+    for name in ("fused_qkv", "transpose_bs"):
+        assert rows[name]["rel_l2"] < 1e-6 and rows[name]["argmax_agreement"] == 1.0
+        assert rows[name]["ok"] and rows[name]["tolerance"] == max(3 * bf16, 1e-3)
+    assert rows["dot_product"]["ok"]
+    # FP8 really quantizes (further than bf16 from float32) and is judged by its own bar
+    assert rows["fp8"]["tolerance"] == switch_check.FP8_TOLERANCE
+    assert rows["fp8"]["rel_l2"] > bf16
+    assert abs(rows["fp8"]["loss"] - report["reference"]["loss"]) < 0.1
+
+
+def test_a_different_function_is_caught():
+    # same weights and shapes, another function (ReLU gate instead of GELU)
+    report = switch_check.compare_variants(
+        _model(), {"float32": {"dtype": "float32"}, "wrong": {"mlp_activations": ("relu", "linear")}},
+        LENGTHS, batch_size=3)
+    row = report["variants"]["wrong"]
+    assert row["ok"] is False and row["rel_l2"] > row["tolerance"]
+    assert "TOO FAR" in switch_check.format_report(report)
+
+
+def test_script_reports_rows_and_fails_on_a_variant_it_cannot_run(tmp_path):
+    out = tmp_path / "switches.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts_gpu/check_switches.py",
+         "--gin_file=configs/models/t5_1_1/tiny.gin", "--variants=float32,fused_qkv,cudnn",
+         "--inputs_length=16", "--targets_length=8", "--batch=2", f"--json_out={out}"],
+        cwd=th.REPO, env=th.env(devices=1), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr        # cuDNN attention needs a GPU
+    report = json.loads(out.read_text())
+    assert report["variants"]["fused_qkv"]["ok"] is True
+    assert "error" in report["variants"]["cudnn"]
+    assert report["device_kind"] and report["task_feature_lengths"] == {"inputs": 16,
+                                                                      "targets": 8}
+    assert "fused_qkv" in proc.stdout and "ok" in proc.stdout
+    bad = subprocess.run([sys.executable, "scripts_gpu/check_switches.py",
+                          "--gin_file=configs/models/t5_1_1/tiny.gin", "--variants=flash"],
+                         cwd=th.REPO, env=th.env(devices=1), capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --variants")
+    assert len(bad.stderr.strip().splitlines()) == 1
