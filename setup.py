@@ -52,6 +52,10 @@ setup(
             "safetensors>=0.4",
         ],
         "gpu": ["jax[cuda12]>=0.4.35"],
-        "te": ["transformer-engine[jax]>=1.11"],
+        # NVIDIA Transformer Engine for JAX (FP8_BACKEND='te', ATTENTION_IMPL='te'; needs an
+        # NVIDIA GPU, CUDA and `pip install --no-build-isolation`): the metapackage's jax
+        # extra pulls transformer_engine_jax and the CUDA core library of the same version;
+        # make_dot_general_cls, which t5lite's Dense plugs in, exists from 2.12.
+        "te": ["transformer_engine[jax]>=2.12"],
     },
 )

@@ -1,6 +1,8 @@
 # Shared by the launchers: turns the positional switches into gin flags in GIN_SWITCHES.
 # PREC: bf16 | fp32 ; ENABLE_FP8, TRANSPOSE_BS, FUSE_QKV: 0/1 ; PACK: 0/1 (documented:
 # the data pipeline packs only when the task config enables it).
+# ENABLE_FP8=1 runs Transformer Engine's FP8 when it imports, native XLA FP8 otherwise;
+# the environment variable FP8_BACKEND=te|native forces one. The choice is logged.
 make_switches() {
   local prec=$1 fp8=$2 transpose=$3 fuse=$4
   case "$prec" in
@@ -8,7 +10,24 @@ make_switches() {
     fp32) GIN_SWITCHES="--gin.ACTIVATION_DTYPE=\"float32\"" ;;
     *) echo "error: PREC must be bf16 or fp32, got '$prec'" >&2; return 2 ;;
   esac
-  [ "$fp8" = 1 ] && GIN_SWITCHES="$GIN_SWITCHES --gin.FP8=True"
+  if [ "$fp8" = 1 ]; then
+    local backend=${FP8_BACKEND:-auto} why
+    if [ "$backend" = auto ]; then
+      if why=$(python3 -c "from t5lite.models import te_backend as t; r = t.unavailable_reason(); print(r or ''); raise SystemExit(1 if r else 0)" 2>/dev/null); then
+        backend=te
+      else
+        backend=native
+        echo "FP8: native XLA FP8 (Transformer Engine not usable: ${why:-it does not import})" >&2
+      fi
+    fi
+    case "$backend" in
+      te) echo "FP8: Transformer Engine $(python3 -c 'import importlib.metadata as m; print(m.version("transformer_engine"))' 2>/dev/null || echo '(version unknown)')" >&2 ;;
+      native) ;;
+      *) echo "error: FP8_BACKEND must be te, native or auto, got '$backend'" >&2; return 2 ;;
+    esac
+    [ "$backend" = native ] && [ "${FP8_BACKEND:-auto}" = native ] && echo "FP8: native XLA FP8 (FP8_BACKEND=native)" >&2
+    GIN_SWITCHES="$GIN_SWITCHES --gin.FP8=True --gin.FP8_BACKEND=\"$backend\""
+  fi
   [ "$transpose" = 1 ] && GIN_SWITCHES="$GIN_SWITCHES --gin.TRANSPOSE_BS=True"
   [ "$fuse" = 1 ] && GIN_SWITCHES="$GIN_SWITCHES --gin.FUSE_QKV=True"
   return 0

@@ -182,7 +182,7 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
                "targets": int(feature_lengths["targets"])}
     model.check_decode_lengths(lengths)
     settings = decoding_settings or DecodingSettings()
-    part = (mesh or MeshSettings()).partitioner()
+    part = (mesh or MeshSettings()).partitioner(model=model)
     part.check_batch_size(batch_size)
     params = restore_params(model, checkpoint_path, part)
     return Session(model, part, params, int(batch_size), lengths, settings.decoder(),

@@ -52,7 +52,9 @@ import dataclasses
 from typing import ClassVar, Optional, Tuple
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
-ATTENTION_IMPLS = ("xla", "dot_product", "cudnn")
+ATTENTION_IMPLS = ("xla", "dot_product", "cudnn", "te")
+FP8_BACKENDS = ("native", "te")
+FP8_RECIPES = ("delayed", "current")
 PRECISIONS = ("bf16", "fp8")
 
 
@@ -79,6 +81,8 @@ class T5Config:
     fuse_qkv: bool = False
     transpose_bs: bool = False
     fp8: bool = False
+    fp8_backend: str = "native"  # "native" (flax fp8 ops) or "te" (Transformer Engine)
+    fp8_recipe: str = "delayed"  # TE only: "delayed" (T5X's) or "current" scaling
     remat_policy: str = "none"
     scan_layers: bool = False
     attention_impl: str = "xla"
@@ -121,6 +125,8 @@ class DecoderConfig:
     fuse_qkv: bool = False
     transpose_bs: bool = False
     fp8: bool = False
+    fp8_backend: str = "native"  # "native" (flax fp8 ops) or "te" (Transformer Engine)
+    fp8_recipe: str = "delayed"  # TE only: "delayed" (T5X's) or "current" scaling
     remat_policy: str = "none"
     scan_layers: bool = False
     attention_impl: str = "xla"
@@ -147,5 +153,9 @@ def _check_switches(cfg) -> None:
     if cfg.attention_impl not in ATTENTION_IMPLS:
         raise ValueError(
             f"attention_impl must be one of {ATTENTION_IMPLS}, got {cfg.attention_impl!r}")
+    if cfg.fp8_backend not in FP8_BACKENDS:
+        raise ValueError(f"fp8_backend must be one of {FP8_BACKENDS}, got {cfg.fp8_backend!r}")
+    if cfg.fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {cfg.fp8_recipe!r}")
     if cfg.dtype not in ("bfloat16", "float32", "float16"):
         raise ValueError(f"dtype must be bfloat16, float32 or float16, got {cfg.dtype!r}")

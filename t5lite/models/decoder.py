@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, attention_mask,
                                   decode_mask, get_dtype, make_norm)
+from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
 Array = jax.Array
@@ -42,15 +43,15 @@ class DecoderOnlyLayer(nn.Module):
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
         h = Attention(
             num_heads=c.num_heads, num_kv_heads=c.kv_heads, head_dim=c.head_dim, layout=lay,
-            dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=c.fp8,
+            dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=fp8_mode(c),
             logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
-            deterministic=self.deterministic, attention_impl=c.attention_impl,
+            deterministic=self.deterministic, attention_impl=c.attention_impl, causal=True,
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
             decode=self.decode, name="self_attention")(h, h, None, mask, positions, positions)
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
-                use_bias=c.use_bias, fp8=c.fp8, dropout_rate=c.dropout_rate,
+                use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
                 deterministic=self.deterministic, name="mlp")(h)
         x = lay.constrain(x + dropout(h), "embed")
         return (x, None) if self.scanned else x
@@ -83,7 +84,7 @@ class DecoderOnly(nn.Module):
                                         broadcast_dims=(Layout(c.transpose_bs).length_axis,))
         self.decoder = DecoderStack(c)
         if not c.tie_embeddings:
-            self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), dtype=dtype, fp8=c.fp8)
+            self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), dtype=dtype, fp8=fp8_mode(c))
 
     def __call__(self, decoder_input_tokens: Array,
                  decoder_target_tokens: Optional[Array] = None,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from t5lite.models import precision
+from t5lite.models import precision, te_backend
 
 Array = jax.Array
 NEG_INF = -1e10  # added to masked attention logits (float32)
@@ -79,8 +79,9 @@ def fan_in_init(scale: float = 1.0, n_in: int = 1) -> Callable:
 
 class Dense(nn.Module):
     """y = x . kernel, contracting the trailing `n_in` axes of x with the leading axes of
-    kernel [*in, *features]; optional bias [*features]. With `fp8` the matmul runs through
-    flax's native FP8 op (scales and amax histories in the FP8 collection).
+    kernel [*in, *features]; optional bias [*features]. `fp8` is a `precision.fp8_mode`:
+    "" (the matmul in `dtype`), "native" (flax's FP8 op) or "te-<recipe>" (Transformer
+    Engine's FP8 GEMM); FP8 scales and amax histories go to the FP8 collection.
     """
 
     features: Tuple[int, ...]
@@ -88,7 +89,7 @@ class Dense(nn.Module):
     n_in: int = 1
     dtype: jnp.dtype = jnp.bfloat16
     use_bias: bool = False
-    fp8: bool = False
+    fp8: str = ""
     init_scale: float = 1.0
 
     @nn.compact
@@ -101,8 +102,7 @@ class Dense(nn.Module):
         kernel = jnp.asarray(kernel, self.dtype)
         x = jnp.asarray(x, self.dtype)
         dims = (((tuple(range(x.ndim - self.n_in, x.ndim))), tuple(range(self.n_in))), ((), ()))
-        dot = precision.fp8_dot_general(name="fp8") if self.fp8 else jax.lax.dot_general
-        y = dot(x, kernel, dims)
+        y = precision.dot_general(self.fp8)(x, kernel, dims)
         if self.use_bias:
             bias = self.param(
                 "bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
@@ -311,12 +311,13 @@ class Attention(nn.Module):
     is_cross: bool = False
     fuse_qkv: bool = False
     use_bias: bool = False
-    fp8: bool = False
+    fp8: str = ""
     logits_scale: float = 1.0
     query_init_scale: float = 1.0
     dropout_rate: float = 0.0
     deterministic: bool = True
     attention_impl: str = "xla"
+    causal: bool = False  # a causal self-attention (its mask is causal; TE must know it)
     rope_theta: Optional[float] = None
     decode: bool = False
 
@@ -369,6 +370,8 @@ class Attention(nn.Module):
         v = lay.constrain(v, "heads", "kv")
         if self.attention_impl == "xla" or self.decode:
             out = self._einsum_attention(q, k, v, bias, mask)
+        elif self.attention_impl == "te":
+            out = self._te_attention(q, k, v, bias, mask)
         else:
             out = self._jax_nn_attention(q, k, v, bias, mask)
         out = lay.constrain(out, "heads", "kv")
@@ -440,6 +443,17 @@ class Attention(nn.Module):
             scale=self.logits_scale, implementation=impl)
         return jnp.swapaxes(out, 0, 1) if self.layout.transposed else out
 
+    def _te_attention(self, q, k, v, bias, mask):
+        """Transformer Engine's fused attention (`te_backend.attention`); [batch, length,
+        heads, kv] inside, either layout outside."""
+        if self.layout.transposed:
+            q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
+        out = te_backend.attention(
+            q, k, v, bias, mask, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, scale=self.logits_scale, causal=self.causal,
+            dropout_rate=self.dropout_rate, deterministic=self.deterministic)
+        return jnp.swapaxes(out, 0, 1) if self.layout.transposed else out
+
 
 # ----------------------------------------------------------------------------- mlp
 
@@ -461,7 +475,7 @@ class MLP(nn.Module):
     layout: Layout
     dtype: jnp.dtype = jnp.bfloat16
     use_bias: bool = False
-    fp8: bool = False
+    fp8: str = ""  # a precision.fp8_mode
     dropout_rate: float = 0.0
     deterministic: bool = True
 

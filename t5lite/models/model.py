@@ -25,6 +25,8 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     train_flops_per_example    model FLOPs of one training example (MFU convention)
     flops_report(...)          the FLOP figures `python -m t5lite.info` shows
     check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
+    check_features(names)      whether its network reads batches with these features
+    tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
     inference_ids(...)         text -> the token ids of one inference input or target
     inference_batch(...)       token lists -> the batch predict_batch / score_batch read
 
@@ -32,6 +34,7 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -42,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, features, flops, losses
+from t5lite.models import decoding, features, flops, losses, te_backend
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.decoder import DecoderOnly
 from t5lite.models.t5 import T5
@@ -59,8 +62,13 @@ class BaseModel:
     DECODES_TASK_SPLITS: bool = False
     module: nn.Module
 
-    def __init__(self, z_loss: float = 1e-4, label_smoothing: float = 0.0,
+    def __init__(self, config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
+        self.config = config
+        if config.fp8 and config.fp8_backend == "te":
+            te_backend.require("FP8_BACKEND='te'", "FP8_BACKEND='native'")
+        if config.attention_impl == "te":
+            te_backend.require("ATTENTION_IMPL='te'", "ATTENTION_IMPL='cudnn'")
         self.z_loss = z_loss
         self.label_smoothing = label_smoothing
         self.loss_normalizing_factor = loss_normalizing_factor
@@ -71,7 +79,25 @@ class BaseModel:
         raise NotImplementedError
 
     def _network_inputs(self, batch: Batch) -> Dict[str, jax.Array]:
+        self.check_features(batch)
         return {k: batch[k] for k in self.FEATURES if k in batch}
+
+    def check_features(self, names) -> None:
+        """ConfigError (one line) when the network cannot read batches with these feature
+        names: Transformer Engine's fused attention takes no packed segments."""
+        if self.config.attention_impl == "te" and any(n.endswith("_segment_ids") for n in names):
+            raise ConfigError(
+                "ATTENTION_IMPL='te' cannot keep packed sequences apart (Transformer Engine's "
+                "fused attention takes padding masks here, not segment ids): set PACK=False, "
+                "or keep packing with ATTENTION_IMPL='cudnn'")
+
+    def tracing_context(self, axes: Mapping[str, str]):
+        """A context to trace this model's code in, given the mesh axis names {"data",
+        "fsdp", "tensor"} -> name: Transformer Engine's mesh resource when it is used."""
+        if (self.config.fp8 and self.config.fp8_backend == "te") or \
+                self.config.attention_impl == "te":
+            return te_backend.tracing_context(axes)
+        return contextlib.nullcontext()
 
     def init_boxed(self, rng: jax.Array, batch_size: int = 1,
                    lengths: Optional[Mapping[str, int]] = None):
@@ -199,8 +225,7 @@ class EncoderDecoderModel(BaseModel):
 
     def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
-        super().__init__(z_loss, label_smoothing, loss_normalizing_factor)
-        self.config = config
+        super().__init__(config, z_loss, label_smoothing, loss_normalizing_factor)
         self.module = T5(config)
 
     def predict_batch(self, params, batch: Batch, *,
@@ -291,8 +316,7 @@ class DecoderOnlyModel(BaseModel):
 
     def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
-        super().__init__(z_loss, label_smoothing, loss_normalizing_factor)
-        self.config = config
+        super().__init__(config, z_loss, label_smoothing, loss_normalizing_factor)
         self.module = DecoderOnly(config)
 
     def predict_batch(self, params, batch: Batch, *,

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from t5lite.models.configs import T5Config
 from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, RelativePositionBias,
                                   RMSNorm, attention_mask, decode_mask, get_dtype)
+from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
 Array = jax.Array
@@ -37,20 +38,20 @@ class _T5Layer(nn.Module):
     def norm(self, name: str) -> RMSNorm:
         return RMSNorm(self.cfg.layer_norm_epsilon, get_dtype(self.cfg.dtype), name=name)
 
-    def attention(self, name: str, is_cross: bool) -> Attention:
+    def attention(self, name: str, is_cross: bool, causal: bool = False) -> Attention:
         c = self.cfg
         return Attention(
             num_heads=c.num_heads, num_kv_heads=c.num_heads, head_dim=c.head_dim,
             layout=self.layout, dtype=get_dtype(c.dtype), is_cross=is_cross,
-            fuse_qkv=c.fuse_qkv, fp8=c.fp8, logits_scale=1.0,
+            fuse_qkv=c.fuse_qkv, fp8=fp8_mode(c), logits_scale=1.0,
             query_init_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl,
-            decode=self.decode, name=name)
+            causal=causal, decode=self.decode, name=name)
 
     def mlp(self) -> MLP:
         c = self.cfg
         return MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=self.layout,
-                   dtype=get_dtype(c.dtype), fp8=c.fp8, dropout_rate=c.dropout_rate,
+                   dtype=get_dtype(c.dtype), fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
                    deterministic=self.deterministic, name="mlp")
 
     def residual(self, x: Array, y: Array) -> Array:
@@ -79,8 +80,8 @@ class DecoderLayer(_T5Layer):
         """x [batch, dec_length, embed]; encoded [batch, enc_length, embed] (or SB);
         positions (decoding only) [batch, dec_length] (or SB): where x's tokens sit."""
         h = self.norm("pre_self_attention_layer_norm")(x)
-        x = self.residual(x, self.attention("self_attention", False)(h, h, bias, self_mask,
-                                                                     positions))
+        attention = self.attention("self_attention", False, causal=True)
+        x = self.residual(x, attention(h, h, bias, self_mask, positions))
         h = self.norm("pre_cross_attention_layer_norm")(x)
         x = self.residual(
             x, self.attention("encoder_decoder_attention", True)(h, encoded, None, cross_mask))
@@ -168,7 +169,7 @@ class Decoder(nn.Module):
             logits = self.embedder.attend(x * (c.emb_dim ** -0.5))
         else:
             logits = Dense((c.vocab_size,), ("embed", "vocab"), dtype=get_dtype(c.dtype),
-                           fp8=c.fp8, name="logits_dense")(x)
+                           fp8=fp8_mode(c), name="logits_dense")(x)
         logits = lay.constrain(logits, "vocab")
         return lay.to_external(logits).astype(jnp.float32)
 

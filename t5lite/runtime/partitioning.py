@@ -142,6 +142,8 @@ class Partitioner:
 
     mesh: Mesh
     extra_rules: Sequence[Tuple[str, Any]] = ()
+    model_context: Callable[[], Any] = contextlib.nullcontext
+    """What the model needs entered while it is traced (`model.tracing_context`)."""
 
     @property
     def rules(self) -> Tuple[Tuple[str, Any], ...]:
@@ -151,8 +153,8 @@ class Partitioner:
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
         """The mesh and the logical-axis rules, for tracing model code outside `partition`
-        (e.g. `jax.eval_shape` of an initializer)."""
-        with self.mesh, nn.logical_axis_rules(self.rules):
+        (e.g. `jax.eval_shape` of an initializer), plus the model's own context."""
+        with self.mesh, nn.logical_axis_rules(self.rules), self.model_context():
             yield
 
     def partition(self, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
@@ -291,10 +293,16 @@ class MeshSettings:
     dcn_mesh_shape: Sequence[int] = (1, 1, 1)
     partition_rules: Sequence[Tuple[str, Any]] = ()
 
-    def partitioner(self, devices: Optional[Sequence[Any]] = None) -> Partitioner:
-        """The mesh over `devices` (default all) with these rules."""
-        return Partitioner(make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices),
-                           self.partition_rules)
+    def partitioner(self, devices: Optional[Sequence[Any]] = None,
+                    model: Any = None) -> Partitioner:
+        """The mesh over `devices` (default all) with these rules; with `model`, its
+        tracing context (Transformer Engine's mesh resource) joins the mesh and rules."""
+        mesh = make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices)
+        if model is None:
+            return Partitioner(mesh, self.partition_rules)
+        axes = {name: name for name in MESH_AXES}
+        return Partitioner(mesh, self.partition_rules,
+                           model_context=lambda: model.tracing_context(axes))
 
 
 def _derived_spec(shape, param_shape, param_spec: P) -> P:

@@ -77,7 +77,9 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
               devices: Optional[Sequence[Any]] = None) -> Run:
     """Mesh (over `devices`, default all), sharded train step and this process's data
     iterator."""
-    part = (mesh or MeshSettings()).partitioner(devices)
+    if pack:  # fail before any compile when the network cannot read packed batches
+        model.check_features(("decoder_segment_ids",))
+    part = (mesh or MeshSettings()).partitioner(devices, model=model)
     part.check_batch_size(batch_size, num_microbatches)
     fns = train_step.make_train_step(model, optimizer.tx, part,
                                      learning_rate_fn=optimizer.learning_rate_fn,

@@ -4,7 +4,8 @@ with in/out shardings and donated state, gradient accumulation as a scan inside 
 Loss normalization is exact under accumulation: every microbatch contributes its token
 sums, and the sums are divided once by the whole batch's normalizer, so k microbatches
 give the update of the whole batch. FP8 state is not a parameter: its "gradient" is its
-new value (flax's overwrite-with-gradient contract); microbatches combine it with max,
+new value (flax's overwrite-with-gradient contract); microbatches combine it with max
+(min for Transformer Engine's scales: `precision.combine_fp8`),
 and it never reaches the optimizer, clipping or weight decay.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from t5lite.models import precision
 from t5lite.models.precision import FP8_COLLECTION
 from t5lite.runtime.partitioning import Partitioner
 from t5lite.runtime.train_state import TrainState
@@ -68,7 +70,7 @@ class StepFunctions:
 
 def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, partitioner):
     """Summed loss, summed metrics and summed gradients (float32) over microbatches; FP8
-    state combined with max. Returns (loss_sum, metrics_sums, param_grads, new_fp8)."""
+    state combined by `precision.combine_fp8` (max; min for TE's scales). Returns (loss_sum, metrics_sums, param_grads, new_fp8)."""
 
     def one(mb, mb_rng):
         (loss_sum, sums), grads = jax.value_and_grad(model.loss_sums, has_aux=True)(
@@ -93,13 +95,13 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
         loss_sum, sums, g_params, g_fp8 = one(mb, jax.random.fold_in(rng, i))
         acc_loss, acc_sums, acc_g, acc_fp8 = carry
         acc_g = jax.tree_util.tree_map(jnp.add, acc_g, g_params)
-        acc_fp8 = jax.tree_util.tree_map(jnp.maximum, acc_fp8, g_fp8)
+        acc_fp8 = precision.combine_fp8(acc_fp8, g_fp8)
         acc_sums = jax.tree_util.tree_map(jnp.add, acc_sums, sums)
         return (acc_loss + loss_sum, acc_sums, acc_g, acc_fp8), None
 
     params, fp8 = _split_variables(variables)
     zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    low_fp8 = jax.tree_util.tree_map(lambda x: jnp.full(x.shape, -jnp.inf, x.dtype), fp8)
+    low_fp8 = precision.fp8_identity(fp8)
     zero_sums = {k: jnp.zeros((), jnp.float32)
                  for k in ("z_loss", "correct", "weight_sum", "nonpadding")}
     (loss_sum, sums, grads, new_fp8), _ = jax.lax.scan(
