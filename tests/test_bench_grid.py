@@ -24,15 +24,17 @@ def test_grid_entries_expand_into_precisions_and_ablations(tmp_path):
         "steps": 5, "warmup": 1,
         "common": {"gin_files": ["run.gin"], "bindings": ["A = 1"]},
         "runs": [{"name": "large", "gin_files": ["large.gin"], "bindings": ["B = 2"],
-                  "per_device_batch": [16, 32], "precisions": ["bf16", "fp8"],
+                  "per_device_batch": [16, 32], "precisions": ["bf16", "fp8", "te_fp8"],
                   "ablate": {"cudnn": ["ATTENTION_IMPL = 'cudnn'"]}},
                  {"name": "small", "per_device_batch": 8}]}))
     assert (grid.steps, grid.warmup) == (5, 1)
     by_name = {r.name: r for r in grid.runs}
     assert list(by_name) == ["large_bf16", "large_bf16+cudnn", "large_fp8", "large_fp8+cudnn",
-                             "small"]
+                             "large_te_fp8", "large_te_fp8+cudnn", "small"]
     assert by_name["large_fp8+cudnn"].bindings == ("A = 1", "B = 2", "FP8 = True",
+                                                   "FP8_BACKEND = 'native'",
                                                    "ATTENTION_IMPL = 'cudnn'")
+    assert by_name["large_te_fp8"].bindings[2:] == ("FP8 = True", "FP8_BACKEND = 'te'")
     assert by_name["large_bf16"].bindings == ("A = 1", "B = 2", "FP8 = False")
     assert by_name["large_bf16"].gin_files == ("large.gin", "run.gin")
     assert by_name["large_bf16"].per_device_batches == (16, 32)

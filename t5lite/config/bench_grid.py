@@ -14,7 +14,7 @@ A grid file is JSON:
 
 A run's own gin files come first, then the common ones (a model, then the run on top of
 it); common bindings come before a run's own. Each entry expands to one run per precision
-(`FP8 = False / True`), plus one per `ablate` item (that item's bindings on top), named `large_bf16`, `large_bf16+fused_qkv`
+(`bf16`, native `fp8`, Transformer Engine `te_fp8`), plus one per `ablate` item (that item's bindings on top), named `large_bf16`, `large_bf16+fused_qkv`
 and so on. `per_device_batch` is one size or an ascending sweep: the global batch is that
 times the device count, and a sweep stops at the first size that does not fit, so its
 last good entry is the largest batch that fits.
@@ -46,7 +46,9 @@ from t5lite.runtime.benchmark import StepDoesNotFit
 
 ENTRY_KEYS = {"name", "gin_files", "bindings", "per_device_batch", "precisions", "ablate"}
 GRID_KEYS = {"steps", "warmup", "common", "runs", "description"}
-PRECISION_BINDINGS = {"bf16": "FP8 = False", "fp8": "FP8 = True"}
+PRECISION_BINDINGS = {"bf16": ("FP8 = False",),
+                      "fp8": ("FP8 = True", "FP8_BACKEND = 'native'"),
+                      "te_fp8": ("FP8 = True", "FP8_BACKEND = 'te'")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +111,7 @@ def _expand(path: str, entry: Dict[str, Any], common: Dict[str, Any]) -> List[Gr
             raise _fail(path, f"run {name!r}: precision {precision!r} is not one of "
                               f"{sorted(PRECISION_BINDINGS)}")
         stem = name if precision is None else f"{name}_{precision}"
-        prec = () if precision is None else (PRECISION_BINDINGS[precision],)
+        prec = () if precision is None else PRECISION_BINDINGS[precision]
         runs.append(GridRun(stem, files, base + prec, batches))
         for variant, extra in ablate.items():
             extra = _strings(path, f"{name}.ablate.{variant}", extra)
