@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -70,10 +71,28 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
 
 
 def run_main(main: Callable[[], Optional[int]]) -> None:
-    """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2."""
+    """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2.
+    A failed command exits at once (`exit_now`)."""
     try:
-        status = main()
+        status = main() or 0
     except ConfigError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
-    sys.exit(status or 0)
+        status = EXIT_CONFIG_ERROR
+    if status:
+        exit_now(status)
+    sys.exit(0)
+
+
+def exit_now(status: int) -> None:
+    """Flush and leave without the interpreter's teardown. After an error, TensorFlow's
+    input threads may be inside Python calls (a reader's generator) that wait for the
+    interpreter lock while its teardown waits for them: the process would hang, holding
+    its GPUs, until killed. Whatever a run saves is closed before its error gets here
+    (the training loop closes checkpoints and logs in its `finally`)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

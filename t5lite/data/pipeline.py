@@ -140,15 +140,11 @@ class SeqioIterator:
         return self
 
     def __next__(self) -> Dict[str, np.ndarray]:
-        try:
-            if self._iterator is None:
-                self._iterator = self.dataset(skip=self.position).as_numpy_iterator()
-            batch = next(self._iterator)
-        except tf.errors.OpError as e:
-            error = sources.format_error_from(e)  # a bad record, raised inside tf.data
-            if error is None:
-                raise
-            raise error from None
+        if self._iterator is None:
+            with sources.stream_scope() as stream:
+                ds = self.dataset(skip=self.position)
+            self._iterator = sources.numpy_iterator(ds, stream)
+        batch = next(self._iterator)
         self.position += 1
         out = {}
         for k, v in batch.items():

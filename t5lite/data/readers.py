@@ -34,12 +34,60 @@ TEXT_SUFFIXES = (".jsonl", ".jsonl.zst", ".txt", ".txt.zst")
 
 
 # -- opening files ---------------------------------------------------------------------
+class _ChunkStream(io.RawIOBase):
+    """A readable binary stream over an iterator of bytes chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._chunks, self._rest = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            self._rest = next(self._chunks, b"")
+            if not self._rest:
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
+        return n
+
+
+def _zstd_chunks(path: str, raw) -> Iterator[bytes]:
+    """The decompressed bytes of every zstd frame in `raw`, streamed (1 MiB of input at
+    a time). A file that ends inside a frame raises DataFormatError: it was cut short."""
+    import zstandard
+    # The Pile's files need a large window; 2**31 is zstd's maximum.
+    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
+    frame, fed = dctx.decompressobj(), False
+    while True:
+        data = raw.read(1 << 20)
+        if not data:
+            break
+        while data:
+            try:
+                out = frame.decompress(data)
+            except zstandard.ZstdError as e:
+                raise DataFormatError(f"{path}: corrupt zstandard data ({e}); re-copy or "
+                                      f"re-compress the file") from None
+            fed = True
+            if out:
+                yield out
+            if not frame.eof:
+                break
+            data, frame, fed = frame.unused_data, dctx.decompressobj(), False
+    if fed:
+        raise DataFormatError(f"{path}: truncated zstandard file (it ends inside a "
+                              f"compressed frame): the file was cut short; re-copy it")
+
+
 @contextlib.contextmanager
 def open_text(path: str):
-    """A text stream (UTF-8) of `path`, decompressing `.zst` files on the fly."""
+    """A text stream (UTF-8) of `path`, decompressing `.zst` files on the fly (a
+    truncated or corrupt `.zst` raises DataFormatError when the reading gets there)."""
     if path.endswith(".zst"):
         try:
-            import zstandard
+            import zstandard  # noqa: F401
         except ImportError:  # pragma: no cover - zstandard is a dependency
             raise DataFormatError(f"{path}: reading .zst files needs the zstandard package "
                                   f"(pip install zstandard)") from None
@@ -49,9 +97,8 @@ def open_text(path: str):
                                       f"with the zstd magic bytes); expected {PILE_FORMAT}, "
                                       f"compressed with zstd")
             raw.seek(0)
-            # The Pile's files need a large window; 2**31 is zstd's maximum.
-            reader = zstandard.ZstdDecompressor(max_window_size=2 ** 31).stream_reader(raw)
-            with io.TextIOWrapper(reader, encoding="utf-8", newline="") as text:
+            binary = io.BufferedReader(_ChunkStream(_zstd_chunks(path, raw)), 1 << 20)
+            with io.TextIOWrapper(binary, encoding="utf-8", newline="") as text:
                 yield text
     else:
         with open(path, "r", encoding="utf-8", newline="") as text:
@@ -65,10 +112,6 @@ def _lines(path: str) -> Iterator[str]:
         except UnicodeDecodeError as e:
             raise DataFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") \
                 from None
-        except Exception as e:  # zstandard.ZstdError on a truncated or corrupt stream
-            if type(e).__name__ == "ZstdError":
-                raise DataFormatError(f"{path}: corrupt zstandard stream ({e})") from None
-            raise
 
 
 # -- the Pile (and any jsonl with a text field) ------------------------------------------

@@ -16,11 +16,14 @@ shards stay disjoint.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import itertools
 import os
 import re
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -62,6 +65,71 @@ def format_error_from(e: Exception) -> Optional[DataFormatError]:
     return DataFormatError(m.group(1).strip()) if m else None
 
 
+# A DataError raised inside a tf.data generator goes through TensorFlow, which prints its
+# Python traceback (~250 lines) and can leave the process hanging at exit. So the readers'
+# generators stop quietly instead and park the error under the stream they belong to (the
+# `stream_scope` their dataset was built in), and that stream's consumer
+# (`numpy_iterator`) raises it, with nothing of TensorFlow in between.
+_deferred: List[tuple] = []
+_deferred_lock = threading.Lock()
+_streams = itertools.count(1)
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def stream_scope() -> Iterator[int]:
+    """Datasets built inside park their readers' errors under the id this yields."""
+    previous = getattr(_current, "stream", 0)
+    _current.stream = next(_streams)
+    try:
+        yield _current.stream
+    finally:
+        _current.stream = previous
+
+
+def _quiet(generate: Callable[..., Iterator]) -> Callable[..., Iterator]:
+    """`generate` for tf.data, whose DataError is parked for the consumer instead."""
+    stream = getattr(_current, "stream", 0)
+
+    def generator(*args):
+        try:
+            yield from generate(*args)
+        except DataError as e:
+            with _deferred_lock:
+                _deferred.append((stream, e))
+    return generator
+
+
+def raise_deferred_error(stream: int = 0) -> None:
+    """Raise the first data error parked by the readers of `stream` (or of datasets
+    built outside any scope), forgetting that stream's others."""
+    with _deferred_lock:
+        mine = [e for s, e in _deferred if s in (stream, 0)]
+        _deferred[:] = [(s, e) for s, e in _deferred if s not in (stream, 0)]
+    if mine:
+        raise mine[0]
+
+
+def numpy_iterator(ds, stream: int = 0) -> Iterator[Any]:
+    """`ds.as_numpy_iterator()` whose data errors (a bad record met inside tf.data)
+    surface as the reader's own DataError, not as a TensorFlow error. `stream`: the
+    `stream_scope` id `ds` was built under."""
+    iterator = ds.as_numpy_iterator()
+    while True:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            raise_deferred_error(stream)  # a generator that stopped early is no end
+            return
+        except tf.errors.OpError as e:
+            error = format_error_from(e)
+            if error is None:
+                raise
+            raise error from None
+        raise_deferred_error(stream)
+        yield element
+
+
 def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
     return np.random.RandomState(0 if seed is None else seed % 2 ** 32).permutation(n)
 
@@ -101,9 +169,11 @@ class JsonlTextSource(seqio.DataSource):
             readers.check_jsonl(path, self._field)  # a wrong format fails here, clearly
         field = self._field
 
-        def records(path):
+        def read_texts(path):
             for text in readers.iter_jsonl_texts(path.decode(), field, index, count):
                 yield {"text": text}
+
+        records = _quiet(read_texts)
 
         def read(path):
             return tf.data.Dataset.from_generator(
@@ -151,7 +221,8 @@ class ExamplesSource(seqio.DataSource):
             for i in order:
                 yield examples[i]
 
-        return tf.data.Dataset.from_generator(generate, output_signature=self._signature)
+        return tf.data.Dataset.from_generator(_quiet(generate),
+                                              output_signature=self._signature)
 
 
 @functools.lru_cache(maxsize=16)

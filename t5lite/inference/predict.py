@@ -117,10 +117,12 @@ def _tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int]
 
 def _task_examples(provider, split: str, lengths: Mapping[str, int]
                    ) -> Iterator[Dict[str, Any]]:
-    ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
-                              use_cached=False)
+    from t5lite.data import sources
+    with sources.stream_scope() as stream:
+        ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
+                                  use_cached=False)
     vocab = provider.output_features["targets"].vocabulary
-    for ex in tfds_numpy(ds):
+    for ex in tfds_numpy(ds, stream):
         def text(key):
             raw = ex.get(f"{key}_pretokenized")
             if raw is None:
