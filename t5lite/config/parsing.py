@@ -19,6 +19,7 @@ import difflib
 import logging
 import os
 import re
+import tokenize
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
@@ -150,6 +151,10 @@ _IN_FILE = re.compile(r'^\s*In file "(?P<file>[^"]+)", line (?P<line>\d+)\n\s*(?
 _IN_CALL = re.compile(r"In call to configurable '(?P<name>[^']+)'")
 
 
+STRING_HINT = (" (a string value needs quotes that reach gin, e.g. "
+               "--gin.MODEL_DIR=\\\"/ckpt/run\\\" or --gin.MODEL_DIR=\"'/ckpt/run'\")")
+
+
 class _translate_errors:
     """Context manager turning gin's multi-line parse/call errors into ConfigError."""
 
@@ -160,6 +165,9 @@ class _translate_errors:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if isinstance(exc, tokenize.TokenError):  # an unclosed bracket or quote
+            raise ConfigError(f"gin syntax error: {exc.args[0]} (an unclosed bracket or "
+                              f"quote?) in {self.origin}") from None
         if exc is None or not isinstance(exc, (ValueError, TypeError, RuntimeError, OSError,
                                                SyntaxError)):
             return False
@@ -173,7 +181,9 @@ def _gin_error_line(exc: BaseException, origin: str, calling: bool) -> str:
         problem = "gin syntax error: " + _squash(exc.args[0])
         if "Failed to parse token" in problem:  # drop Python's ast noise before it
             problem = "gin syntax error: " + problem[problem.index("Failed to parse token"):]
-            problem += " (strings need quotes, e.g. --gin.NAME=\"'value'\")"
+            problem += STRING_HINT
+        elif "Unable to parse value" in problem:
+            problem = problem.rstrip(".") + STRING_HINT
         if loc.filename:
             return f"{problem} at {loc.filename}:{loc.line_num}: {loc.line_content.strip()}"
         return f"{problem} in {origin}"

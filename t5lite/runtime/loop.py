@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -70,15 +71,33 @@ class _Preemption:
 
 
 def _write_config(model_dir: Path) -> None:
-    """MODEL_DIR/config.gin: the resolved configuration of this run (process 0)."""
+    """MODEL_DIR/config.gin: the resolved configuration of this run (process 0), replaced
+    atomically."""
     import gin
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.gin").write_text(gin.config_str())
+        tmp = model_dir / f".config.gin.{os.getpid()}"
+        tmp.write_text(gin.config_str())
+        os.replace(tmp, model_dir / "config.gin")
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """ConfigError (one line) when MODEL_DIR cannot be a run directory."""
+    for path in (model_dir, *model_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "MODEL_DIR" if path == model_dir else f"MODEL_DIR's parent {path}"
+                raise ConfigError(f"{what} is a file, not a directory: MODEL_DIR={model_dir} "
+                                  f"must name a directory (new or an earlier run's)")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ConfigError(f"MODEL_DIR={model_dir}: {path} is not writable")
+            return
 
 
 def _finite(values: Mapping[str, Any]) -> bool:
-    return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm") if k in values)
+    """Loss, gradient norm and the updated parameters' norm all finite."""
+    return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm", "param_norm")
+               if k in values)
 
 
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
@@ -94,7 +113,10 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
     many steps and after the last. Returns the last logged metrics (and the last
     inference-evaluation metrics, `<task>/<metric>`)."""
+    periods.check_positive("TRAIN_STEPS", train_steps)
     periods.check_positive("LOG_PERIOD", log_period)
+    model_dir = Path(model_dir)
+    check_model_dir(model_dir)
     checkpointing = checkpointing or checkpoints.CheckpointSettings()
     inference_eval = inference_eval or InferenceEvalSettings()
     eval_period = inference_eval.period
@@ -105,7 +127,6 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         raise ConfigError("EVAL_PERIOD is set but no inference evaluator is bound: set "
                           "train.inference_evaluator = @InferenceEvaluation (runs/pretrain.gin "
                           "does)")
-    model_dir = Path(model_dir)
     run = build_run(model=model, batch_size=batch_size,
                     task_feature_lengths=task_feature_lengths,
                     mixture_or_task_name=mixture_or_task_name, optimizer=optimizer,
@@ -133,8 +154,19 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         raise
     if data_state:
         it.set_state(data_state)
-    _write_config(model_dir)
     step = int(jax.device_get(state.step))
+    if step >= train_steps:
+        ckpt.close()
+        if evaluator is not None:
+            evaluator.close()
+        log.info("already complete: %s holds step %d and TRAIN_STEPS=%d; nothing to train "
+                 "(raise TRAIN_STEPS to continue)", model_dir, step, train_steps)
+        return {}
+    # config.gin records how the saved state was trained: a new run writes it now, a
+    # resumed one replaces it only when it saves (a restart that fails keeps the record)
+    config_written = not (model_dir / "config.gin").exists()
+    if config_written:
+        _write_config(model_dir)
     log.info("start: %s at step %d; mesh %s; %d process(es)", source, step,
              dict(part.mesh.shape), jax.process_count())
 
@@ -177,6 +209,9 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 progress.update(step, values)
                 last = values
             if saving:
+                if not config_written:
+                    _write_config(model_dir)
+                    config_written = True
                 ckpt.save(step, state, it.get_state(), force=True)
             if evaluator is not None and periods.due(step, eval_period, train_steps):
                 last = {**last, **evaluator(step, state.variables)}

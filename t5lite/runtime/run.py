@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
-from t5lite.runtime import train_step
+from t5lite.runtime import periods, train_step
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
 SYNTHETIC_TASK = "synthetic"
@@ -77,6 +77,8 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
               devices: Optional[Sequence[Any]] = None) -> Run:
     """Mesh (over `devices`, default all), sharded train step and this process's data
     iterator."""
+    periods.check_positive("BATCH_SIZE", batch_size)
+    periods.check_positive("NUM_MICROBATCHES", num_microbatches)
     if pack:  # fail before any compile when the network cannot read packed batches
         model.check_features(("decoder_segment_ids",))
     part = (mesh or MeshSettings()).partitioner(devices, model=model)
