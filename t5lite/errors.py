@@ -48,5 +48,9 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint's tree or shapes do not match the model; the message is one line."""
 
 
+class CheckpointDamagedError(CheckpointMismatchError):
+    """No checkpoint of a run restores (each is unreadable); the message is one line."""
+
+
 class TrainingError(RuntimeError):
     """A run that must stop (NaN loss, bad data); the message is one line."""

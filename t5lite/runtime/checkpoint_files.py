@@ -34,6 +34,7 @@ _COMMIT_FILE = "commit_success.txt"
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 _ITEM_METADATA_FILE = "_METADATA"
 _INCOMPLETE_MARK = ".incomplete-"
+_DAMAGED_MARK = ".damaged-"
 
 
 def absolute(path: PathLike) -> epath.Path:
@@ -82,17 +83,41 @@ def sync_processes(name: str) -> None:
 
 
 def set_aside_uncommitted(checkpoints: epath.Path) -> None:
-    """Rename step dirs without a commit (a crash mid-save on a file system where Orbax
-    writes in place) to `<step>.incomplete-<ns>`: Orbax would count them as checkpoints
-    (and refuse to save that step again). They are renamed, never deleted."""
+    """Step dirs without a commit marker, renamed out of Orbax's sight (it would count
+    them as checkpoints and refuse to save that step again), never deleted:
+
+    - newer than every committed step: a save that a crash cut short, renamed to
+      `<step>.incomplete-<ns>`;
+    - older than a committed step: a checkpoint whose deletion by retention (keep the
+      newest KEEP_CHECKPOINTS) a crash cut short: its commit marker is already gone,
+      so it is not restorable; retention's deletion is finished.
+    """
     if jax.process_index() == 0:
+        committed = [s for s, d in step_dirs(checkpoints).items() if is_committed(d)]
+        newest = max(committed, default=None)
         for step, d in sorted(step_dirs(checkpoints).items()):
-            if not is_committed(d):
-                dest = checkpoints / f"{step}{_INCOMPLETE_MARK}{time.time_ns()}"
-                log.warning("checkpoint %s was never committed (a crash mid-save?); moved to %s",
-                            d, dest.name)
-                d.rename(dest)
+            if is_committed(d):
+                continue
+            if newest is not None and step < newest:
+                log.info("checkpoint %s was being deleted by retention when the run "
+                         "stopped (step %d is newer); finishing that", d, newest)
+                d.rmtree()
+                continue
+            dest = checkpoints / f"{step}{_INCOMPLETE_MARK}{time.time_ns()}"
+            log.warning("checkpoint %s was never committed (a crash mid-save?); moved to %s",
+                        d, dest.name)
+            d.rename(dest)
     sync_processes("t5lite_checkpoints_set_aside")
+
+
+def set_aside_damaged(checkpoints: epath.Path, step: int) -> str:
+    """Rename step `step` to `<step>.damaged-<ns>` (process 0; never deleted) so that
+    Orbax and retention no longer see it. Returns the new name."""
+    dest = checkpoints / f"{step}{_DAMAGED_MARK}{time.time_ns()}"
+    if jax.process_index() == 0:
+        (checkpoints / str(step)).rename(dest)
+    sync_processes("t5lite_checkpoints_set_aside_damaged")
+    return dest.name
 
 
 def resolve_item(path: PathLike, what: str = "INITIAL_CHECKPOINT_PATH"

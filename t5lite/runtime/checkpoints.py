@@ -13,10 +13,16 @@ the background. Nothing here imports TensorFlow, SeqIO or t5.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import logging
+import os
 import re
+import sys
+import tempfile
+import time
 import types
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -25,12 +31,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite.errors import CheckpointMismatchError
+from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError
 from t5lite.models import layouts
 from t5lite.runtime import periods
 from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
-                                             resolve_item, set_aside_uncommitted)
+                                             resolve_item, set_aside_damaged,
+                                             set_aside_uncommitted)
 from t5lite.runtime.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -230,6 +237,10 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.close()
 
+    def reload(self) -> None:
+        """Re-read the steps on disk (after some were moved aside)."""
+        self._manager.reload()
+
     def __enter__(self):
         return self
 
@@ -356,20 +367,107 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
 # ----------------------------------------------------------------------------- order
 
 
+def _is_abandoned_read(unraisable) -> bool:
+    """An array read Orbax abandoned when another read of the same restore failed: its
+    coroutine (or the closed event loop it reports to) complains when collected, later."""
+    name = getattr(getattr(unraisable, "object", None), "__qualname__", "")
+    text = str(getattr(unraisable, "exc_value", ""))
+    return "read_array_index" in name or "Event loop is closed" in text
+
+
+def _drop_abandoned_reads() -> None:
+    """From now on, the reports of abandoned reads (unraisable exceptions, asyncio's
+    never-retrieved task errors) are dropped."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_t5lite_filter", False):
+        return
+
+    def hook(unraisable):
+        if not _is_abandoned_read(unraisable):
+            previous(unraisable)
+
+    hook._t5lite_filter = True
+    sys.unraisablehook = hook
+    # asyncio reports a failed read nobody awaited ("Task exception was never retrieved")
+    logging.getLogger("asyncio").addFilter(
+        lambda record: not ("_read_array_index" in str(record.msg) + str(record.args)
+                            or (record.exc_info and "read_array_index" in repr(record.exc_info[1]))
+                            or "Encountered error while reading array" in str(record.args)))
+
+
+@contextlib.contextmanager
+def _failure_output_dropped():
+    """A restore whose stderr is kept only if it succeeds. A damaged checkpoint makes
+    Orbax and TensorStore print hundreds of lines (a traceback per array, asyncio's
+    "Event loop is closed" from their reader threads) besides raising; the raised error
+    is what the user gets, in one line."""
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        quiet = logging.root.manager.disable
+        logging.disable(logging.ERROR)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            if failed:
+                _drop_abandoned_reads()
+                gc.collect()      # abandoned reads report now, into the capture
+                time.sleep(0.2)
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            logging.disable(quiet)
+            if not failed:
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode(errors="replace"))
+
+
+def _short_reason(e: BaseException) -> str:
+    """The first sentence of an error, on one line (TensorStore appends its whole spec)."""
+    def first(x):
+        return " ".join(str(x).split()).split(". See full TensorStore")[0].split(" [source")[0]
+    text = first(e)
+    cause = e.__cause__ or e.__context__
+    if cause is not None and first(cause) and first(cause) not in text:
+        text += f": {first(cause)}"
+    return f"{type(e).__name__}: {text}"[:300]
+
+
 def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
                     init_fn: Callable[[], TrainState],
                     initial_checkpoint_path: Optional[PathLike] = None, model: Any = None
                     ) -> Tuple[TrainState, Optional[dict], str]:
-    """The restore order: the latest complete checkpoint in MODEL_DIR (state and data
-    position) -> else `initial_checkpoint_path` (parameters only; step 0, fresh optimizer
+    """The restore order: the latest complete checkpoint in MODEL_DIR that restores (state
+    and data position; newer ones that do not are renamed `<step>.damaged-<ns>`, kept,
+    and named in a warning; CheckpointDamagedError when none restores) -> else `initial_checkpoint_path` (parameters only; step 0, fresh optimizer
     and FP8 state from `init_fn()`) -> else `init_fn()`.
 
     Returns (state, data_state or None, source) with source "resume:<step>",
     "initial:<path>" or "init"."""
-    step = checkpointer.latest_step()
-    if step is not None:
-        state, data = checkpointer.restore(step, abstract_state)
+    damaged: List[Tuple[int, str]] = []
+    for step in reversed(checkpointer.all_steps()):
+        try:
+            with _failure_output_dropped():
+                state, data = checkpointer.restore(step, abstract_state)
+        except CheckpointMismatchError:
+            raise  # another model or setting: every step would say the same
+        except Exception as e:  # noqa: BLE001 - unreadable metadata, missing or cut files
+            damaged.append((step, _short_reason(e)))
+            continue
+        for bad, reason in damaged:  # kept, out of the way of Orbax and retention
+            name = set_aside_damaged(checkpointer.directory, bad)
+            log.warning("skipped damaged checkpoint %d (%s); kept as %s", bad, reason, name)
+        if damaged:
+            checkpointer.reload()
         return state, data, f"resume:{step}"
+    if damaged:
+        raise CheckpointDamagedError(
+            f"no checkpoint in {checkpointer.directory} restores: "
+            + "; ".join(f"step {s}: {r}" for s, r in damaged)
+            + " — nothing was moved or deleted; repair or remove them, or use a new MODEL_DIR")
     if initial_checkpoint_path:
         params = restore_params_for_finetuning(initial_checkpoint_path, model,
                                                abstract_state.params)
