@@ -67,3 +67,20 @@ def test_infinite_parameters_are_never_saved_and_a_failed_restart_keeps_the_reco
                       "--gin.LOG_PERIOD=1", "--gin.DROPOUT_RATE=0.0125", steps=3)
     assert ok.returncode == 0, th.describe(ok)
     assert "0.0125" in (model_dir / "config.gin").read_text()
+
+
+def test_vocabulary_mistakes_are_one_line(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    proc = th.run([th.sys.executable, "-m", "t5lite.vocab", f"--input={tmp_path / 'empty.txt'}",
+                   "--vocab_size=100", f"--output={tmp_path / 'v.model'}"])
+    th.assert_one_error(proc, "no text to train a vocabulary on", "empty.txt")
+    assert "sentences_" not in proc.stderr and not (tmp_path / "v.model").exists()
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    pile = tmp_path / "pile" / "train"
+    pile.mkdir(parents=True)
+    (pile / "00.jsonl").write_text('{"text": "a few words of text"}\n' * 20)
+    proc = th.run_train(tmp_path / "run", '--gin.MIXTURE_OR_TASK_NAME="pile_span_corruption"',
+                        f'--gin.PILE_DIR="{tmp_path / "pile"}"',
+                        f'--gin.VOCABULARY_PATH="{garbage}"', steps=2)
+    th.assert_one_error(proc, "garbage.model", "is not a SentencePiece model", "VOCABULARY_PATH")

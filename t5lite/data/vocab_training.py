@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import os
 from typing import Iterable, Iterator, List, Optional, Sequence
 
@@ -93,6 +94,12 @@ def train_vocabulary(files: Sequence[str], output: str, vocab_size: int = 32000,
     import sentencepiece as spm
 
     sentences = iter_sentences(files, max_sentences, text_field)
+    first = next(sentences, None)
+    if first is None:
+        raise DataError(f"no text to train a vocabulary on in {', '.join(files)} (not one "
+                        f"non-empty line or record); give files with text (.txt, .jsonl, "
+                        f".jsonl.zst with a {text_field!r} field)")
+    sentences = itertools.chain([first], sentences)
     buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:

@@ -42,7 +42,21 @@ def resolve_path(path: Optional[str] = None) -> str:
         raise VocabularyError(f"vocabulary file {path!r} ({where}) does not exist; point "
                               f"VOCABULARY_PATH at a SentencePiece .model file, or "
                               f"{TRAIN_HINT}")
+    _check_model_file(path, where)
     return path
+
+
+@functools.lru_cache(maxsize=8)
+def _check_model_file(path: str, where: str) -> None:
+    """VocabularyError unless `path` loads as a SentencePiece model."""
+    import sentencepiece as spm
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            spm.SentencePieceProcessor(model_proto=f.read())
+    except Exception as e:  # noqa: BLE001 - DecodeError, RuntimeError, OSError: all "not a model"
+        raise VocabularyError(f"vocabulary file {path!r} ({where}) is not a SentencePiece "
+                              f"model (it does not load as one: {type(e).__name__}); point "
+                              f"VOCABULARY_PATH at a .model file, or {TRAIN_HINT}") from None
 
 
 class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
