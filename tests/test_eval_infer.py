@@ -218,11 +218,39 @@ def test_infer_resumes_after_a_truncated_file(setup, tmp_path):
     crashed.mkdir()
     k = 5  # not a batch boundary
     (crashed / "predictions.jsonl").write_text("".join(lines[:k]) + lines[k][:7])
+    # the crashed job had recorded itself before its first line
+    (crashed / "predictions.job.json").write_text((full / "predictions.job.json").read_text())
     assert _infer(setup, crashed, f'--gin.INPUT_FILE="{txt}"') == 0
     assert (crashed / "predictions.jsonl").read_text() == expected
     # A finished file: a rerun adds nothing.
     assert _infer(setup, crashed, f'--gin.INPUT_FILE="{txt}"') == 0
     assert (crashed / "predictions.jsonl").read_text() == expected
+
+
+def test_infer_refuses_to_extend_another_jobs_predictions(setup, tmp_path, capsys):
+    texts, _, txt, jl = _write_inputs(tmp_path)
+    out = tmp_path / "out"
+    (out).mkdir()
+    # a crashed job over the text file: 5 lines written
+    assert _infer(setup, tmp_path / "full", f'--gin.INPUT_FILE="{txt}"') == 0
+    lines = (tmp_path / "full" / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (out / "predictions.jsonl").write_text("".join(lines[:5]))
+    (out / "predictions.job.json").write_text(
+        (tmp_path / "full" / "predictions.job.json").read_text())
+    before = (out / "predictions.jsonl").read_text()
+    capsys.readouterr()
+    for flags, word in [([f'--gin.INPUT_FILE="{jl}"'], "input_file"),
+                        ([f'--gin.INPUT_FILE="{txt}"', '--gin.DECODING_METHOD="sample"'],
+                         "decoding"),
+                        ([f'--gin.INPUT_FILE="{txt}"', '--gin.MODE="score"'], "mode")]:
+        assert _infer(setup, out, *flags) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "another job" in err[0] and word in err[0], err
+        assert (out / "predictions.jsonl").read_text() == before
+    # without a job record, lines of unknown origin are not extended either
+    (out / "predictions.job.json").unlink()
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{txt}"') == 2
+    assert (out / "predictions.jsonl").read_text() == before
 
 
 def test_complete_lines_cuts_a_partial_line(tmp_path):

@@ -6,7 +6,9 @@ Writes OUTPUT_DIR/predictions.jsonl, one line per example in input order:
 `{"inputs": ..., "targets": ..., "score": ...}` (MODE 'score', the summed log-likelihood
 of the targets). Each batch's lines are flushed and fsynced; a rerun after a crash keeps
 the complete lines already written (a partial last line is cut off) and continues with
-the next example.
+the next example, but only for the same job: OUTPUT_DIR/predictions.job.json records the
+checkpoint, inputs, mode, lengths and decoding, and output of another job is refused in
+one line instead of extended.
 
 Models that cannot decode task splits (decoder-only: `model.DECODES_TASK_SPLITS` is
 false) read INPUT_FILE only: each input is a prompt, continued by up to
@@ -15,6 +17,7 @@ whose log-likelihood is the score (score).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -36,6 +39,51 @@ from t5lite.runtime.partitioning import MeshSettings
 log = logging.getLogger(__name__)
 MODES = ("predict", "score")
 OUTPUT_FILE = "predictions.jsonl"
+JOB_FILE = "predictions.job.json"
+
+
+def job_record(*, checkpoint_path: str, step: int, mode: str, input_file: Optional[str],
+               task: Optional[str], split: str, lengths: Mapping[str, int],
+               decoding: Optional[DecodingSettings]) -> Dict[str, Any]:
+    """What makes the lines of predictions.jsonl: the checkpoint, the inputs (a file's
+    path, size and modification time, or the task split), the mode, lengths and decoding."""
+    if input_file:
+        stat = Path(input_file).stat()
+        source = {"input_file": str(Path(input_file).resolve()), "size": stat.st_size,
+                  "mtime_ns": stat.st_mtime_ns}
+    else:
+        source = {"task": task, "split": split}
+    return {"checkpoint": str(Path(checkpoint_path).resolve()), "step": int(step),
+            "mode": mode, **source, "feature_lengths": dict(lengths),
+            "decoding": dataclasses.asdict(decoding or DecodingSettings())}
+
+
+def check_same_job(output_dir: Path, record: Dict[str, Any], done: int) -> None:
+    """ConfigError (one line) unless OUTPUT_DIR's predictions came from this same job;
+    records the job when the file is new."""
+    job = output_dir / JOB_FILE
+    if job.exists():
+        try:
+            previous = json.loads(job.read_text())
+        except ValueError:
+            previous = None
+        changed = ([k for k in record if previous.get(k) != record[k]]
+                   if isinstance(previous, dict) else ["(unreadable job record)"])
+        if changed and done:
+            k = changed[0]
+            was = previous.get(k) if isinstance(previous, dict) else None
+            raise ConfigError(
+                f"OUTPUT_DIR {output_dir} holds {done} predictions of another job ({k}: "
+                f"{was!r} there, {record.get(k)!r} now): use a new OUTPUT_DIR, or delete "
+                f"{OUTPUT_FILE} and {JOB_FILE} to start over")
+    elif done:
+        raise ConfigError(
+            f"OUTPUT_DIR {output_dir} holds {done} predictions but no {JOB_FILE} saying which "
+            f"checkpoint and inputs made them: use a new OUTPUT_DIR, or delete {OUTPUT_FILE} "
+            f"to start over")
+    tmp = output_dir / f".{JOB_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, job)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -189,6 +237,10 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     if writer:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         done = complete_lines(out_path)
+        check_same_job(out_path.parent, job_record(
+            checkpoint_path=checkpoint_path, step=session.step, mode=mode,
+            input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
+            decoding=decoding), done)
     else:
         done = _count_lines_readonly(out_path)
     if done:
