@@ -15,6 +15,9 @@ RUNTIME = [
     "sentencepiece>=0.2.0",
     "safetensors>=0.4",
     "clu>=0.0.12",
+    # TensorBoard: the event-file writer of the training loop, and the `tensorboard
+    # --logdir MODEL_DIR` the run's closing line suggests.
+    "tensorboard>=2.12",
     # The data edge. t5 pins seqio-nightly and tfds-nightly; the released seqio and
     # tensorflow-datasets are listed here so that they are the ones installed too, and
     # `python -m t5lite.deps` (t5lite/data/package_check.py) checks that they are what

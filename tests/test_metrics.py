@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from t5lite.runtime import event_files
 from t5lite.runtime.event_files import read_scalars
 from t5lite.runtime.metrics import (MetricWriter, Progress, format_log_line, peak_bf16_tflops,
                                     peak_fp8_tflops, throughput)
@@ -78,17 +77,10 @@ def test_format_log_line_aliases_extras_and_numpy_values():
     assert format_log_line(1, 10, {"z_loss": 2.5e-5}) == "step 1/10 | z_loss 2.50e-05"
 
 
-def test_crc32c_and_varint_known_values():
-    assert event_files._crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert event_files._varint(300) == b"\xac\x02"
-    assert event_files._read_varint(event_files._varint(-1), 0)[0] == (1 << 64) - 1
-
-
-def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
+def test_tensorboard_writer_round_trip_and_process_gating(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="t5lite.runtime.metrics")
-    with MetricWriter(str(tmp_path), 0, log_every=2, total_steps=5,
-                      backend="builtin") as w:
-        assert w.backend == "builtin" and w.logdir == str(tmp_path / "train")
+    with MetricWriter(str(tmp_path), 0, log_every=2, total_steps=5) as w:
+        assert w.backend == "tensorboard" and w.logdir == str(tmp_path / "train")
         for step in range(1, 6):
             w.write_scalars(step, {"loss": 4.0 - step / 4, "lr": 0.01 * step, "mfu": None})
         w.flush()
@@ -102,7 +94,7 @@ def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
     assert "MFU -" in lines[0]
 
     other = tmp_path / "p1"
-    w1 = MetricWriter(str(other), 1, backend="builtin")
+    w1 = MetricWriter(str(other), 1, backend="tensorboard")
     w1.write_scalars(1, {"loss": 1.0})
     w1.flush()
     w1.close()
@@ -111,7 +103,7 @@ def test_builtin_writer_round_trip_and_process_gating(tmp_path, caplog):
 
 def test_eval_writer_and_none_backend(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="t5lite.runtime.metrics")
-    w = MetricWriter(str(tmp_path), 0, log_every=1, subdir="eval", backend="builtin")
+    w = MetricWriter(str(tmp_path), 0, log_every=1, subdir="eval", backend="tensorboard")
     w.write_scalars(1000, {"accuracy": 0.5})
     w.close()
     assert read_scalars(str(tmp_path / "eval")) == {"accuracy": [(1000, 0.5)]}
@@ -123,11 +115,9 @@ def test_eval_writer_and_none_backend(tmp_path, caplog):
     assert not (tmp_path / "n").exists()
 
 
-def test_auto_backend_writes_readable_scalars(tmp_path):
-    """clu when clu + TensorFlow + TensorBoard import, else the built-in writer."""
+def test_default_backend_writes_readable_scalars(tmp_path):
     w = MetricWriter(str(tmp_path), 0, log_every=10)
-    clu_ok = all(importlib.util.find_spec(m) for m in ("clu", "tensorflow", "tensorboard"))
-    assert w.backend == ("clu" if clu_ok else "builtin")
+    assert w.backend == "tensorboard"
     w.write_scalars(3, {"loss": 2.5})
     w.write_scalars(7, {"loss": 1.25})
     w.close()
@@ -136,8 +126,8 @@ def test_auto_backend_writes_readable_scalars(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                     reason="needs TensorFlow to read events independently")
-def test_tensorflow_reads_builtin_event_files(tmp_path):
-    w = MetricWriter(str(tmp_path), 0, backend="builtin")
+def test_tensorflow_reads_our_event_files(tmp_path):
+    w = MetricWriter(str(tmp_path), 0, backend="tensorboard")
     w.write_scalars(10, {"loss": 3.5, "accuracy": 0.25})
     w.write_scalars(20, {"loss": 2.0, "accuracy": 0.5})
     w.close()
@@ -178,10 +168,13 @@ def test_progress_bar_only_on_a_tty():
     assert not Progress(100, file=buf, enable=None, process_index=1).enabled
 
 
-def test_metrics_module_imports_no_tensorflow_or_clu():
+def test_metrics_import_no_tensorflow_or_clu_and_tensorboard_only_when_writing():
     code = ("import tempfile\n"
             "import t5lite.runtime.metrics as m\n"
-            "w = m.MetricWriter(tempfile.mkdtemp(), 0, backend='builtin')\n"
+            "w = m.MetricWriter(tempfile.mkdtemp(), 0, backend='none')\n"
             "w.write_scalars(1, {'loss': 1.0}); w.close()\n")
     _, imported = th.imports_after(code, th.HEAVY_PACKAGES + ("tensorboard",))
+    assert imported == []
+    code = code.replace("backend='none'", "backend='tensorboard'")
+    _, imported = th.imports_after(code, th.HEAVY_PACKAGES)
     assert imported == []

@@ -9,7 +9,7 @@ a mesh. Imports models and data, never inference, interop, config or the command
     checkpoint_files.py  checkpoints on disk: layout, complete steps, user paths
     checkpoints.py       save / resume (Orbax), the finetuning restore, CheckpointSettings
     metrics.py           throughput and MFU, the log line, MetricWriter, progress bar
-    event_files.py       TensorBoard event files without dependencies
+    event_files.py       TensorBoard scalars through TensorBoard's own writer
     periods.py           LOG/CHECKPOINT/EVAL_PERIOD validation and "is this step due?"
     run.py               build_run: partitioner + train step + data iterator
     loop.py              train: the training loop (InferenceEvalSettings)

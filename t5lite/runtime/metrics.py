@@ -10,10 +10,8 @@
 `flops_per_example` comes from the model (`model.train_flops_per_example`: model FLOPs,
 fwd + bwd); MFU is achieved model FLOP/s per device over the dense bf16 peak of the device
 (None where unknown, e.g. CPU). TensorBoard events go to MODEL_DIR/train (and
-MODEL_DIR/eval for an eval writer): through clu.metric_writers when clu and its
-TensorFlow/TensorBoard import, otherwise through the built-in event-file writer of
-`t5lite.runtime.event_files` (no dependencies; the GPU image has no clu).
-Nothing here imports TensorFlow or clu at module import time.
+MODEL_DIR/eval for an eval writer) through TensorBoard's own event-file writer
+(`t5lite.runtime.event_files`); nothing here imports TensorFlow.
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from t5lite.runtime import periods
-from t5lite.runtime.event_files import EventFileWriter
+from t5lite.runtime.event_files import ScalarWriter
 
 # Dense (no sparsity) peak TFLOP/s per device, matched in order as case-insensitive
 # substrings of `jax.devices()[0].device_kind`, e.g. "NVIDIA H100 80GB HBM3".
@@ -163,43 +161,20 @@ def format_log_line(step: int, total_steps: Optional[int], metrics: Mapping[str,
 # ---------------------------------------------------------------------------------------
 # Writers
 # ---------------------------------------------------------------------------------------
-def hide_tensorflow_gpus() -> None:
-    """Keep an imported TensorFlow off the GPUs (it would otherwise grab their memory)."""
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
-        return
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except Exception as e:  # noqa: BLE001 - already initialized, or no GPU support
-        log.debug("could not hide GPUs from TensorFlow: %s", e)
-
-
-def _clu_summary_writer(logdir: str):
-    """clu's asynchronous TensorBoard writer, or raise ImportError when it cannot import."""
-    import importlib.util
-    for module in ("clu", "tensorflow", "tensorboard"):  # look before importing TF
-        if importlib.util.find_spec(module) is None:
-            raise ImportError(f"{module} is not installed")
-    import tensorflow  # noqa: F401 - clu's SummaryWriter is built on tf.summary
-    hide_tensorflow_gpus()
-    from clu import metric_writers
-    return metric_writers.AsyncWriter(metric_writers.SummaryWriter(logdir))
-
-
 class MetricWriter:
     """TensorBoard scalars under MODEL_DIR/<subdir> and a log line; process 0 only.
 
-    backend: "auto" (clu.metric_writers if it imports, else the built-in event writer),
-    "clu", "builtin", or "none" (log lines only). `write_scalars` writes every call to
+    backend: "tensorboard" (event files) or "none" (log lines only). `write_scalars`
+    writes every call to
     TensorBoard and logs a line when `due(step)`: step % log_every == 0 or the last step.
     None values are logged as `-` and left out of TensorBoard.
     """
 
     def __init__(self, model_dir: str, process_index: Optional[int] = None, *,
                  log_every: int = 100, total_steps: Optional[int] = None,
-                 subdir: str = "train", backend: str = "auto"):
-        if backend not in ("auto", "clu", "builtin", "none"):
-            raise ValueError(f"backend must be auto, clu, builtin or none, got {backend!r}")
+                 subdir: str = "train", backend: str = "tensorboard"):
+        if backend not in ("tensorboard", "none"):
+            raise ValueError(f"backend must be tensorboard or none, got {backend!r}")
         if process_index is None:
             import jax
             process_index = jax.process_index()
@@ -212,18 +187,8 @@ class MetricWriter:
         self._writer = None
         if process_index != 0 or backend == "none":
             return
-        if backend in ("auto", "clu"):
-            try:
-                self._writer = _clu_summary_writer(self.logdir)
-                self.backend = "clu"
-            except ImportError as e:
-                if backend == "clu":
-                    raise
-                log.info("clu.metric_writers unavailable (%s); writing TensorBoard scalars "
-                         "with t5lite's built-in event writer", e)
-        if self._writer is None:
-            self._writer = EventFileWriter(self.logdir)
-            self.backend = "builtin"
+        self._writer = ScalarWriter(self.logdir)
+        self.backend = "tensorboard"
 
     def due(self, step: int) -> bool:
         """Whether `step` is a logging step (worth a host sync to fetch metrics)."""
