@@ -5,6 +5,8 @@
 #
 #   scripts_gpu/gpu_proof.sh OUT_DIR [MODEL_GIN] [BATCH] [STEPS] [INPUTS TARGETS]
 #   scripts_gpu/gpu_proof.sh "$OUT" configs/models/t5_1_1/large.gin 32 200
+#   VARIANTS=float32,fp8,te_fp8,te_attention TRAIN_FLAGS="--gin.FP8=True --gin.FP8_BACKEND='te'" \
+#     scripts_gpu/gpu_proof.sh "$OUT/te" configs/models/t5_1_1/large.gin 32 200
 #
 # Writes OUT_DIR/switches.json, OUT_DIR/{first_half,second_half,uninterrupted}.log and
 # OUT_DIR/proof.txt (losses at the first, middle and last step of each run). Needs jax,
@@ -41,7 +43,7 @@ train() {  # MODEL_DIR TRAIN_STEPS LOG
   python3 -m t5lite.train --gin_file="$model" --gin_file=configs/synthetic_pretrain.gin \
     --gin.MODEL_DIR="\"$1\"" --gin.TRAIN_STEPS="$2" --gin.BATCH_SIZE="$batch" \
     "--gin.TASK_FEATURE_LENGTHS={'inputs': $inputs, 'targets': $targets}" \
-    --gin.CHECKPOINT_PERIOD="$half" --gin.LOG_PERIOD=10 2>&1 | tee "$3"
+    --gin.CHECKPOINT_PERIOD="$half" --gin.LOG_PERIOD=10 ${TRAIN_FLAGS:-} 2>&1 | tee "$3"
 }
 rm -rf "$out/run" "$out/run_uninterrupted"
 train "$out/run" "$half" "$out/first_half.log"

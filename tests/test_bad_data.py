@@ -36,7 +36,8 @@ def _write_pile(tmp_path, case):
     return "00.jsonl.zst: truncated zstandard file"
 
 
-@pytest.mark.parametrize("case", ["not_json", "no_text", "truncated_zst"])
+@pytest.mark.parametrize("case", ["not_json", pytest.param("no_text", marks=pytest.mark.slow),
+                                  pytest.param("truncated_zst", marks=pytest.mark.slow)])
 def test_bad_record_mid_file_is_one_line_and_the_process_exits(tmp_path, tmp_path_factory,
                                                                case):
     expected = _write_pile(tmp_path, case)

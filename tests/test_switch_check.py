@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import train_helpers as th
 from t5lite.models import configs, model as model_lib
 from t5lite.runtime import switch_check
@@ -46,6 +48,7 @@ def test_a_different_function_is_caught():
     assert "TOO FAR" in switch_check.format_report(report)
 
 
+@pytest.mark.slow
 def test_script_reports_rows_and_fails_on_a_variant_it_cannot_run(tmp_path):
     out = tmp_path / "switches.json"
     proc = subprocess.run(

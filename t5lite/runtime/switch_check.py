@@ -37,6 +37,9 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "transpose_bs": {"transpose_bs": True},
     "scan_layers": {"scan_layers": True},
     "fp8": {"fp8": True},
+    "te_fp8": {"fp8": True, "fp8_backend": "te"},
+    "te_fp8_current": {"fp8": True, "fp8_backend": "te", "fp8_recipe": "current"},
+    "te_attention": {"attention_impl": "te"},
 }
 TOLERANCE_FACTOR = 3.0
 FP8_TOLERANCE = 0.15
