@@ -1,0 +1,139 @@
+"""Input-pipeline throughput: t5lite's span-corruption pipeline against plain SeqIO with
+T5's own preprocessors, on the same documents and vocabulary, in one process.
+
+    ours   pipeline.make_iterator("pile_span_corruption"): the Pile reader (jsonl, a
+           Python generator inside tf.data) -> T5's span corruption -> seqio's feature
+           converter -> batches
+    seqio  a seqio.Task over seqio.TextLineDataSource (the same documents, one a line)
+           with the same preprocessors (rekey, tokenize, span_corruption,
+           append_eos_after_trim), converter and batching: what a T5X user runs
+
+Each is read for a number of batches after a warm-up; wall time and the CPU time of the
+whole process (user + system, every thread: `resource.getrusage`) give examples per
+second and examples per busy-core second (the figure that says how many cores a host
+needs to feed its GPUs).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import resource
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping
+
+from t5lite.data import demo_corpus, pipeline, tasks
+from t5lite.data.tf_env import import_tensorflow
+
+tf = import_tensorflow()
+import seqio  # noqa: E402
+from t5.data import preprocessors as t5_preprocessors  # noqa: E402
+
+PLAIN_TASK = "t5lite_throughput_plain_seqio_span_corruption"
+
+
+def write_corpus(directory: str, documents: int, seed: int = 0) -> Dict[str, str]:
+    """The same documents as a Pile-style jsonl (train/00.jsonl) and as plain text (one
+    document a line): {"pile_dir": ..., "text_file": ...}."""
+    docs = [" ".join(d["text"].split()) for d in demo_corpus.pile_documents(documents, seed)]
+    os.makedirs(os.path.join(directory, "pile", "train"), exist_ok=True)
+    with open(os.path.join(directory, "pile", "train", "00.jsonl"), "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    text_file = os.path.join(directory, "documents.txt")
+    with open(text_file, "w") as f:
+        f.writelines(d + "\n" for d in docs)
+    return {"pile_dir": os.path.join(directory, "pile"), "text_file": text_file}
+
+
+def _lines_to_text(ds):
+    """TextLineDataSource yields lines; T5's text tasks start from {"text": line}."""
+    return ds.map(lambda line: {"text": line}, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_plain_task(text_file: str, vocabulary_path: str) -> str:
+    """A seqio Task as T5's own span-corruption tasks are built, over `text_file`."""
+    vocab = seqio.SentencePieceVocabulary(vocabulary_path, extra_ids=100)
+    if PLAIN_TASK in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(PLAIN_TASK)
+    seqio.TaskRegistry.add(
+        PLAIN_TASK, source=seqio.TextLineDataSource({"train": text_file}),
+        preprocessors=[
+            _lines_to_text,
+            functools.partial(t5_preprocessors.rekey,
+                              key_map={"inputs": None, "targets": "text"}),
+            seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+            functools.partial(t5_preprocessors.span_corruption,
+                              noise_density=tasks.NOISE_DENSITY,
+                              mean_noise_span_length=tasks.MEAN_NOISE_SPAN_LENGTH),
+            seqio.preprocessors.append_eos_after_trim],
+        output_features={
+            "inputs": seqio.Feature(vocabulary=vocab, add_eos=True, required=False),
+            "targets": seqio.Feature(vocabulary=vocab, add_eos=True)},
+        metric_fns=[])
+    return PLAIN_TASK
+
+
+def plain_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
+                  seed: int = 0) -> Iterator[Dict[str, Any]]:
+    """Batches of the plain seqio task (repeated, shuffled like ours)."""
+    ds = seqio.get_mixture_or_task(PLAIN_TASK).get_dataset(
+        dict(lengths), split="train", shuffle=True, seed=seed, num_epochs=None)
+    ds = seqio.EncDecFeatureConverter(pack=pack)(ds, dict(lengths))
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(2)
+    return ds.as_numpy_iterator()
+
+
+def our_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
+                seed: int = 0) -> Iterator[Dict[str, Any]]:
+    return pipeline.make_iterator("pile_span_corruption", split="train",
+                                  feature_lengths=dict(lengths), batch_size=batch_size,
+                                  pack=pack, shuffle=True, seed=seed)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(batches: Callable[[], Iterator[Dict[str, Any]]], n_batches: int,
+            warmup: int = 2) -> Dict[str, float]:
+    """Examples read in `n_batches` after `warmup`: rows, or in packed rows the examples
+    packed into them (their segments)."""
+    it = batches()
+    for _ in range(warmup):
+        next(it)
+    wall, cpu, examples = time.perf_counter(), _cpu_seconds(), 0
+    for _ in range(n_batches):
+        batch = next(it)
+        segments = batch.get("decoder_segment_ids")
+        examples += (int(segments.max(axis=1).sum()) if segments is not None
+                     else len(batch["decoder_target_tokens"]))
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    return {"examples": examples, "wall_s": wall, "cpu_s": cpu,
+            "examples_per_s": examples / wall, "examples_per_core_s": examples / cpu,
+            "busy_cores": cpu / wall}
+
+
+def compare(lengths_list: List[Mapping[str, int]], packs=(False, True), batch_size: int = 64,
+            n_batches: int = 20) -> List[Dict[str, Any]]:
+    """Both pipelines for every (lengths, pack); the plain task must be registered and
+    the data settings (PILE_DIR, VOCABULARY_PATH) applied."""
+    rows = []
+    for lengths in lengths_list:
+        for pack in packs:
+            for name, fn in (("t5lite", our_batches), ("plain seqio", plain_batches)):
+                result = measure(lambda: fn(lengths, batch_size, pack), n_batches)
+                rows.append({"pipeline": name, "inputs": lengths["inputs"],
+                             "targets": lengths["targets"], "pack": pack,
+                             "batch_size": batch_size, **result})
+    return rows
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    lines = ["| pipeline | inputs / targets | packed | examples/s | busy cores | "
+             "examples / core-s |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['pipeline']} | {r['inputs']} / {r['targets']} | "
+                     f"{'yes' if r['pack'] else 'no'} | {r['examples_per_s']:,.0f} | "
+                     f"{r['busy_cores']:.2f} | {r['examples_per_core_s']:,.0f} |")
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""`python -m t5lite.data_bench`: both pipelines read the same documents and report
+examples per second and per busy-core second; packed rows count the examples in them."""
+import json
+
+import train_helpers as th
+from data_helpers import vocabulary
+
+
+def test_data_bench_compares_both_pipelines(tmp_path, tmp_path_factory):
+    out = tmp_path / "bench.json"
+    proc = th.run([th.sys.executable, "-m", "t5lite.data_bench",
+                   f"--vocabulary={vocabulary(tmp_path_factory)}", "--documents=200",
+                   "--batches=2", "--batch_size=8", f"--work_dir={tmp_path / 'work'}",
+                   f"--json_out={out}"], timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    rows = json.loads(out.read_text())["rows"]
+    keys = {(r["pipeline"], r["targets"], r["pack"]) for r in rows}
+    assert keys == {(p, t, k) for p in ("t5lite", "plain seqio") for t in (114, 128)
+                    for k in (False, True)}
+    for r in rows:
+        assert r["examples_per_s"] > 0 and r["examples_per_core_s"] > 0 and r["cpu_s"] > 0
+        # unpacked: one example a row; packed: at least one per row
+        assert r["examples"] == 16 if not r["pack"] else r["examples"] >= 16
+    assert "| t5lite | 512 / 114 | no |" in proc.stdout
+    text = (tmp_path / "work" / "documents.txt").read_text().splitlines()
+    pile = (tmp_path / "work" / "pile" / "train" / "00.jsonl").read_text().splitlines()
+    assert [json.loads(l)["text"] for l in pile] == text   # the same documents
+
+
+def test_data_bench_bad_arguments_are_one_line(tmp_path):
+    proc = th.run([th.sys.executable, "-m", "t5lite.data_bench",
+                   f"--vocabulary={tmp_path / 'none.model'}"])
+    th.assert_one_error(proc, "--vocabulary", "is not a file")
+    proc = th.run([th.sys.executable, "-m", "t5lite.data_bench", "--vocabulary=x",
+                   "--batches=0"])
+    th.assert_one_error(proc, "--batches must be a positive integer")
