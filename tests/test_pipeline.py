@@ -194,3 +194,22 @@ def test_resume_under_changed_settings_warns(pile, caplog):
         it.set_state(state)
     assert "changed settings" in caplog.text and "batch_size" in caplog.text
     assert it.get_state()["position"] == 2
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_reader_chunking_leaves_the_stream_unchanged(pile, monkeypatch, pack):
+    """The Pile reader hands tf.data TEXTS_PER_CALL documents per Python call (for speed,
+    docs/data.md); the stream is the one of a document per call, batch for batch."""
+    from t5lite.data import sources
+
+    def batches(per_call):
+        monkeypatch.setattr(sources, "TEXTS_PER_CALL", per_call)
+        it = pipeline.make_iterator("pile_span_corruption", split="train",
+                                    feature_lengths={"inputs": 64, "targets": 16},
+                                    batch_size=4, pack=pack, shuffle=True, seed=2)
+        return [next(it) for _ in range(8)]
+
+    for a, b in zip(batches(1), batches(3)):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])

@@ -56,6 +56,7 @@ PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/2
                  "{\"text\": ..., \"meta\": ...} record a line")
 SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
 
+TEXTS_PER_CALL = 64  # documents a Pile reader hands tf.data per Python call
 _DATA_FORMAT_ERROR = re.compile(r"DataFormatError: (.*)")
 
 
@@ -169,16 +170,30 @@ class JsonlTextSource(seqio.DataSource):
             readers.check_jsonl(path, self._field)  # a wrong format fails here, clearly
         field = self._field
 
-        def read_texts(path):
-            for text in readers.iter_jsonl_texts(path.decode(), field, index, count):
-                yield {"text": text}
+        def read_chunks(path):
+            # TEXTS_PER_CALL texts per generator call: the per-element cost of
+            # from_generator (a Python call under the GIL) is paid once per chunk; the
+            # records before a bad one still come out before its error
+            chunk = []
+            try:
+                for text in readers.iter_jsonl_texts(path.decode(), field, index, count):
+                    chunk.append(text)
+                    if len(chunk) == TEXTS_PER_CALL:
+                        yield {"text": chunk}
+                        chunk = []
+            except DataError:
+                if chunk:
+                    yield {"text": chunk}
+                raise
+            if chunk:
+                yield {"text": chunk}
 
-        records = _quiet(read_texts)
+        records = _quiet(read_chunks)
 
         def read(path):
             return tf.data.Dataset.from_generator(
                 records, args=(path,),
-                output_signature={"text": tf.TensorSpec([], tf.string)})
+                output_signature={"text": tf.TensorSpec([None], tf.string)}).unbatch()
 
         # Several files at a time when shuffling (one document of each in turn), so that
         # the shuffle buffer sees more than one file's neighbourhood.
