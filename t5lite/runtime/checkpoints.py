@@ -367,12 +367,19 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
 # ----------------------------------------------------------------------------- order
 
 
+_ABANDONED_READ_MARKS = ("read_array_index", "Encountered error while reading array",
+                         "Event loop is closed")
+
+
+def _mentions_abandoned_read(text: str) -> bool:
+    return any(mark in text for mark in _ABANDONED_READ_MARKS)
+
+
 def _is_abandoned_read(unraisable) -> bool:
     """An array read Orbax abandoned when another read of the same restore failed: its
     coroutine (or the closed event loop it reports to) complains when collected, later."""
     name = getattr(getattr(unraisable, "object", None), "__qualname__", "")
-    text = str(getattr(unraisable, "exc_value", ""))
-    return "read_array_index" in name or "Event loop is closed" in text
+    return _mentions_abandoned_read(f"{name} {getattr(unraisable, 'exc_value', '')}")
 
 
 def _drop_abandoned_reads() -> None:
@@ -389,10 +396,8 @@ def _drop_abandoned_reads() -> None:
     hook._t5lite_filter = True
     sys.unraisablehook = hook
     # asyncio reports a failed read nobody awaited ("Task exception was never retrieved")
-    logging.getLogger("asyncio").addFilter(
-        lambda record: not ("_read_array_index" in str(record.msg) + str(record.args)
-                            or (record.exc_info and "read_array_index" in repr(record.exc_info[1]))
-                            or "Encountered error while reading array" in str(record.args)))
+    logging.getLogger("asyncio").addFilter(lambda record: not _mentions_abandoned_read(
+        f"{record.msg} {record.args} {record.exc_info[1] if record.exc_info else ''}"))
 
 
 @contextlib.contextmanager
