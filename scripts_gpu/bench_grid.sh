@@ -20,16 +20,8 @@ fi
 grid=$(realpath "$1"); out=$2; shift 2
 cd "$(dirname "$0")/.."
 source scripts_gpu/xla_flags.sh
-if ! python3 -c "import gin" 2>/dev/null; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/t5lite_site .whl/*.whl
-    export PYTHONPATH=/tmp/t5lite_site:${PYTHONPATH:-}
-  else
-    echo "error: gin-config is not installed and no wheels are in ./.whl" >&2
-    exit 2
-  fi
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+source scripts_gpu/common.sh
+use_local_python_env || exit 2
 mkdir -p "$out"
 { command -v nvidia-smi >/dev/null && nvidia-smi; echo "XLA_FLAGS=$XLA_FLAGS"; } \
   > "$out/machine.txt" 2>&1 || true

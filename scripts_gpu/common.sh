@@ -39,3 +39,18 @@ check_size() {
     *) echo "error: SIZE must be small, base, large, xl or xxl, got '$1'" >&2; return 2 ;;
   esac
 }
+
+# The GPU tools' Python path from the repository root: t5lite itself, and gin-config from
+# wheels in ./.whl (installed into /tmp) on a machine without it, such as the GPU image.
+use_local_python_env() {
+  if ! python3 -c "import gin" 2>/dev/null; then
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/t5lite_site .whl/*.whl || return 2
+      export PYTHONPATH=/tmp/t5lite_site:${PYTHONPATH:-}
+    else
+      echo "error: gin-config is not installed and no wheels are in ./.whl" >&2
+      return 2
+    fi
+  fi
+  export PYTHONPATH=$PWD:${PYTHONPATH:-}
+}

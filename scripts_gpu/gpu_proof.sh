@@ -22,16 +22,8 @@ batch=${3:-32}; steps=${4:-200}; inputs=${5:-512}; targets=${6:-128}
 half=$((steps / 2))
 cd "$(dirname "$0")/.."
 source scripts_gpu/xla_flags.sh
-if ! python3 -c "import gin" 2>/dev/null; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/t5lite_site .whl/*.whl
-    export PYTHONPATH=/tmp/t5lite_site:${PYTHONPATH:-}
-  else
-    echo "error: gin-config is not installed and no wheels are in ./.whl" >&2
-    exit 2
-  fi
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+source scripts_gpu/common.sh
+use_local_python_env || exit 2
 mkdir -p "$out"
 variants=${VARIANTS:-float32,dot_product,cudnn,fused_qkv,transpose_bs,scan_layers,fp8}
 switch_rc=0

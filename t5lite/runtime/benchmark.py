@@ -23,17 +23,22 @@ from t5lite.runtime import metrics, step_memory
 from t5lite.runtime.run import Run
 
 
-def peak_memory_bytes() -> Optional[int]:
-    """The largest peak of bytes in use over the local devices (None where unreported)."""
-    peaks = []
+def _device_stat(key: str) -> List[int]:
+    """`key` of every local device's memory stats that reports it (none on CPU)."""
+    values = []
     for d in jax.local_devices():
         try:
             stats = d.memory_stats() or {}
         except Exception:  # noqa: BLE001 - CPU devices may not report
             stats = {}
-        if "peak_bytes_in_use" in stats:
-            peaks.append(int(stats["peak_bytes_in_use"]))
-    return max(peaks) if peaks else None
+        if key in stats:
+            values.append(int(stats[key]))
+    return values
+
+
+def peak_memory_bytes() -> Optional[int]:
+    """The largest peak of bytes in use over the local devices (None where unreported)."""
+    return max(_device_stat("peak_bytes_in_use"), default=None)
 
 
 class StepDoesNotFit(RuntimeError):
@@ -42,15 +47,7 @@ class StepDoesNotFit(RuntimeError):
 
 def device_memory_limit() -> Optional[int]:
     """The bytes a local device lets XLA allocate (None where unreported, e.g. CPU)."""
-    limits = []
-    for d in jax.local_devices():
-        try:
-            stats = d.memory_stats() or {}
-        except Exception:  # noqa: BLE001 - CPU devices may not report
-            stats = {}
-        if "bytes_limit" in stats:
-            limits.append(int(stats["bytes_limit"]))
-    return min(limits) if limits else None
+    return min(_device_stat("bytes_limit"), default=None)
 
 
 def bench(run: Run, steps: int, warmup: int, fp8: bool = False,
