@@ -18,20 +18,30 @@ Sharding: process i of P reads shard i of P of the task (seqio.ShardInfo): its o
 when the source has at least P of them, else every P-th record; the shards are disjoint
 and together cover the data.
 
-Order and resume: for a given (task, split, feature lengths, batch size, process count,
-seed, pack) the stream of batches is fixed: file order, shuffle buffer and the random
-choices of span corruption all derive from the seed. A resumed iterator rebuilds that
-stream and skips the `position` batches already consumed (`tf.data.Dataset.skip`), so it
-continues with the next unseen batch: no repeats, no skips. The cost is re-reading and
-re-preprocessing the skipped data once at start-up, at the pipeline's own speed (about
-1,300 span-corruption examples of 512/128 a second on 2 CPU cores, more with more
-cores: a process feeding 256 rows a step that resumes at step 10,000 replays 2.56 M
-examples); the checkpoint stays a single integer. Changing any of the settings above
-changes the stream, and the position then no longer points at the same data (a warning
-says so).
+Order: for a given (task, split, feature lengths, batch size, process count, seed, pack)
+the stream of batches is fixed: file order, shuffle buffer and the random choices of
+span corruption all derive from the seed.
+
+Resume without replay: `get_state()` also holds this process's tf.data iterator state
+(bytes under "iterator": the read position of every open file, the shuffle buffer, the
+random generators, the partial packs and the prefetched batches), and `set_state()` of a
+new iterator over the same stream restores it, so it continues with the next unseen
+batch after reading only what the saved state did not already hold: no repeats, no
+skips, and a cost that does not grow with the position. The Pile reader keeps each
+file's position as four integers in that state (t5lite/data/jsonl_cursor.py); the
+in-memory sources (MNLI, SQuAD) an index, TFDS its own readers' offsets. The state's
+size is set mostly by the shuffle buffer (seqio's default: 1,000 tokenized documents)
+and the prefetched batches: a few MB a process (docs/data.md has measured sizes and
+restore times). A stream that tf.data cannot save (a task whose source is a Python
+generator) falls back to replay: the iterator is rebuilt and the `position` batches
+already consumed are skipped (`tf.data.Dataset.skip`), exact but at the pipeline's own
+speed, and a warning says so. The settings above are saved with the state; resuming
+under changed ones raises DataError naming them, since the position would point into
+another stream.
 """
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Dict, Mapping, Optional
 
@@ -111,6 +121,9 @@ class SeqioIterator:
         self.shuffle_buffer_size, self.use_cached = shuffle_buffer_size, use_cached
         self.position = self._check_position(start_position)
         self._iterator = None  # built on the first __next__, after any set_state
+        self._tf_iterator = None
+        self._saved: Optional[bytes] = None  # an iterator state to restore on start
+        self._unsaveable = False
 
     @property
     def vocabulary(self):
@@ -125,8 +138,8 @@ class SeqioIterator:
             sequence_length=self.feature_lengths, split=self.split, shuffle=self.shuffle,
             seed=self.seed, num_epochs=None if self.repeat else 1, use_cached=self.use_cached,
             shard_info=seqio.ShardInfo(index=self.process_index, num_shards=self.process_count))
-        if self.shuffle_buffer_size:
-            kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size
+        if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
+            kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
         ds = self.provider.get_dataset(**kwargs)
         ds = feature_converter(self.model_kind, self.pack)(ds, self.feature_lengths)
         ds = ds.batch(self.rows, drop_remainder=self.drop_remainder)
@@ -134,16 +147,36 @@ class SeqioIterator:
             ds = ds.skip(skip)
         options = tf.data.Options()
         options.deterministic = True
+        # a stage whose state lives outside tf.data (a Python generator) makes saving fail,
+        # never save a state that would not restore the same stream
+        options.experimental_external_state_policy = _FAIL
         return ds.with_options(options).prefetch(2)
 
     def __iter__(self) -> "SeqioIterator":
         return self
 
+    def _start(self) -> None:
+        with sources.stream_scope() as stream:
+            saved, self._saved = self._saved, None
+            if saved is not None:
+                self._tf_iterator = iter(self.dataset())
+                try:
+                    restore_iterator(self._tf_iterator, saved)
+                except (tf.errors.OpError, ValueError) as e:
+                    log.warning("the saved data iterator state does not fit this pipeline "
+                                "(%s); replaying %d batches instead", _first_line(e),
+                                self.position)
+                    saved = None
+            if saved is None:
+                if self.position:
+                    log.info("data: rebuilding the stream and skipping the %d batches "
+                             "already consumed", self.position)
+                self._tf_iterator = iter(self.dataset(skip=self.position))
+        self._iterator = sources.numpy_iterator(self._tf_iterator, stream)
+
     def __next__(self) -> Dict[str, np.ndarray]:
         if self._iterator is None:
-            with sources.stream_scope() as stream:
-                ds = self.dataset(skip=self.position)
-            self._iterator = sources.numpy_iterator(ds, stream)
+            self._start()
         batch = next(self._iterator)
         self.position += 1
         out = {}
@@ -159,23 +192,50 @@ class SeqioIterator:
                 "pack": self.pack, "feature_lengths": dict(self.feature_lengths)}
 
     def get_state(self) -> Dict[str, Any]:
-        """{"position": batches consumed, + the settings that define the stream}; JSON-able."""
-        return {"position": self.position, **self._stream()}
+        """{"position": batches consumed, "iterator": this process's tf.data iterator
+        state (bytes, absent when the stream cannot be saved), + the settings that define
+        the stream (JSON-able)}."""
+        state: Dict[str, Any] = {"position": self.position, **self._stream()}
+        iterator = self._iterator_bytes()
+        if iterator is not None:
+            state[ITERATOR_KEY] = iterator
+        return state
+
+    def _iterator_bytes(self) -> Optional[bytes]:
+        if self._tf_iterator is None:
+            return self._saved  # restored and not yet read (or new: None)
+        if self._unsaveable:
+            return None
+        try:
+            return save_iterator(self._tf_iterator)
+        except tf.errors.OpError as e:
+            self._unsaveable = True
+            log.warning("the data stream of %r cannot be saved (%s): a resume will replay "
+                        "the batches consumed, exact but slower as training goes on",
+                        self.name, _first_line(e))
+            return None
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Continue at batch `state["position"]` (the next batch is that one)."""
+        """Continue at batch `state["position"]` (the next batch is that one), from the
+        saved iterator state when `state` has one."""
         if "position" not in state:
             raise DataError(f"data iterator state needs a 'position' entry (batches "
                             f"consumed), got {dict(state)}; was the checkpoint written by "
                             f"another data pipeline?")
         changed = {k: (state[k], v) for k, v in self._stream().items()
-                   if k in state and state[k] != v}
+                   if k in state and _json(state[k]) != _json(v)}
         if changed:
-            log.warning("resuming the data stream at batch %s under changed settings %s: "
-                        "the position no longer points at the same data",
-                        state["position"], changed)
+            what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise DataError(
+                f"the checkpoint's data position (batch {state['position']}) belongs to "
+                f"another data stream: {what}; resuming would repeat or skip data. Set "
+                f"them back to the saved values (the run's config.gin records them), or "
+                f"train the changed setup from this checkpoint in a new MODEL_DIR with "
+                f"INITIAL_CHECKPOINT_PATH")
         self.position = self._check_position(state["position"])
-        self._iterator = None
+        saved = state.get(ITERATOR_KEY)
+        self._saved = bytes(saved) if saved is not None and self.position else None
+        self._iterator = self._tf_iterator = None
 
     @staticmethod
     def _check_position(position) -> int:
@@ -183,6 +243,35 @@ class SeqioIterator:
         if position < 0:
             raise ValueError(f"data position must be >= 0, got {position}")
         return position
+
+
+ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/data_iterator_item.py)
+_FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
+
+
+def save_iterator(iterator) -> bytes:
+    """A tf.data iterator's state as bytes (tf.errors.OpError if a stage cannot be saved)."""
+    from tensorflow.python.ops import gen_dataset_ops
+    variant = gen_dataset_ops.serialize_iterator(iterator._iterator_resource,
+                                                 external_state_policy=_FAIL.value)
+    return tf.io.serialize_tensor(variant).numpy()
+
+
+def restore_iterator(iterator, state: bytes) -> None:
+    """Put a new iterator over the same dataset where `save_iterator` found the saved one."""
+    from tensorflow.python.ops import gen_dataset_ops
+    gen_dataset_ops.deserialize_iterator(iterator._iterator_resource,
+                                         tf.io.parse_tensor(state, tf.variant))
+
+
+def _json(value):
+    """`value` as it reads back from a JSON checkpoint (tuples as lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _first_line(e: Exception) -> str:
+    text = getattr(e, "message", None) or str(e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
 
 
 def make_iterator(task_or_mixture_name: str, *, split: str,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from t5lite.data import readers, settings
+from t5lite.data import jsonl_cursor, readers, settings
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
@@ -88,6 +88,11 @@ def stream_scope() -> Iterator[int]:
         _current.stream = previous
 
 
+def _park(stream: int, error: DataError) -> None:
+    with _deferred_lock:
+        _deferred.append((stream, error))
+
+
 def _quiet(generate: Callable[..., Iterator]) -> Callable[..., Iterator]:
     """`generate` for tf.data, whose DataError is parked for the consumer instead."""
     stream = getattr(_current, "stream", 0)
@@ -96,8 +101,7 @@ def _quiet(generate: Callable[..., Iterator]) -> Callable[..., Iterator]:
         try:
             yield from generate(*args)
         except DataError as e:
-            with _deferred_lock:
-                _deferred.append((stream, e))
+            _park(stream, e)
     return generator
 
 
@@ -112,10 +116,13 @@ def raise_deferred_error(stream: int = 0) -> None:
 
 
 def numpy_iterator(ds, stream: int = 0) -> Iterator[Any]:
-    """`ds.as_numpy_iterator()` whose data errors (a bad record met inside tf.data)
-    surface as the reader's own DataError, not as a TensorFlow error. `stream`: the
-    `stream_scope` id `ds` was built under."""
-    iterator = ds.as_numpy_iterator()
+    """`ds.as_numpy_iterator()` (or numpy elements of `ds`, a tf.data iterator) whose data
+    errors (a bad record met inside tf.data) surface as the reader's own DataError, not as
+    a TensorFlow error. `stream`: the `stream_scope` id `ds` was built under."""
+    if isinstance(ds, tf.data.Dataset):
+        iterator = ds.as_numpy_iterator()
+    else:
+        iterator = (tf.nest.map_structure(lambda t: t.numpy(), e) for e in ds)
     while True:
         try:
             element = next(iterator)
@@ -168,38 +175,39 @@ class JsonlTextSource(seqio.DataSource):
             files = [files[i] for i in _permutation(len(files), seed)]
         for path in files:
             readers.check_jsonl(path, self._field)  # a wrong format fails here, clearly
-        field = self._field
+        pool = jsonl_cursor.CursorPool(self._field, index, count)
+        stream = getattr(_current, "stream", 0)
 
-        def read_chunks(path):
-            # TEXTS_PER_CALL texts per generator call: the per-element cost of
-            # from_generator (a Python call under the GIL) is paid once per chunk; the
-            # records before a bad one still come out before its error
-            chunk = []
+        def read_texts(path, position):
+            # TEXTS_PER_CALL texts per Python call: the per-call cost (under the GIL) is
+            # paid once per chunk; a bad record ends the file's texts and is parked
             try:
-                for text in readers.iter_jsonl_texts(path.decode(), field, index, count):
-                    chunk.append(text)
-                    if len(chunk) == TEXTS_PER_CALL:
-                        yield {"text": chunk}
-                        chunk = []
-            except DataError:
-                if chunk:
-                    yield {"text": chunk}
-                raise
-            if chunk:
-                yield {"text": chunk}
-
-        records = _quiet(read_chunks)
+                texts, position = pool.read(path.decode(), position, TEXTS_PER_CALL)
+            except DataError as e:
+                _park(stream, e)
+                texts = []
+            return (np.array([t.encode() for t in texts], dtype=object),
+                    np.asarray(position, np.int64))
 
         def read(path):
-            return tf.data.Dataset.from_generator(
-                records, args=(path,),
-                output_signature={"text": tf.TensorSpec([None], tf.string)}).unbatch()
+            # The file's position is the state of a scan: tf.data saves it with the
+            # iterator, and a restored iterator asks the pool to read from there
+            def texts_at(position, _):
+                texts, after = tf.numpy_function(read_texts, [path, position],
+                                                 (tf.string, tf.int64), stateful=False)
+                texts.set_shape([None])
+                after.set_shape([4])
+                return after, texts
+            return (tf.data.Dataset.from_tensors(np.int64(0)).repeat()
+                    .scan(tf.constant(jsonl_cursor.START, tf.int64), texts_at)
+                    .take_while(lambda texts: tf.size(texts) > 0)
+                    .unbatch())
 
         # Several files at a time when shuffling (one document of each in turn), so that
         # the shuffle buffer sees more than one file's neighbourhood.
         cycle = min(self._cycle_length, len(files)) if shuffle else 1
         return tf.data.Dataset.from_tensor_slices(files).interleave(
-            read, cycle_length=max(cycle, 1), block_length=1)
+            read, cycle_length=max(cycle, 1), block_length=1).map(lambda t: {"text": t})
 
 
 class ExamplesSource(seqio.DataSource):
@@ -231,13 +239,36 @@ class ExamplesSource(seqio.DataSource):
         order = _permutation(len(examples), seed) if shuffle else np.arange(len(examples))
         if shard_info:
             order = order[shard_info.index::shard_info.num_shards]
+        return examples_at(examples, order, self._signature)
 
-        def generate():
-            for i in order:
-                yield examples[i]
 
-        return tf.data.Dataset.from_generator(_quiet(generate),
-                                              output_signature=self._signature)
+def _as_numpy(value, spec) -> np.ndarray:
+    """`value` (str, number or a list of them) as `tf.numpy_function` returns a `spec`."""
+    if spec.dtype != tf.string:
+        return np.asarray(value, spec.dtype.as_numpy_dtype)
+    encode = lambda v: v.encode() if isinstance(v, str) else v  # noqa: E731
+    if spec.shape.rank:
+        return np.array([encode(v) for v in value], dtype=object)
+    return np.array(encode(value), dtype=object)
+
+
+def examples_at(examples: Sequence[Mapping], order: np.ndarray, signature: Mapping):
+    """examples[order[0]], examples[order[1]], ... as a tf.data dataset of `signature`'s
+    layout. The dataset's state is an index into `order` (tf.data saves it with the
+    iterator); each element is looked up in Python, where the examples are."""
+    specs = tf.nest.flatten(signature)
+
+    def lookup(i):
+        values = tf.nest.flatten(examples[int(i)])
+        return [_as_numpy(value, spec) for value, spec in zip(values, specs)]
+
+    def fetch(i):
+        flat = tf.numpy_function(lookup, [i], [s.dtype for s in specs], stateful=False)
+        for tensor, spec in zip(flat, specs):
+            tensor.set_shape(spec.shape)
+        return tf.nest.pack_sequence_as(signature, flat)
+
+    return tf.data.Dataset.from_tensor_slices(np.asarray(order, np.int64)).map(fetch)
 
 
 @functools.lru_cache(maxsize=16)

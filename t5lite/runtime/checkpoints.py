@@ -33,7 +33,7 @@ from etils import epath
 
 from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError
 from t5lite.models import layouts
-from t5lite.runtime import periods
+from t5lite.runtime import data_iterator_item, periods
 from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              resolve_item, set_aside_damaged,
@@ -193,8 +193,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True)
-        self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE_ITEM, DATA_ITEM),
-                                              options=options)
+        self._manager = ocp.CheckpointManager(
+            self.directory, item_names=(STATE_ITEM, DATA_ITEM, data_iterator_item.ITEM),
+            item_handlers={data_iterator_item.ITEM: data_iterator_item.DataIteratorHandler()},
+            options=options)
         # Orbax removes a crashed save's tmp dirs in a background thread that it awaits only
         # before the next save (not in close): a run that ends before saving (an error, no
         # steps left) would exit with it running ("cannot schedule new futures after
@@ -211,9 +213,10 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, data_state: Optional[dict] = None,
              force: bool = False) -> bool:
-        """Save `state` and `data_state` (JSON-able; None is stored as {}) as `step` if the
-        period says so or `force`. Returns whether a save started. A step that is already
-        saved (or being saved) is not written again."""
+        """Save `state` and `data_state` (JSON-able but for its bytes under "iterator",
+        this process's data iterator state, stored per process; None is stored as {}) as
+        `step` if the period says so or `force`. Returns whether a save started. A step
+        that is already saved (or being saved) is not written again."""
         step = int(step)
         if not (force or self.should_save(step)):
             return False
@@ -221,13 +224,15 @@ class Checkpointer:
             log.info("checkpoint %d already saved; not saving it again", step)
             return False
         data_state = dict(data_state or {})
+        iterator = data_state.pop(data_iterator_item.STATE_KEY, None)
         try:
             json.dumps(data_state)
         except (TypeError, ValueError) as e:  # fail here, not in the background writer
             raise TypeError(f"data_state for checkpoint {step} is not JSON-able: {e}") from None
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state.as_dict()),
-            DATA_ITEM: ocp.args.JsonSave(data_state)})
+            DATA_ITEM: ocp.args.JsonSave(data_state),
+            data_iterator_item.ITEM: data_iterator_item.DataIteratorSave(iterator)})
         return bool(self._manager.save(step, args=args, force=True))
 
     def wait(self) -> None:
@@ -281,9 +286,15 @@ class Checkpointer:
         has_data = (self.step_dir(step) / DATA_ITEM).is_dir()
         if has_data:
             items[DATA_ITEM] = ocp.args.JsonRestore()
+        has_iterator = (self.step_dir(step) / data_iterator_item.ITEM).is_dir()
+        if has_iterator:
+            items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        data = restored[DATA_ITEM] if has_data else None
-        return TrainState(**restored[STATE_ITEM]), (data if data is not None else {})
+        data = dict(restored[DATA_ITEM] or {}) if has_data else {}
+        iterator = restored[data_iterator_item.ITEM] if has_iterator else None
+        if iterator is not None:
+            data[data_iterator_item.STATE_KEY] = iterator
+        return TrainState(**restored[STATE_ITEM]), data
 
 
 # ----------------------------------------------------------------------------- finetuning

@@ -1,0 +1,164 @@
+"""Resume without replay: a data iterator restored from its saved state continues the
+uninterrupted stream batch for batch, and restoring at a late position parses no more
+records than restoring at an early one (counted by the Pile reader, jsonl_cursor.STATS),
+for packed and unpacked span corruption, one and two processes, mixtures and TFDS."""
+import json
+
+import numpy as np
+import pytest
+
+from t5lite.data import demo_corpus
+
+from data_helpers import data_env, pile_tfds, reset_data_settings, vocabulary
+
+pytest.importorskip("seqio")
+
+from t5lite.data import jsonl_cursor, pipeline, sources  # noqa: E402
+
+EARLY, LATE, AFTER = 2, 40, 3
+LENGTHS = {"inputs": 32, "targets": 8}
+
+
+@pytest.fixture(autouse=True)
+def _restore_settings():
+    yield
+    reset_data_settings()
+
+
+@pytest.fixture
+def pile(tmp_path, monkeypatch, tmp_path_factory):
+    directory = tmp_path / "pile"
+    demo_corpus.write_pile(str(directory), train_files=3, docs_per_file=60, eval_docs=4)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), pile_dir=directory)
+    monkeypatch.setattr(sources, "TEXTS_PER_CALL", 4)  # finer counts than the default 64
+    return directory
+
+
+def _make(task="pile_span_corruption", **kwargs):
+    args = dict(split="train", feature_lengths=LENGTHS, batch_size=4, pack=False,
+                shuffle=True, seed=5, shuffle_buffer_size=16)
+    args.update(kwargs)
+    return pipeline.make_iterator(task, **args)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _through_json(state):
+    """A state as a checkpoint gives it back (JSON item + this process's bytes)."""
+    iterator = state.get("iterator")
+    out = json.loads(json.dumps({k: v for k, v in state.items() if k != "iterator"}))
+    if iterator is not None:
+        out["iterator"] = bytes(iterator)
+    return out
+
+
+def _resume_cost(make, state, expected):
+    """Records the reader parses to restore `state` and read AFTER batches (checked
+    against `expected`)."""
+    before = jsonl_cursor.STATS["records_parsed"]
+    it = make()
+    it.set_state(_through_json(state))
+    for want in expected:
+        assert _same(next(it), want)
+    return jsonl_cursor.STATS["records_parsed"] - before
+
+
+@pytest.mark.parametrize("processes", [1, 2], ids=["1_process", "2_processes"])
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_late_resume_costs_no_more_than_early_and_continues_the_stream(pile, pack,
+                                                                       processes):
+    for index in range(processes):
+        def make():
+            return _make(pack=pack, batch_size=4 * processes, process_index=index,
+                         process_count=processes)
+        reference = make()
+        batches = [next(reference) for _ in range(LATE + AFTER)]
+        run, states = make(), {}
+        for position in range(1, LATE + 1):
+            assert _same(next(run), batches[position - 1])
+            if position in (EARLY, LATE):
+                states[position] = run.get_state()
+        cost = {p: _resume_cost(make, s, batches[p:p + AFTER]) for p, s in states.items()}
+        replay = _resume_cost(make, {k: v for k, v in states[LATE].items()
+                                     if k != "iterator"}, batches[LATE:LATE + AFTER])
+        # the saved state holds the shuffle buffer and the files' positions: a late resume
+        # parses what the next batches need (plus what the prefetching reads ahead, two
+        # chunks of each open file at most), like an early one; a replay parses it all
+        slack = 2 * 4 * 3
+        assert cost[LATE] <= cost[EARLY] + slack, (cost, replay)
+        assert replay > 3 * cost[LATE], (cost, replay)
+
+
+def test_the_state_is_per_process_and_names_its_stream(pile):
+    a, b = (_make(batch_size=8, process_index=i, process_count=2) for i in range(2))
+    next(a), next(b)
+    sa, sb = a.get_state(), b.get_state()
+    assert sa["iterator"] != sb["iterator"]
+    assert {k: v for k, v in sa.items() if k != "iterator"} == {
+        "position": 1, "task": "pile_span_corruption", "split": "train", "seed": 5,
+        "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS}
+
+
+def test_a_mixture_of_in_memory_tasks_resumes_from_its_state(tmp_path, monkeypatch,
+                                                             tmp_path_factory):
+    import seqio
+    demo_corpus.write_multinli(str(tmp_path / "mnli"), train=40, dev=3)
+    demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=6, dev_articles=2)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
+             mnli_dir=tmp_path / "mnli", squad_dir=tmp_path / "squad")
+    name = "t5lite_test_mnli_squad"
+    if name in seqio.MixtureRegistry.names():
+        seqio.MixtureRegistry.remove(name)
+    seqio.MixtureRegistry.add(name, [("mnli", 1.0), ("squad_v1_1", 1.0)])
+    lengths = {"inputs": 128, "targets": 16}
+    try:
+        batches = [next(it) for it in [_make(name, feature_lengths=lengths)]
+                   for _ in range(12)]
+        run = _make(name, feature_lengths=lengths)
+        for _ in range(7):
+            next(run)
+        resumed = _make(name, feature_lengths=lengths)
+        resumed.set_state(_through_json(run.get_state()))
+        assert all(_same(next(resumed), b) for b in batches[7:])
+    finally:
+        seqio.MixtureRegistry.remove(name)
+
+
+def test_a_tfds_source_resumes_from_its_state(tmp_path, monkeypatch, tmp_path_factory):
+    tfds_dir = tmp_path / "tfds"
+    pile_tfds(str(tfds_dir), {"train": 40, "validation": 4, "test": 4})
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), tfds_data_dir=tfds_dir)
+    batches = [next(it) for it in [_make()] for _ in range(10)]
+    run = _make()
+    for _ in range(6):
+        next(run)
+    resumed = _make()
+    resumed.set_state(_through_json(run.get_state()))
+    assert all(_same(next(resumed), b) for b in batches[6:])
+
+
+def test_a_stream_tf_data_cannot_save_falls_back_to_replay(pile, monkeypatch, caplog):
+    """A task whose source is a Python generator cannot be saved by tf.data: no state
+    is stored (never one that would restore another stream) and a resume replays."""
+    import tensorflow as tf
+    real = sources.JsonlTextSource.get_dataset
+
+    def through_a_generator(self, *args, **kwargs):
+        texts = [t["text"] for t in real(self, *args, **kwargs).as_numpy_iterator()]
+        return tf.data.Dataset.from_generator(
+            lambda: ({"text": t} for t in texts),
+            output_signature={"text": tf.TensorSpec([], tf.string)})
+
+    monkeypatch.setattr(sources.JsonlTextSource, "get_dataset", through_a_generator)
+    batches = [next(it) for it in [_make()] for _ in range(6)]
+    run = _make()
+    for _ in range(4):
+        next(run)
+    with caplog.at_level("WARNING"):
+        state = run.get_state()
+    assert "iterator" not in state and "cannot be saved" in caplog.text
+    resumed = _make()
+    resumed.set_state(_through_json(state))
+    assert all(_same(next(resumed), b) for b in batches[4:])
