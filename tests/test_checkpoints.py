@@ -94,6 +94,21 @@ def test_round_trip_exact(tmp_path):
     assert (tmp_path / "checkpoints" / "7" / "data").is_dir()
 
 
+def test_the_data_iterator_state_is_saved_per_process(tmp_path):
+    state, blob = make_state(), bytes(range(256)) * 3
+    with Checkpointer(tmp_path, keep=None) as ckpt:
+        ckpt.save(3, state, {"position": 3, "iterator": blob})
+        ckpt.save(4, state, {"position": 4})  # a stream that cannot be saved: no bytes
+        ckpt.wait()
+        _, data3 = ckpt.restore(3, abstract(state, single))
+        _, data4 = ckpt.restore(4, abstract(state, single))
+    assert data3 == {"position": 3, "iterator": blob} and data4 == {"position": 4}
+    item = tmp_path / "checkpoints" / "3" / "data_iterator"
+    assert (item / "process_00000-of-00001").read_bytes() == blob
+    json_item = (tmp_path / "checkpoints" / "3" / "data" / "metadata").read_text()
+    assert "iterator" not in json_item  # the bytes are not in the JSON item
+
+
 def test_keep_period_force(tmp_path):
     state = make_state()
     with Checkpointer(tmp_path, keep=2, period=10, async_save=True) as ckpt:

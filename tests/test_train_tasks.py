@@ -10,7 +10,7 @@ from t5lite.data import demo_corpus
 
 def _pile(tmp_path):
     text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=3)
-    (tmp_path / "pile" / "train").mkdir(parents=True)
+    (tmp_path / "pile" / "train").mkdir(parents=True, exist_ok=True)
     with open(tmp_path / "pile" / "train" / "00.jsonl", "w") as f:
         for line in open(text):
             f.write(json.dumps({"text": line.strip(), "meta": {"pile_set_name": "t"}}) + "\n")
@@ -33,8 +33,23 @@ def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_
     assert th.complete_steps(tmp_path / "run") == [4]
     data = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
     assert data["position"] == 4 and data["task"] == "pile_span_corruption"
+    iterator = tmp_path / "run" / "checkpoints" / "4" / "data_iterator"
+    assert (iterator / "process_00000-of-00001").stat().st_size > 0
     losses = [v for _, v in th.scalars(tmp_path / "run")["loss_per_token"]]
     assert len(losses) == 2 and all(0 < v < 20 for v in losses)
+
+    # resuming under another batch size would leave the stream: one line, nothing lost
+    changed = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.TRAIN_STEPS=6",
+                          "--gin.BATCH_SIZE=8"), cwd=tmp_path)
+    assert changed.returncode != 0
+    lines = [l for l in changed.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "batch_size 4 -> 8" in lines[0], th.describe(changed)
+    assert "Traceback" not in changed.stderr and th.complete_steps(tmp_path / "run") == [4]
+    again = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.TRAIN_STEPS=6"),
+                   cwd=tmp_path)
+    assert again.returncode == 0, th.describe(again)
+    assert "data: continuing at batch 4 from the saved iterator state" in again.stderr
+    assert th.complete_steps(tmp_path / "run")[-1] == 6
 
 
 def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory):

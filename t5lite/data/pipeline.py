@@ -162,6 +162,8 @@ class SeqioIterator:
                 self._tf_iterator = iter(self.dataset())
                 try:
                     restore_iterator(self._tf_iterator, saved)
+                    log.info("data: continuing at batch %d from the saved iterator state "
+                             "(%.1f MB)", self.position, len(saved) / 1e6)
                 except (tf.errors.OpError, ValueError) as e:
                     log.warning("the saved data iterator state does not fit this pipeline "
                                 "(%s); replaying %d batches instead", _first_line(e),
