@@ -115,31 +115,13 @@ def _lines(path: str) -> Iterator[str]:
 
 
 # -- the Pile (and any jsonl with a text field) ------------------------------------------
-def _parse_json_line(path: str, lineno: int, line: str, field: str) -> str:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataFormatError(f"{path}:{lineno}: not JSON ({e.msg}); expected {PILE_FORMAT}") \
-            from None
-    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-        got = (f"an object with keys {sorted(obj)}" if isinstance(obj, dict)
-               else f"a JSON {type(obj).__name__}")
-        raise DataFormatError(f"{path}:{lineno}: expected a JSON object with a {field!r} "
-                              f"string ({PILE_FORMAT}), got {got}")
-    return obj[field]
-
-
 def iter_jsonl_texts(path: str, field: str = "text", shard_index: int = 0,
                      num_shards: int = 1) -> Iterator[str]:
     """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst file; with
     num_shards > 1 only records k with k % num_shards == shard_index (others are not
-    decoded)."""
-    record = -1
-    for lineno, line in enumerate(_lines(path), 1):
-        if line.strip():
-            record += 1
-            if record % num_shards == shard_index:
-                yield _parse_json_line(path, lineno, line, field)
+    decoded). Streamed by t5lite/data/jsonl_cursor.py, the training pipeline's reader."""
+    from t5lite.data import jsonl_cursor  # it imports this module's format constants
+    return jsonl_cursor.iter_texts(path, field, shard_index, num_shards)
 
 
 def check_jsonl(path: str, field: str = "text") -> None:

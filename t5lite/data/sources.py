@@ -396,6 +396,8 @@ def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
                                                f"{settings.how_to_set('pile_dir')}")
         files = {s: readers.glob_files(directory, PILE_LAYOUT[s]) for s in splits}
         files = {s: f for s, f in files.items() if f}
+        for split_files in files.values():
+            check_numbered_shards(split_files)
         if not files:
             raise DataNotFoundError(
                 f"no Pile files in {directory!r} ({settings.source_of('pile_dir')}): "
@@ -407,6 +409,26 @@ def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
     raise DataNotFoundError(
         f"no Pile data: {settings.how_to_set('pile_dir')} to a directory holding "
         f"{PILE_EXPECTED}, or provide {_tfds_where('the_pile')}")
+
+
+def check_numbered_shards(files: Sequence[str]) -> None:
+    """Files named by number (the Pile's 00.jsonl.zst ... 29.jsonl.zst) must run from 00
+    without a gap: a missing one (a download cut short) is named, not silently skipped."""
+    numbered = {}
+    for path in files:
+        m = re.fullmatch(r"(\d+)(\..*)", os.path.basename(path))
+        if m:
+            numbered[int(m.group(1))] = (len(m.group(1)), m.group(2), os.path.dirname(path))
+    if not numbered:
+        return
+    missing = sorted(set(range(max(numbered) + 1)) - set(numbered))
+    if missing:
+        width, suffix, where = numbered[max(numbered)]
+        names = ", ".join(f"{n:0{width}d}{suffix}" for n in missing)
+        raise DataNotFoundError(
+            f"{where}: shard {names} is missing (the shards present run to "
+            f"{max(numbered):0{width}d}{suffix}); restore it, or keep shards numbered "
+            f"from 00 without gaps")
 
 
 def resolve_tfds_only(name: str, splits: Sequence[str]) -> seqio.DataSource:
