@@ -2,6 +2,8 @@
 examples per second and per busy-core second; packed rows count the examples in them."""
 import json
 
+import pytest
+
 import train_helpers as th
 from data_helpers import vocabulary
 
@@ -34,3 +36,21 @@ def test_data_bench_bad_arguments_are_one_line(tmp_path):
     proc = th.run([th.sys.executable, "-m", "t5lite.data_bench", "--vocabulary=x",
                    "--batches=0"])
     th.assert_one_error(proc, "--batches must be a positive integer")
+
+
+@pytest.mark.slow
+def test_data_bench_measures_a_resume(tmp_path, tmp_path_factory):
+    """--resume_rows: the saved state's size and the restore time at two positions,
+    with the records parsed meanwhile (equal: the cost does not grow with the position)."""
+    out = tmp_path / "resume.json"
+    proc = th.run([th.sys.executable, "-m", "t5lite.data_bench",
+                   f"--vocabulary={vocabulary(tmp_path_factory)}", "--documents=300",
+                   "--resume_rows=4", "--batches=12", "--mean_chars=600",
+                   f"--work_dir={tmp_path / 'work'}", f"--json_out={out}"], timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    result = json.loads(out.read_text())
+    early, late = result["batch_2"], result["batch_12"]
+    for r in (early, late):
+        assert r["state_bytes"] > 0 and r["restore_to_first_batch_s"] > 0
+    assert late["records_parsed"] <= early["records_parsed"] + 64
+    assert result["zstd_seek_bytes"] > 0 and result["zstd_seek_bytes_per_s"] > 0

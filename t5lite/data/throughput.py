@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import resource
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from t5lite.data import demo_corpus, pipeline, tasks
 from t5lite.data.tf_env import import_tensorflow
@@ -32,17 +33,42 @@ from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 PLAIN_TASK = "t5lite_throughput_plain_seqio_span_corruption"
 
 
-def write_corpus(directory: str, documents: int, seed: int = 0) -> Dict[str, str]:
-    """The same documents as a Pile-style jsonl (train/00.jsonl) and as plain text (one
-    document a line): {"pile_dir": ..., "text_file": ...}."""
+def write_corpus(directory: str, documents: int, seed: int = 0,
+                 mean_chars: Optional[int] = None, compress: bool = False) -> Dict[str, str]:
+    """The same documents as a Pile-style jsonl (train/00.jsonl, or .jsonl.zst written as
+    one zstd frame like the Pile's) and as plain text (one document a line):
+    {"pile_dir": ..., "text_file": ..., "pile_file": ...}. `mean_chars`: join generated
+    documents into ones of that mean length (exponentially distributed, like the Pile's
+    long tail); default the generator's own short documents."""
     docs = [" ".join(d["text"].split()) for d in demo_corpus.pile_documents(documents, seed)]
+    if mean_chars:
+        docs = _joined(docs, documents, mean_chars, seed)
     os.makedirs(os.path.join(directory, "pile", "train"), exist_ok=True)
-    with open(os.path.join(directory, "pile", "train", "00.jsonl"), "w") as f:
-        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    data = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    pile_file = os.path.join(directory, "pile", "train",
+                             "00.jsonl.zst" if compress else "00.jsonl")
+    if compress:
+        import zstandard
+        data = zstandard.ZstdCompressor(level=3).compress(data)
+    with open(pile_file, "wb") as f:
+        f.write(data)
     text_file = os.path.join(directory, "documents.txt")
     with open(text_file, "w") as f:
         f.writelines(d + "\n" for d in docs)
-    return {"pile_dir": os.path.join(directory, "pile"), "text_file": text_file}
+    return {"pile_dir": os.path.join(directory, "pile"), "text_file": text_file,
+            "pile_file": pile_file}
+
+
+def _joined(docs: List[str], n: int, mean_chars: int, seed: int) -> List[str]:
+    rng, out, i = random.Random(seed), [], 0
+    for _ in range(n):
+        want, parts, size = rng.expovariate(1 / mean_chars), [], 0
+        while size < want or not parts:
+            parts.append(docs[i % len(docs)])
+            size += len(parts[-1]) + 1
+            i += 1
+        out.append(" ".join(parts))
+    return out
 
 
 def _lines_to_text(ds):
@@ -137,3 +163,56 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
                      f"{'yes' if r['pack'] else 'no'} | {r['examples_per_s']:,.0f} | "
                      f"{r['busy_cores']:.2f} | {r['examples_per_core_s']:,.0f} |")
     return "\n".join(lines)
+
+
+def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: int = 2,
+                late: int = 40, pack: bool = False) -> Dict[str, Any]:
+    """What a resume of our iterator costs at batch `early` and at batch `late` (rows
+    per process, the default shuffle buffer): the saved state's size, the time to save
+    it, the time from restoring it to the first batch, and the records the reader parses
+    meanwhile; beside them the time per batch (what a replay would pay per batch
+    skipped) and the zstd decompression rate of seeking in the one-frame `pile_file`
+    (what reopening a Pile shard mid-file costs per byte before the position)."""
+    from t5lite.data import jsonl_cursor
+
+    def make():
+        return pipeline.make_iterator("pile_span_corruption", split="train",
+                                      feature_lengths=dict(lengths), batch_size=rows,
+                                      pack=pack, shuffle=True, seed=0)
+    it, states, t0 = make(), {}, time.perf_counter()
+    next(it)
+    t1 = time.perf_counter()
+    for position in range(2, late + 1):
+        next(it)
+        if position in (early, late):
+            t = time.perf_counter()
+            state = it.get_state()
+            states[position] = (state, time.perf_counter() - t)
+    per_batch = (time.perf_counter() - t1) / (late - 1)
+    out: Dict[str, Any] = {"rows": rows, "inputs": lengths["inputs"],
+                           "targets": lengths["targets"], "pack": pack,
+                           "first_batch_fresh_s": t1 - t0, "s_per_batch": per_batch}
+    for position, (state, save_s) in states.items():
+        parsed = jsonl_cursor.STATS["records_parsed"]
+        t = time.perf_counter()
+        resumed = make()
+        resumed.set_state(state)
+        next(resumed)
+        out[f"batch_{position}"] = {
+            "state_bytes": len(state["iterator"]), "save_s": save_s,
+            "restore_to_first_batch_s": time.perf_counter() - t,
+            "records_parsed": jsonl_cursor.STATS["records_parsed"] - parsed}
+    # seeking: a fresh reader at the end of the one-frame file decompresses all before it
+    pool, position, last = jsonl_cursor.CursorPool(), jsonl_cursor.START, None
+    while True:
+        texts, after = pool.read(pile_file, position, 16)
+        if not texts:
+            break
+        last, position = position, after  # `last`: the start of the file's last texts
+    skipped, t = jsonl_cursor.STATS["bytes_skipped"], time.perf_counter()
+    for _ in range(5):
+        jsonl_cursor.CursorPool().read(pile_file, last, 1)
+    seconds = (time.perf_counter() - t) / 5
+    out["zstd_seek_bytes"] = (jsonl_cursor.STATS["bytes_skipped"] - skipped) // 5
+    out["zstd_seek_bytes_per_s"] = out["zstd_seek_bytes"] / seconds
+    return out
