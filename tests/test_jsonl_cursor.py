@@ -2,7 +2,6 @@
 exactly the records that follow it (frames that split lines, shards by record), at a
 cost that does not depend on how much was read before; missing shards are named."""
 import json
-import os
 import random
 
 import pytest

@@ -3,6 +3,8 @@ the data position in the checkpoint, and a vocabulary larger than the model's em
 refused in one line."""
 import json
 
+import pytest
+
 import train_helpers as th
 from data_helpers import vocabulary
 from t5lite.data import demo_corpus
@@ -59,3 +61,42 @@ def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "vocabulary has 400 ids" in lines[0], th.describe(proc)
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_resume_the_pile_stream_from_their_own_states(tmp_path,
+                                                                     tmp_path_factory):
+    """Two processes (gloo on 127.0.0.1) each save their own data iterator state; a
+    restart at step 4 restores both and trains on the batches of an uninterrupted run."""
+    vocab = vocabulary(tmp_path_factory)
+
+    def pair(model_dir, steps, tag):
+        port, procs = th.free_port(), []
+        try:
+            for i in range(2):
+                cmd = _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
+                           f"--gin.TRAIN_STEPS={steps}", "--gin.CHECKPOINT_PERIOD=4",
+                           "--gin.ICI_MESH_SHAPE=[1,1,1]", "--gin.DCN_MESH_SHAPE=[2,1,1]",
+                           "--gin.ACTIVATION_DTYPE='float32'",
+                           f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
+                           f"--process_index={i}")
+                procs.append(th.start(cmd, tmp_path / f"{tag}{i}.log", devices=1))
+            rcs = [th.finish(p) for p in procs]
+        finally:
+            for p in procs:
+                th.kill(p)
+        logs = [th.read_log(tmp_path / f"{tag}{i}.log") for i in range(2)]
+        assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
+        return logs
+
+    pair(tmp_path / "whole", 8, "whole")
+    pair(tmp_path / "parts", 4, "first")
+    item = tmp_path / "parts" / "checkpoints" / "4" / "data_iterator"
+    assert sorted(p.name for p in item.iterdir()) == ["process_00000-of-00002",
+                                                      "process_00001-of-00002"]
+    logs = pair(tmp_path / "parts", 8, "second")
+    for log in logs:
+        assert "data: continuing at batch 4 from the saved iterator state" in log, log[-3000:]
+    whole, parts = th.scalars(tmp_path / "whole"), th.scalars(tmp_path / "parts")
+    for tag in ("weight_sum", "loss"):  # the same batches, so the same steps
+        assert [v for s, v in whole[tag] if s > 4] == [v for s, v in parts[tag] if s > 4]

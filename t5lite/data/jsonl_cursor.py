@@ -32,8 +32,11 @@ import json
 import threading
 from typing import Dict, List, Optional, Tuple
 
-from t5lite.data.readers import PILE_FORMAT, ZSTD_MAGIC
 from t5lite.errors import DataFormatError, DataNotFoundError
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+PILE_FORMAT = ('one JSON object a line with a "text" string (the Pile\'s {"text": ..., '
+               '"meta": ...})')
 
 Position = Tuple[int, int, int, int]
 START: Position = (0, 0, 1, 0)

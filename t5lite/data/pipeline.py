@@ -54,7 +54,7 @@ from t5lite.errors import DataError
 tf = import_tensorflow()
 import seqio  # noqa: E402
 
-from t5lite.data import sources, tasks  # noqa: E402  (registers the tasks)
+from t5lite.data import stream_errors, tasks  # noqa: E402  (registers the tasks)
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class SeqioIterator:
         return self
 
     def _start(self) -> None:
-        with sources.stream_scope() as stream:
+        with stream_errors.stream_scope() as stream:
             saved, self._saved = self._saved, None
             if saved is not None:
                 self._tf_iterator = iter(self.dataset())
@@ -174,7 +174,7 @@ class SeqioIterator:
                     log.info("data: rebuilding the stream and skipping the %d batches "
                              "already consumed", self.position)
                 self._tf_iterator = iter(self.dataset(skip=self.position))
-        self._iterator = sources.numpy_iterator(self._tf_iterator, stream)
+        self._iterator = stream_errors.numpy_iterator(self._tf_iterator, stream)
 
     def __next__(self) -> Dict[str, np.ndarray]:
         if self._iterator is None:

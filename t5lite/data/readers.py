@@ -25,11 +25,11 @@ import json
 import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from t5lite.data import jsonl_cursor
+from t5lite.data.jsonl_cursor import PILE_FORMAT, ZSTD_MAGIC
 from t5lite.errors import DataFormatError, DataNotFoundError
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order
-PILE_FORMAT = 'one JSON object a line with a "text" string (the Pile\'s {"text": ..., "meta": ...})'
 TEXT_SUFFIXES = (".jsonl", ".jsonl.zst", ".txt", ".txt.zst")
 
 
@@ -120,7 +120,6 @@ def iter_jsonl_texts(path: str, field: str = "text", shard_index: int = 0,
     """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst file; with
     num_shards > 1 only records k with k % num_shards == shard_index (others are not
     decoded). Streamed by t5lite/data/jsonl_cursor.py, the training pipeline's reader."""
-    from t5lite.data import jsonl_cursor  # it imports this module's format constants
     return jsonl_cursor.iter_texts(path, field, shard_index, num_shards)
 
 

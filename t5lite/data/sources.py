@@ -16,20 +16,17 @@ shards stay disjoint.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
-import itertools
 import os
 import re
-import threading
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from t5lite.data import jsonl_cursor, readers, settings
 from t5lite.data.tf_env import import_tensorflow
-from t5lite.errors import DataError, DataFormatError, DataNotFoundError
+from t5lite.errors import DataError, DataNotFoundError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -57,85 +54,7 @@ PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/2
 SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
 
 TEXTS_PER_CALL = 64  # documents a Pile reader hands tf.data per Python call
-_DATA_FORMAT_ERROR = re.compile(r"DataFormatError: (.*)")
-
-
-def format_error_from(e: Exception) -> Optional[DataFormatError]:
-    """The DataFormatError a Python generator raised inside tf.data, if `e` wraps one."""
-    m = _DATA_FORMAT_ERROR.search(str(e))
-    return DataFormatError(m.group(1).strip()) if m else None
-
-
-# A DataError raised inside a tf.data generator goes through TensorFlow, which prints its
-# Python traceback (~250 lines) and can leave the process hanging at exit. So the readers'
-# generators stop quietly instead and park the error under the stream they belong to (the
-# `stream_scope` their dataset was built in), and that stream's consumer
-# (`numpy_iterator`) raises it, with nothing of TensorFlow in between.
-_deferred: List[tuple] = []
-_deferred_lock = threading.Lock()
-_streams = itertools.count(1)
-_current = threading.local()
-
-
-@contextlib.contextmanager
-def stream_scope() -> Iterator[int]:
-    """Datasets built inside park their readers' errors under the id this yields."""
-    previous = getattr(_current, "stream", 0)
-    _current.stream = next(_streams)
-    try:
-        yield _current.stream
-    finally:
-        _current.stream = previous
-
-
-def _park(stream: int, error: DataError) -> None:
-    with _deferred_lock:
-        _deferred.append((stream, error))
-
-
-def _quiet(generate: Callable[..., Iterator]) -> Callable[..., Iterator]:
-    """`generate` for tf.data, whose DataError is parked for the consumer instead."""
-    stream = getattr(_current, "stream", 0)
-
-    def generator(*args):
-        try:
-            yield from generate(*args)
-        except DataError as e:
-            _park(stream, e)
-    return generator
-
-
-def raise_deferred_error(stream: int = 0) -> None:
-    """Raise the first data error parked by the readers of `stream` (or of datasets
-    built outside any scope), forgetting that stream's others."""
-    with _deferred_lock:
-        mine = [e for s, e in _deferred if s in (stream, 0)]
-        _deferred[:] = [(s, e) for s, e in _deferred if s not in (stream, 0)]
-    if mine:
-        raise mine[0]
-
-
-def numpy_iterator(ds, stream: int = 0) -> Iterator[Any]:
-    """`ds.as_numpy_iterator()` (or numpy elements of `ds`, a tf.data iterator) whose data
-    errors (a bad record met inside tf.data) surface as the reader's own DataError, not as
-    a TensorFlow error. `stream`: the `stream_scope` id `ds` was built under."""
-    if isinstance(ds, tf.data.Dataset):
-        iterator = ds.as_numpy_iterator()
-    else:
-        iterator = (tf.nest.map_structure(lambda t: t.numpy(), e) for e in ds)
-    while True:
-        try:
-            element = next(iterator)
-        except StopIteration:
-            raise_deferred_error(stream)  # a generator that stopped early is no end
-            return
-        except tf.errors.OpError as e:
-            error = format_error_from(e)
-            if error is None:
-                raise
-            raise error from None
-        raise_deferred_error(stream)
-        yield element
+from t5lite.data.stream_errors import park_error, stream_id  # noqa: E402
 
 
 def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
@@ -176,7 +95,7 @@ class JsonlTextSource(seqio.DataSource):
         for path in files:
             readers.check_jsonl(path, self._field)  # a wrong format fails here, clearly
         pool = jsonl_cursor.CursorPool(self._field, index, count)
-        stream = getattr(_current, "stream", 0)
+        stream = stream_id()
 
         def read_texts(path, position):
             # TEXTS_PER_CALL texts per Python call: the per-call cost (under the GIL) is
@@ -184,7 +103,7 @@ class JsonlTextSource(seqio.DataSource):
             try:
                 texts, position = pool.read(path.decode(), position, TEXTS_PER_CALL)
             except DataError as e:
-                _park(stream, e)
+                park_error(stream, e)
                 texts = []
             return (np.array([t.encode() for t in texts], dtype=object),
                     np.asarray(position, np.int64))
@@ -242,6 +161,18 @@ class ExamplesSource(seqio.DataSource):
         return examples_at(examples, order, self._signature)
 
 
+def _flatten_like(signature: Mapping, example: Mapping) -> List:
+    """The example's values in `tf.nest.flatten(signature)` order (dicts by sorted key);
+    lists in the example are values, not structure."""
+    out: List = []
+    for key in sorted(signature):
+        if isinstance(signature[key], Mapping):
+            out += _flatten_like(signature[key], example[key])
+        else:
+            out.append(example[key])
+    return out
+
+
 def _as_numpy(value, spec) -> np.ndarray:
     """`value` (str, number or a list of them) as `tf.numpy_function` returns a `spec`."""
     if spec.dtype != tf.string:
@@ -259,7 +190,7 @@ def examples_at(examples: Sequence[Mapping], order: np.ndarray, signature: Mappi
     specs = tf.nest.flatten(signature)
 
     def lookup(i):
-        values = tf.nest.flatten(examples[int(i)])
+        values = _flatten_like(signature, examples[int(i)])
         return [_as_numpy(value, spec) for value, spec in zip(values, specs)]
 
     def fetch(i):

@@ -165,8 +165,8 @@ def _tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int]
 
 def _task_examples(provider, split: str, lengths: Mapping[str, int]
                    ) -> Iterator[Dict[str, Any]]:
-    from t5lite.data import sources
-    with sources.stream_scope() as stream:
+    from t5lite.data import stream_errors
+    with stream_errors.stream_scope() as stream:
         ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
                                   use_cached=False)
     vocab = provider.output_features["targets"].vocabulary

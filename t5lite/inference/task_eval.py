@@ -62,15 +62,15 @@ class TaskEvaluator:
         from t5lite.data.tf_env import import_tensorflow
         import_tensorflow()  # TensorFlow set up for the data edge before seqio loads it
         import seqio
-        from t5lite.data import sources
+        from t5lite.data import stream_errors
         self.name, self.split = name, split
-        with sources.stream_scope() as stream:
+        with stream_errors.stream_scope() as stream:
             self._evaluator = seqio.Evaluator(
                 mixture_or_task_name=name,
                 feature_converter=seqio.EncDecFeatureConverter(pack=False), eval_split=split,
                 sequence_length=dict(feature_lengths), num_examples=num_examples,
                 use_memory_cache=True, async_compute_metrics=False)
-        sources.raise_deferred_error(stream)  # a bad record met while caching the targets
+        stream_errors.raise_deferred_error(stream)  # a bad record met while caching the targets
         if not self._evaluator.eval_tasks:
             raise ConfigError(f"task {name!r} has no metric_fns (or no split {split!r}): "
                               f"nothing to evaluate")
@@ -78,7 +78,7 @@ class TaskEvaluator:
         self._task_of = {id(ds): task_name
                          for task_name, ds in self._evaluator.cached_model_datasets.items()}
         self._examples = {
-            t.name: list(sources.numpy_iterator(self._evaluator.cached_task_datasets[t.name],
+            t.name: list(stream_errors.numpy_iterator(self._evaluator.cached_task_datasets[t.name],
                                                 stream))
             for t in self._evaluator.eval_tasks}
 
@@ -148,5 +148,5 @@ def write_predictions(path: Path, result: TaskResult) -> None:
 
 def tfds_numpy(ds, stream: int = 0):
     """The dataset's elements as numpy; a bad record raises the reader's DataError."""
-    from t5lite.data import sources
-    return sources.numpy_iterator(ds, stream)
+    from t5lite.data import stream_errors
+    return stream_errors.numpy_iterator(ds, stream)
