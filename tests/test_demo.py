@@ -1,8 +1,9 @@
 """The embedded demo (README's first command): `python -m t5lite.train` with no --gin_file
 writes its own corpus and vocabulary, pretrains a tiny T5 with span corruption and
 learns; `configs/demo_finetune.gin` finetunes that checkpoint on the generated MNLI task
-and its inference evaluation beats chance. The default test runs shortened versions;
-the `slow` one runs the demo exactly as shipped and checks the numbers in the docs."""
+and its inference evaluation beats chance. One test runs shortened versions, the other the
+demo exactly as shipped, checking the numbers in the docs; both run under -m slow (the
+default suite's time on CI)."""
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ def _losses(model_dir):
     return [v for _, v in th.scalars(model_dir)["loss_per_token"]]
 
 
+@pytest.mark.slow  # default-suite time (CI); run with -m slow
 def test_demo_pretrains_and_finetunes_above_chance(tmp_path):
     proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60", "--gin.LOG_PERIOD=10",
                      "--gin.CHECKPOINT_PERIOD=30")

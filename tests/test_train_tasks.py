@@ -40,6 +40,12 @@ def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_
     losses = [v for _, v in th.scalars(tmp_path / "run")["loss_per_token"]]
     assert len(losses) == 2 and all(0 < v < 20 for v in losses)
 
+
+@pytest.mark.slow
+def test_resume_continues_the_saved_data_stream_and_refuses_a_changed_one(
+        tmp_path, tmp_path_factory):
+    first = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path)
+    assert first.returncode == 0, th.describe(first)
     # resuming under another batch size would leave the stream: one line, nothing lost
     changed = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.TRAIN_STEPS=6",
                           "--gin.BATCH_SIZE=8"), cwd=tmp_path)
