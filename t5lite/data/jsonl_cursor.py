@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from t5lite.errors import DataFormatError, DataNotFoundError
 
@@ -42,6 +42,54 @@ Position = Tuple[int, int, int, int]
 START: Position = (0, 0, 1, 0)
 READ_BYTES = 1 << 20  # compressed (or plain) bytes read from the file at a time
 STATS: collections.Counter = collections.Counter()
+
+
+def check_zstd_magic(path: str, raw) -> None:
+    """DataFormatError unless `raw` (a binary file at its start) begins a zstd frame."""
+    if raw.read(4) != ZSTD_MAGIC:
+        raise DataFormatError(f"{path}: not a zstandard file (a .zst file must start with "
+                              f"the zstd magic bytes); expected {PILE_FORMAT}, compressed "
+                              f"with zstd")
+
+
+def zstd_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
+    """(file offset of the frame it comes from, decompressed bytes) for every zstd frame
+    of `raw` from its current offset (a frame's start) on, streamed READ_BYTES of input
+    at a time. A file that ends inside a frame raises DataFormatError: it was cut short;
+    corrupt data raises DataFormatError too."""
+    import zstandard
+    # The Pile's files need a large window; 2**31 is zstd's maximum.
+    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
+    frame, fed, at = dctx.decompressobj(), False, raw.tell()
+    while True:
+        data_at, data = raw.tell(), raw.read(READ_BYTES)
+        if not data:
+            break
+        while data:
+            try:
+                out = frame.decompress(data)
+            except zstandard.ZstdError as e:
+                raise DataFormatError(f"{path}: corrupt zstandard data ({e}); re-copy or "
+                                      f"re-compress the file") from None
+            fed = True
+            if out:
+                yield at, out
+            if not frame.eof:
+                break
+            rest = frame.unused_data
+            at = data_at = data_at + len(data) - len(rest)  # the next frame starts here
+            data, frame, fed = rest, dctx.decompressobj(), False
+    if fed:
+        raise DataFormatError(f"{path}: truncated zstandard file (it ends inside a "
+                              f"compressed frame): the file was cut short; re-copy it")
+
+
+def _plain_chunks(raw) -> Iterator[Tuple[int, bytes]]:
+    while True:
+        data = raw.read(READ_BYTES)
+        if not data:
+            return
+        yield 0, data
 
 
 def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
@@ -68,7 +116,7 @@ class _Lines:
     def __init__(self, path: str, position: Position):
         frame, offset, self.line, self.record = (int(p) for p in position)
         self.path = path
-        self._zstd = path.endswith(".zst")
+        zstd = path.endswith(".zst")
         try:
             self._raw = open(path, "rb")
         except FileNotFoundError:
@@ -78,23 +126,20 @@ class _Lines:
             raise DataNotFoundError(f"{path}: cannot be read ({e.strerror})") from None
         self._buf, self._pos = b"", 0      # decompressed bytes; next unconsumed index
         self._consumed = 0                 # decompressed bytes consumed since opening
-        self._frames = [(-offset, frame)]  # (consumed count at a frame's start, its offset)
-        self._eof = False
-        if self._zstd:
-            import zstandard
-            if frame == 0 and self._raw.read(4) != ZSTD_MAGIC:
-                self._raw.close()
-                raise DataFormatError(f"{path}: not a zstandard file (a .zst file must "
-                                      f"start with the zstd magic bytes); expected "
-                                      f"{PILE_FORMAT}, compressed with zstd")
+        if zstd:
+            if frame == 0:
+                try:
+                    check_zstd_magic(path, self._raw)
+                except DataFormatError:
+                    self._raw.close()
+                    raise
             self._raw.seek(frame)
-            # The Pile's files need a large window; 2**31 is zstd's maximum.
-            self._dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
-            self._frame = self._dctx.decompressobj()
-            self._fed = False
+            self._chunks = zstd_chunks(path, self._raw)
+            self._frames = [(-offset, frame)]  # (consumed count at a frame's start, offset)
             self._skip(offset)
         else:
             self._raw.seek(frame + offset)
+            self._chunks = _plain_chunks(self._raw)
             self._frames = [(-(frame + offset), 0)]
 
     def close(self) -> None:
@@ -108,45 +153,12 @@ class _Lines:
     # -- decompressed bytes -------------------------------------------------------------
     def _more(self) -> bool:
         """Append decompressed bytes to the buffer; False at the end of the file."""
-        if self._eof:
-            return False
-        while True:
-            at = self._raw.tell()
-            data = self._raw.read(READ_BYTES)
-            if not data:
-                self._eof = True
-                if self._zstd and self._fed:
-                    raise DataFormatError(f"{self.path}: truncated zstandard file (it ends "
-                                          f"inside a compressed frame): the file was cut "
-                                          f"short; re-copy it")
-                return False
-            if not self._zstd:
-                self._append(data)
-                return True
-            out = self._decompress(data, at)
-            if out:
-                return True
-
-    def _decompress(self, data: bytes, at: int) -> bool:
-        import zstandard
-        produced = False
-        while data:
-            try:
-                out = self._frame.decompress(data)
-            except zstandard.ZstdError as e:
-                raise DataFormatError(f"{self.path}: corrupt zstandard data ({e}); re-copy "
-                                      f"or re-compress the file") from None
-            self._fed = True
-            if out:
-                self._append(out)
-                produced = True
-            if not self._frame.eof:
-                break
-            rest = self._frame.unused_data
-            at += len(data) - len(rest)  # the next frame starts here in the file
-            data, self._frame, self._fed = rest, self._dctx.decompressobj(), False
-            self._frames.append((self._consumed + len(self._buf) - self._pos, at))
-        return produced
+        for at, data in self._chunks:
+            if at != self._frames[-1][1]:  # a new frame starts with these bytes
+                self._frames.append((self._consumed + len(self._buf) - self._pos, at))
+            self._append(data)
+            return True
+        return False
 
     def _append(self, data: bytes) -> None:
         self._buf = self._buf[self._pos:] + data if self._pos < len(self._buf) else data
@@ -236,12 +248,6 @@ class CursorPool:
                 raise
             self._open[path] = lines
             return texts, lines.position
-
-    def close(self) -> None:
-        with self._lock:
-            for lines in self._open.values():
-                lines.close()
-            self._open.clear()
 
 
 def iter_texts(path: str, field: str = "text", shard_index: int = 0,

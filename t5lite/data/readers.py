@@ -26,7 +26,7 @@ import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from t5lite.data import jsonl_cursor
-from t5lite.data.jsonl_cursor import PILE_FORMAT, ZSTD_MAGIC
+from t5lite.data.jsonl_cursor import PILE_FORMAT
 from t5lite.errors import DataFormatError, DataNotFoundError
 
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order
@@ -53,34 +53,6 @@ class _ChunkStream(io.RawIOBase):
         return n
 
 
-def _zstd_chunks(path: str, raw) -> Iterator[bytes]:
-    """The decompressed bytes of every zstd frame in `raw`, streamed (1 MiB of input at
-    a time). A file that ends inside a frame raises DataFormatError: it was cut short."""
-    import zstandard
-    # The Pile's files need a large window; 2**31 is zstd's maximum.
-    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
-    frame, fed = dctx.decompressobj(), False
-    while True:
-        data = raw.read(1 << 20)
-        if not data:
-            break
-        while data:
-            try:
-                out = frame.decompress(data)
-            except zstandard.ZstdError as e:
-                raise DataFormatError(f"{path}: corrupt zstandard data ({e}); re-copy or "
-                                      f"re-compress the file") from None
-            fed = True
-            if out:
-                yield out
-            if not frame.eof:
-                break
-            data, frame, fed = frame.unused_data, dctx.decompressobj(), False
-    if fed:
-        raise DataFormatError(f"{path}: truncated zstandard file (it ends inside a "
-                              f"compressed frame): the file was cut short; re-copy it")
-
-
 @contextlib.contextmanager
 def open_text(path: str):
     """A text stream (UTF-8) of `path`, decompressing `.zst` files on the fly (a
@@ -92,12 +64,10 @@ def open_text(path: str):
             raise DataFormatError(f"{path}: reading .zst files needs the zstandard package "
                                   f"(pip install zstandard)") from None
         with open(path, "rb") as raw:
-            if raw.read(4) != ZSTD_MAGIC:
-                raise DataFormatError(f"{path}: not a zstandard file (a .zst file must start "
-                                      f"with the zstd magic bytes); expected {PILE_FORMAT}, "
-                                      f"compressed with zstd")
+            jsonl_cursor.check_zstd_magic(path, raw)
             raw.seek(0)
-            binary = io.BufferedReader(_ChunkStream(_zstd_chunks(path, raw)), 1 << 20)
+            chunks = (data for _, data in jsonl_cursor.zstd_chunks(path, raw))
+            binary = io.BufferedReader(_ChunkStream(chunks), 1 << 20)
             with io.TextIOWrapper(binary, encoding="utf-8", newline="") as text:
                 yield text
     else:

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from t5lite.data import jsonl_cursor, readers, settings
+from t5lite.data.stream_errors import park_error, stream_id
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, DataNotFoundError
 
@@ -54,9 +55,6 @@ PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/2
 SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
 
 TEXTS_PER_CALL = 64  # documents a Pile reader hands tf.data per Python call
-from t5lite.data.stream_errors import park_error, stream_id  # noqa: E402
-
-
 def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
     return np.random.RandomState(0 if seed is None else seed % 2 ** 32).permutation(n)
 
