@@ -100,7 +100,26 @@ def test_the_state_is_per_process_and_names_its_stream(pile):
     assert sa["iterator"] != sb["iterator"]
     assert {k: v for k, v in sa.items() if k != "iterator"} == {
         "position": 1, "task": "pile_span_corruption", "split": "train", "seed": 5,
-        "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS}
+        "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS,
+        "iterator_format": pipeline.ITERATOR_FORMAT}
+
+
+def test_an_earlier_iterator_format_is_replayed_not_restored(pile, caplog):
+    """A state whose readers' layout is not this t5lite's (an earlier checkpoint: the
+    Pile reader's positions were four integers) would restore positions the readers
+    cannot take: it is replayed, exactly."""
+    batches = [next(it) for it in [_make()] for _ in range(6)]
+    run = _make()
+    for _ in range(4):
+        next(run)
+    state = _through_json(run.get_state())
+    del state["iterator_format"]
+    resumed = _make()
+    with caplog.at_level("INFO", logger="t5lite"):
+        resumed.set_state(state)
+        assert all(_same(next(resumed), b) for b in batches[4:])
+    assert "written by an earlier t5lite" in caplog.text
+    assert "rebuilding the stream and skipping the 4 batches" in caplog.text
 
 
 def test_a_mixture_of_in_memory_tasks_resumes_from_its_state(tmp_path, monkeypatch,

@@ -2,14 +2,16 @@
 exactly the records that follow it (frames that split lines, shards by record), at a
 cost that does not depend on how much was read before; missing shards are named."""
 import json
+import os
 import random
+import shutil
 
 import pytest
 import zstandard
 
 from t5lite.data import jsonl_cursor as jc
 from t5lite.data import readers
-from t5lite.errors import DataFormatError, DataNotFoundError
+from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +30,75 @@ def files(tmp_path_factory):
     return {p.name: str(p) for p in d.iterdir()}
 
 
+def _reads(pool, path, position, n):
+    """Every (texts, position) a pool returns reading `path` from `position` to its end
+    (the last read returns no texts)."""
+    out = []
+    while True:
+        texts, position = pool.read(path, position, n)
+        out.append((texts, position))
+        if not texts:
+            return out
+
+
 @pytest.mark.parametrize("name", ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst"])
 @pytest.mark.parametrize("shard,shards", [(0, 1), (1, 3)])
 def test_reading_from_any_saved_position_continues_the_file(files, name, shard, shards):
+    """From every position the reader returned, a new pool (a restored run) reads the
+    same texts AND returns the same positions to the end of the file, so that a state
+    saved after a restore restores again (a reopened .jsonl.zst file once reported
+    positions its skipped bytes too far: restores died at the file's end)."""
     path = files[name]
     everything = [json.loads(l)["text"] for l in open(files["plain.jsonl"]) if l.strip()]
-    expected = everything[shard::shards]
-    pool, position, seen = jc.CursorPool("text", shard, shards), jc.START, []
-    positions = []
-    while True:
-        positions.append((position, len(seen)))
-        texts, position = pool.read(path, position, 3)
-        if not texts:
-            break
-        seen += texts
-    assert seen == expected
-    for saved, k in positions[::5]:
-        texts, _ = jc.CursorPool("text", shard, shards).read(path, saved, 4)
-        assert texts == expected[k:k + 4]
+    reads = _reads(jc.CursorPool("text", shard, shards), path, jc.START, 7)
+    assert [t for texts, _ in reads for t in texts] == everything[shard::shards]
+    size = os.path.getsize(path)
+    assert all(p[4] == size and p[5] > 0 for _, p in reads)  # the file's identity
+    for i, (_, saved) in enumerate(reads):
+        assert _reads(jc.CursorPool("text", shard, shards), path, saved, 7) == reads[i + 1:] \
+            or (i == len(reads) - 1)
+
+
+def test_the_read_that_finds_the_end_reopens_nothing(files):
+    for path in files.values():
+        pool, position = jc.CursorPool(), jc.START
+        texts, position = pool.read(path, position, 10 ** 6)  # the whole file, and its end
+        before = dict(jc.STATS)
+        assert pool.read(path, position, 5) == ([], position)
+        assert jc.STATS["reopened"] == before.get("reopened", 0)
+        assert jc.STATS["bytes_skipped"] == before.get("bytes_skipped", 0)
+
+
+def _positions(path):
+    return [p for _, p in _reads(jc.CursorPool(), path, jc.START, 5)]
+
+
+@pytest.mark.parametrize("name", ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst"])
+def test_a_changed_file_is_told_from_a_position_that_does_not_fit(files, tmp_path, name):
+    path = tmp_path / name
+    shutil.copyfile(files[name], path)
+    saved = _positions(str(path))[10]
+    # a copy (another modification time, the same bytes) is the same file
+    texts, _ = jc.CursorPool().read(str(path), saved, 3)
+    assert len(texts) == 3
+    # a position that does not fit the unchanged file is our bug, and says so
+    frame, offset = saved[:2]
+    bad = [(frame, offset + 1) + saved[2:], (frame, offset + 10 ** 7) + saved[2:]]
+    if name == "frames.jsonl.zst":
+        bad.append((frame + 1, 0) + saved[2:])  # no frame starts there
+    for position in bad:
+        with pytest.raises(DataError, match=r"does not fit the file .*which is the file "
+                                            r"the position was saved in.*t5lite bug.*"
+                                            r"delete the data_iterator directory"):
+            jc.CursorPool().read(str(path), position, 3)
+    # another file under the same name: the change is named, with both sizes
+    data = path.read_bytes()
+    path.write_bytes(data + data[:100] if name == "plain.jsonl" else data[:-100])
+    with pytest.raises(DataError, match=rf"{name}: the file changed since the checkpoint "
+                                        rf"was written \(it was {len(data)} bytes"):
+        jc.CursorPool().read(str(path), saved, 3)
+    with pytest.raises(DataError, match="changed since"):
+        jc.CursorPool().read(str(path), saved[:4] + (len(data), saved[5] ^ 1), 3)
 
 
 def test_resuming_in_a_many_frame_file_skips_at_most_one_frame(files):

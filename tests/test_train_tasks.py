@@ -2,6 +2,7 @@
 the data position in the checkpoint, and a vocabulary larger than the model's embedding
 refused in one line."""
 import json
+import re
 
 import pytest
 
@@ -106,3 +107,67 @@ def test_two_processes_resume_the_pile_stream_from_their_own_states(tmp_path,
     whole, parts = th.scalars(tmp_path / "whole"), th.scalars(tmp_path / "parts")
     for tag in ("weight_sum", "loss"):  # the same batches, so the same steps
         assert [v for s, v in whole[tag] if s > 4] == [v for s, v in parts[tag] if s > 4]
+
+
+# -------------------------------------------- a preempted or extended run resumes exactly
+RESUME_STEPS = 40
+
+
+def _resume_cmd(tmp_path, vocab, model_dir, steps, *extra):
+    """The demo recipe on the demo's Pile-style data (two one-frame .jsonl.zst shards of
+    200 documents), as the issue that found the bug ran it."""
+    pile = tmp_path.parent / "demo_pile"
+    if not pile.exists():
+        demo_corpus.write_pile(str(pile), docs_per_file=200, eval_docs=2)
+    return [th.sys.executable, "-m", "t5lite.train", "--gin_file=demo_pretrain.gin",
+            "--gin.DEMO_DATA_DIR=None", f'--gin.VOCABULARY_PATH="{vocab}"',
+            f'--gin.PILE_DIR="{pile}"', f'--gin.MODEL_DIR="{model_dir}"',
+            "--gin.BATCH_SIZE=8", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
+            f"--gin.TRAIN_STEPS={steps}", *extra]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run both resume tests must match: RESUME_STEPS steps in one go."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    vocab = vocabulary(tmp_path_factory)
+    proc = th.run(_resume_cmd(tmp / "x", vocab, tmp / "run", RESUME_STEPS))
+    assert proc.returncode == 0, th.describe(proc)
+    return th.load_state(tmp / "run", RESUME_STEPS), vocab
+
+
+def _check_same_as_uninterrupted(model_dir, uninterrupted, proc, resumed_at):
+    assert proc.returncode == 0, th.describe(proc)
+    assert "Traceback" not in proc.stderr and not th.error_lines(proc.stderr)
+    assert f"data: continuing at batch {resumed_at} from the saved iterator state" \
+        in proc.stderr, th.describe(proc)
+    assert th.logged_steps(proc.stderr) == list(range(resumed_at + 1, RESUME_STEPS + 1))
+    th.assert_trees_equal(uninterrupted[0], th.load_state(model_dir, RESUME_STEPS),
+                          "the resumed run's final state")
+
+
+def test_a_finished_run_extended_to_more_steps_matches_an_uninterrupted_one(
+        tmp_path, uninterrupted):
+    vocab, model_dir, finished_at = uninterrupted[1], tmp_path / "run", 6
+    first = th.run(_resume_cmd(tmp_path, vocab, model_dir, finished_at))
+    assert first.returncode == 0, th.describe(first)
+    more = th.run(_resume_cmd(tmp_path, vocab, model_dir, RESUME_STEPS))
+    _check_same_as_uninterrupted(model_dir, uninterrupted, more, finished_at)
+
+
+def test_sigterm_then_the_same_command_matches_an_uninterrupted_run(tmp_path,
+                                                                    uninterrupted):
+    vocab, model_dir, log = uninterrupted[1], tmp_path / "run", tmp_path / "first.log"
+    cmd = _resume_cmd(tmp_path, vocab, model_dir, RESUME_STEPS)
+    proc = th.start(cmd, log)
+    try:
+        th.wait_for(lambda: max(th.logged_steps(th.read_log(log)) or [0]) >= 8, "step 8",
+                    proc=proc, log_path=log)
+        proc.send_signal(th.signal.SIGTERM)
+        assert th.finish(proc) == 0, th.tail(th.read_log(log))
+    finally:
+        th.kill(proc)
+    m = re.search(r"SIGTERM: saved step (\d+); exiting", th.read_log(log))
+    assert m and 8 <= int(m.group(1)) < RESUME_STEPS, th.tail(th.read_log(log))
+    again = th.run(cmd)
+    _check_same_as_uninterrupted(model_dir, uninterrupted, again, int(m.group(1)))

@@ -4,7 +4,7 @@
     texts, position = pool.read(path, START, 64)   # up to 64 texts, and where to go on
     texts, position = pool.read(path, position, 64)
 
-A position is four integers, (frame, offset, line, record):
+A position is six integers, (frame, offset, line, record, size, fingerprint):
 
     frame   byte offset in the file of the zstd frame that holds the next record
             (0 for a .jsonl file)
@@ -13,6 +13,14 @@ A position is four integers, (frame, offset, line, record):
     line    the next line's number (1-based; error messages name it)
     record  how many non-empty lines come before it (with num_shards n, a reader keeps
             record k only when k % n == shard_index, and parses nothing else)
+    size, fingerprint   which file the position belongs to: its size in bytes and a
+            hash of its first and last 64 KiB (0, 0 in START: filled in by the first read)
+
+A position belongs to one file: the reader of the next file, or of the same file on the
+next pass, starts from START. Reopening a file at a position (after a restore) first
+checks that it is the file the position was taken in (size and fingerprint) and that the
+position fits it (within the file, at a line's start): a changed file and a position
+that does not fit an unchanged one are told apart in the error.
 
 Cost of starting at a position, independent of how much was read before: a .jsonl file
 seeks to the byte; a .jsonl.zst file seeks to the frame and decompresses `offset` bytes
@@ -20,27 +28,33 @@ of it without parsing them (zstd frames cannot be entered in the middle), so a f
 written as many frames resumes in the time of part of one, and a file written as one
 frame (a single `zstd` call) in the time of decompressing it up to the position, at
 most the whole file once. Reading on from where the previous call stopped reuses the
-open stream and costs nothing extra.
+open stream and costs nothing extra, and so does the read that finds a file's end.
 
-`STATS` counts what was done ("records_parsed", "bytes_skipped"): the tests measure the
-cost of a resume with it.
+`STATS` counts what was done ("records_parsed", "bytes_skipped", "reopened"): the tests
+measure the cost of a resume with it.
 """
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
+import os
 import threading
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from t5lite.errors import DataFormatError, DataNotFoundError
+from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PILE_FORMAT = ('one JSON object a line with a "text" string (the Pile\'s {"text": ..., '
                '"meta": ...})')
 
-Position = Tuple[int, int, int, int]
-START: Position = (0, 0, 1, 0)
+Position = Tuple[int, int, int, int, int, int]
+START: Position = (0, 0, 1, 0, 0, 0)
 READ_BYTES = 1 << 20  # compressed (or plain) bytes read from the file at a time
+FINGERPRINT_BYTES = 1 << 16  # hashed at each end of a file
+RESUME_ANYWAY = ("to resume anyway, delete the data_iterator directory of the checkpoint "
+                 "you resume from: the run then rebuilds the stream and skips the batches "
+                 "already trained on")
 STATS: collections.Counter = collections.Counter()
 
 
@@ -110,12 +124,28 @@ def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
     return obj[field]
 
 
-class _Lines:
-    """The lines of one file from a position on, with the position of the next one."""
+def file_identity(path: str) -> Tuple[int, int]:
+    """(size in bytes, fingerprint): a hash of the file's size and its first and last
+    FINGERPRINT_BYTES, as a positive int64 (a copy of the file has the same identity; an
+    appended, truncated or replaced file almost surely another)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest = hashlib.blake2b(str(size).encode(), digest_size=7)
+        digest.update(f.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            f.seek(max(size - FINGERPRINT_BYTES, FINGERPRINT_BYTES))
+            digest.update(f.read())
+    return size, int.from_bytes(digest.digest(), "big")
 
-    def __init__(self, path: str, position: Position):
-        frame, offset, self.line, self.record = (int(p) for p in position)
-        self.path = path
+
+class _Lines:
+    """The lines of one file from a position on, with the position of the next one.
+    `identity` is the file's (size, fingerprint) as it is now."""
+
+    def __init__(self, path: str, position: Position, identity: Tuple[int, int]):
+        frame, offset, self.line, self.record = (int(p) for p in position[:4])
+        self.path, self.identity = path, identity
+        self.ended = False                 # the end of the file was read
         zstd = path.endswith(".zst")
         try:
             self._raw = open(path, "rb")
@@ -126,21 +156,31 @@ class _Lines:
             raise DataNotFoundError(f"{path}: cannot be read ({e.strerror})") from None
         self._buf, self._pos = b"", 0      # decompressed bytes; next unconsumed index
         self._consumed = 0                 # decompressed bytes consumed since opening
-        if zstd:
-            if frame == 0:
-                try:
+        try:
+            if zstd:
+                if frame == 0:
                     check_zstd_magic(path, self._raw)
-                except DataFormatError:
-                    self._raw.close()
-                    raise
-            self._raw.seek(frame)
-            self._chunks = zstd_chunks(path, self._raw)
-            self._frames = [(-offset, frame)]  # (consumed count at a frame's start, offset)
-            self._skip(offset)
-        else:
-            self._raw.seek(frame + offset)
-            self._chunks = _plain_chunks(self._raw)
-            self._frames = [(-(frame + offset), 0)]
+                else:
+                    self._raw.seek(frame)
+                    if self._raw.read(4) != ZSTD_MAGIC:
+                        raise self._misfit(position, f"no zstd frame starts at byte {frame}")
+                self._raw.seek(frame)
+                self._chunks = zstd_chunks(path, self._raw)
+                # (decompressed bytes consumed when a frame starts, its file offset)
+                self._frames = [(0, frame)]
+                self._skip(offset, position)
+            else:
+                self._raw.seek(frame + offset)
+                self._chunks = _plain_chunks(self._raw)
+                self._frames = [(-(frame + offset), 0)]
+                if frame + offset > identity[0]:
+                    raise self._misfit(position, f"it lies {frame + offset - identity[0]} "
+                                                 f"bytes beyond the end of the file")
+                if frame + offset:
+                    self._check_fit(position)
+        except DataError:
+            self._raw.close()
+            raise
 
     def close(self) -> None:
         self._raw.close()
@@ -148,7 +188,7 @@ class _Lines:
     @property
     def position(self) -> Position:
         start, frame = self._frames[0]
-        return (frame, self._consumed - start, self.line, self.record)
+        return (frame, self._consumed - start, self.line, self.record) + self.identity
 
     # -- decompressed bytes -------------------------------------------------------------
     def _more(self) -> bool:
@@ -170,21 +210,48 @@ class _Lines:
         while len(self._frames) > 1 and self._frames[1][0] <= self._consumed:
             self._frames.pop(0)
 
-    def _skip(self, n: int) -> None:
+    def _skip(self, n: int, position: Position) -> None:
+        """Pass over the first `n` bytes of the frame (a saved position's offset)."""
+        skipping = n
         while n > 0:
             if self._pos >= len(self._buf) and not self._more():
-                raise DataFormatError(f"{self.path}: a saved data position lies beyond the "
-                                      f"end of the file: the file changed since the "
-                                      f"checkpoint was written")
+                raise self._misfit(position, f"it lies {n} bytes beyond the end of the "
+                                             f"file's data")  # (decompressed)
             k = min(n, len(self._buf) - self._pos)
             self._advance(k)
             STATS["bytes_skipped"] += k
             n -= k
+        if skipping:
+            self._check_fit(position, self._buf[self._pos - 1:self._pos])
+
+    def _check_fit(self, position: Position, before: Optional[bytes] = None) -> None:
+        """A position other than a frame's start must follow a newline, or be the end of
+        a file whose last line has none. `before` is the byte before it (read here for a
+        plain file)."""
+        if before is None:
+            self._raw.seek(-1, os.SEEK_CUR)
+            before = self._raw.read(1)
+        if before == b"\n":
+            return
+        if self._pos >= len(self._buf) and not self._more():
+            return  # the end of a file whose last line has no newline
+        raise self._misfit(position, "it is not at the start of a line")
+
+    def _misfit(self, position: Position, why: str) -> DataError:
+        frame, offset, line = (int(p) for p in position[:3])
+        where = (f"byte {offset} of the zstd frame at byte {frame}, line {line}"
+                 if self.path.endswith(".zst") else f"byte {offset}, line {line}")
+        return DataError(
+            f"{self.path}: the saved data position ({where}) does not fit the file ({why}), "
+            f"which is the file the position was saved in (same size, "
+            f"{self.identity[0]} bytes, and fingerprint): this is a t5lite bug, please "
+            f"report it; {RESUME_ANYWAY}")
 
     # -- lines --------------------------------------------------------------------------
     def next_line(self) -> Optional[bytes]:
-        """The next line (without its newline), or None at the end of the file."""
-        while True:
+        """The next line (without its newline), or None at the end of the file (which
+        closes it; the position stays where the end is)."""
+        while not self.ended:
             end = self._buf.find(b"\n", self._pos)
             if end >= 0:
                 line = self._buf[self._pos:end]
@@ -197,24 +264,60 @@ class _Lines:
                     self._advance(len(line))
                     self.line += 1
                     return line
-                return None
+                self.ended, self._buf, self._pos = True, b"", 0
+                self.close()
+        return None
+
+
+def _changed(path: str, saved: Tuple[int, int], now: Tuple[int, int]) -> DataError:
+    return DataError(
+        f"{path}: the file changed since the checkpoint was written (it was "
+        f"{saved[0]} bytes with fingerprint {saved[1]:014x}, it is {now[0]} bytes with "
+        f"fingerprint {now[1]:014x}), so the saved data position no longer points into "
+        f"it: put the original file back; {RESUME_ANYWAY}")
 
 
 class CursorPool:
     """Readers of shard `shard_index` of `num_shards` of the records of several files,
-    each kept open where its last read stopped. Thread-safe."""
+    each kept open where its last read stopped (a file read to its end stays known as
+    ended, so the read that finds the end costs nothing). Thread-safe."""
 
     def __init__(self, field: str = "text", shard_index: int = 0, num_shards: int = 1):
         self.field, self.shard_index, self.num_shards = field, shard_index, num_shards
         self._open: Dict[str, _Lines] = {}
         self._failed: Dict[str, Tuple[Position, DataFormatError]] = {}
+        self._identities: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
         self._lock = threading.Lock()
+
+    def _identity(self, path: str) -> Tuple[int, int]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise DataNotFoundError(f"{path}: the file is gone (it was listed when the "
+                                    f"data set was built); restore it") from None
+        except OSError as e:
+            raise DataNotFoundError(f"{path}: cannot be read ({e.strerror})") from None
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in self._identities:
+            self._identities[key] = file_identity(path)
+        return self._identities[key]
+
+    def _open_at(self, path: str, position: Position) -> _Lines:
+        identity = self._identity(path)
+        saved = tuple(int(p) for p in position[4:6])
+        if saved != (0, 0) and saved != identity:
+            raise _changed(path, saved, identity)
+        if position[:4] != START[:4]:
+            STATS["reopened"] += 1
+        return _Lines(path, position, identity)
 
     def read(self, path: str, position: Position, n: int) -> Tuple[List[str], Position]:
         """Up to `n` texts of this shard's records from `position` on, and the position
         after them; no texts at the end of the file. A bad record raises DataFormatError
         (naming the file and line) after the texts before it were returned."""
         position = tuple(int(p) for p in position)
+        if len(position) != len(START):
+            raise ValueError(f"a position is {len(START)} integers, got {position}")
         with self._lock:
             failed = self._failed.pop(path, None)
             if failed is not None and failed[0] == position:
@@ -223,15 +326,14 @@ class CursorPool:
             if lines is None or lines.position != position:
                 if lines is not None:
                     lines.close()
-                lines = _Lines(path, position)
+                lines = self._open_at(path, position)
             texts: List[str] = []
             try:
                 while len(texts) < n:
                     before = lines.position
                     line = lines.next_line()
                     if line is None:
-                        lines.close()
-                        return texts, lines.position
+                        break
                     if not line.strip():
                         continue
                     record = lines.record

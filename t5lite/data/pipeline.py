@@ -201,6 +201,7 @@ class SeqioIterator:
         iterator = self._iterator_bytes()
         if iterator is not None:
             state[ITERATOR_KEY] = iterator
+            state[FORMAT_KEY] = ITERATOR_FORMAT
         return state
 
     def _iterator_bytes(self) -> Optional[bytes]:
@@ -236,6 +237,11 @@ class SeqioIterator:
                 f"INITIAL_CHECKPOINT_PATH")
         self.position = self._check_position(state["position"])
         saved = state.get(ITERATOR_KEY)
+        if saved is not None and state.get(FORMAT_KEY) != ITERATOR_FORMAT:
+            log.warning("the checkpoint's data iterator state was written by an earlier "
+                        "t5lite (its readers' positions are not this one's): replaying "
+                        "the %d batches consumed instead", self.position)
+            saved = None
         self._saved = bytes(saved) if saved is not None and self.position else None
         self._iterator = self._tf_iterator = None
 
@@ -248,6 +254,9 @@ class SeqioIterator:
 
 
 ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/data_iterator_item.py)
+# The layout of the readers' state inside it: 2 = the Pile reader's six-integer positions
+# (t5lite/data/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
+FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2
 _FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
 
 

@@ -113,7 +113,7 @@ class JsonlTextSource(seqio.DataSource):
                 texts, after = tf.numpy_function(read_texts, [path, position],
                                                  (tf.string, tf.int64), stateful=False)
                 texts.set_shape([None])
-                after.set_shape([4])
+                after.set_shape([len(jsonl_cursor.START)])
                 return after, texts
             return (tf.data.Dataset.from_tensors(np.int64(0)).repeat()
                     .scan(tf.constant(jsonl_cursor.START, tf.int64), texts_at)

@@ -1,0 +1,305 @@
+"""A data stream restored from the state saved at ANY point continues the uninterrupted
+stream exactly, across file ends and passes (the property a preempted run relies on).
+
+Data: four Pile-style shards of different sizes in every format the reader takes: a
+many-frame .jsonl.zst whose frames end inside lines, a plain .jsonl (an empty line, no
+newline at its end), a one-frame .jsonl.zst, and another many-frame .jsonl.zst.
+
+    source level    every element k of two passes and more (so saves exactly at each
+                    file's end and each pass's end are among them), files in order and
+                    shuffled, one shard, each of two shards (whole files), a shard of
+                    records (more shards than files); the in-memory source too
+    pipeline level  every batch k of span corruption, packed and unpacked, one process
+                    and each of two, a mixture; the range of k reaches saved states whose
+                    reader is inside every file, over more than two passes
+
+Each restore builds the stream anew (a new reader pool, as a new process would).
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import zstandard
+
+from data_helpers import data_env, reset_data_settings, vocabulary
+
+pytest.importorskip("seqio")
+
+import seqio  # noqa: E402
+
+from t5lite.data import (demo_corpus, jsonl_cursor, pipeline, readers, sources,  # noqa: E402
+                         stream_errors)
+
+WORDS = ("red green blue black white stone river cloud field light house garden "
+         "winter summer").split()
+KINDS = {"00.jsonl.zst": "frames", "01.jsonl": "plain", "02.jsonl.zst": "one_frame",
+         "03.jsonl.zst": "frames"}
+SIZES = {"00.jsonl.zst": 5, "01.jsonl": 2, "02.jsonl.zst": 7, "03.jsonl.zst": 4}
+# span corruption concatenates 128 documents at a time, within a pass: a stream's pass
+# must hold more than that for the reader to stop inside files between batches
+LARGE = {"00.jsonl.zst": 151, "01.jsonl": 91, "02.jsonl.zst": 121, "03.jsonl.zst": 110}
+
+
+def _docs(name: str, n: int):
+    rng = random.Random(name)
+    return [{"text": f"{name[:2]}x{i} " + " ".join(rng.choice(WORDS)
+                                                  for _ in range(rng.randint(0, 2))),
+             "meta": {"pile_set_name": "test"}} for i in range(n)]
+
+
+def _write(path, docs, kind: str) -> None:
+    lines = [json.dumps(d) + "\n" for d in docs]
+    if kind == "plain":  # an empty line (no record) and no newline at the end
+        lines.insert(1, "\n")
+        path.write_bytes("".join(lines).rstrip("\n").encode())
+        return
+    data = "".join(lines).encode()
+    c = zstandard.ZstdCompressor()
+    if kind == "one_frame":
+        path.write_bytes(c.compress(data))
+    else:  # frames of 50 bytes: most end inside a line
+        path.write_bytes(b"".join(c.compress(data[i:i + 50]) for i in range(0, len(data), 50)))
+
+
+def _write_shards(directory, sizes):
+    for name, n in sizes.items():
+        _write(directory / name, _docs(name, n), KINDS[name])
+    return [str(directory / name) for name in sizes]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return _write_shards(tmp_path_factory.mktemp("shards"), SIZES)
+
+
+@pytest.fixture(scope="module")
+def large_shards(tmp_path_factory):
+    return _write_shards(tmp_path_factory.mktemp("large_shards"), LARGE)
+
+
+@pytest.fixture(autouse=True)
+def _fine_reads(monkeypatch):
+    monkeypatch.setattr(sources, "TEXTS_PER_CALL", 3)  # several reads per file
+    yield
+    reset_data_settings()
+
+
+def _open(build, state=None):
+    """(the tf.data iterator, its numpy elements) of a new stream `build()`, restored to
+    `state` if given. A reader's error parked inside tf.data is raised by the elements,
+    as in training (t5lite/data/stream_errors.py)."""
+    with stream_errors.stream_scope() as stream:
+        iterator = iter(build())
+    if state is not None:
+        pipeline.restore_iterator(iterator, state)
+    return iterator, stream_errors.numpy_iterator(iterator, stream)
+
+
+def _check_every_save_point(build, total):
+    """For every k < total: the stream restored from the state saved after k elements
+    yields the uninterrupted stream's elements k..total-1. Returns the reference."""
+    run, elements = _open(build)
+    reference, states = [], []
+    for _ in range(total):
+        states.append(pipeline.save_iterator(run))
+        reference.append(_value(next(elements)))
+    for k, state in enumerate(states):
+        _, resumed = _open(build, state)
+        for j in range(k, total):
+            got = _value(next(resumed))
+            assert got == reference[j], (f"restored after {k} elements, element {j} "
+                                         f"differs: {got} != {reference[j]}")
+    return reference
+
+
+def _value(element):
+    if isinstance(element, dict):
+        return {k: _value(v) for k, v in element.items()}
+    if isinstance(element, bytes):
+        return element.decode()
+    return element.item() if np.ndim(element) == 0 else element.tolist()
+
+
+# -- source level --------------------------------------------------------------------------
+CASES = [(shuffle, shard, count, 3) for shuffle in (False, True)
+         for shard, count in ((0, 1), (0, 2), (1, 2), (3, 5))] + [(False, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("shuffle,shard,shards_n,per_call", CASES, ids=[
+    f"{'shuffled' if c[0] else 'in_order'}-shard_{c[1]}_of_{c[2]}-{c[3]}_per_read"
+    for c in CASES])
+def test_the_pile_reader_resumes_exactly_from_every_element(shards, monkeypatch, shuffle,
+                                                            shard, shards_n, per_call):
+    """With 3 texts a read, the read that returns a file's last texts also finds its end
+    (SIZES are not multiples of 3); with 1, another read does."""
+    monkeypatch.setattr(sources, "TEXTS_PER_CALL", per_call)
+    source = sources.JsonlTextSource({"train": shards})
+    info = seqio.ShardInfo(index=shard, num_shards=shards_n)
+
+    def build(epochs=None):
+        return source.get_dataset("train", shuffle=shuffle, seed=3,
+                                  shard_info=info).repeat(epochs)
+
+    one_pass = [e["text"] for e in map(_value, _open(lambda: build(1))[1])]
+    per_pass = len(one_pass)
+    total = 2 * per_pass + 3
+    reference = [e["text"] for e in _check_every_save_point(build, total)]
+    assert reference[:per_pass] == reference[per_pass:2 * per_pass] == one_pass
+    if not shuffle:
+        # the saves exactly at a file's end (after its last record) and at a pass's end
+        # are among those checked: name them, so that the test says it
+        file_of = [t[:2] for t in one_pass]
+        file_ends = [k + 1 for k in range(per_pass - 1) if file_of[k] != file_of[k + 1]]
+        assert len(file_ends) == len(set(file_of)) - 1 >= 1
+        assert all(k < total for k in file_ends + [per_pass, 2 * per_pass])
+    if not shuffle and shards_n == 1:  # the files one after the other, whole
+        assert [t.split()[0] for t in one_pass] == [
+            f"{i:02d}x{d}" for i, n in enumerate(SIZES.values()) for d in range(n)]
+
+
+def test_the_in_memory_source_resumes_exactly_from_every_element(tmp_path):
+    files = demo_corpus.write_multinli(str(tmp_path / "mnli"), train=11, dev=3)
+    source = sources.ExamplesSource({"train": files["train"]}, readers.read_mnli,
+                                    sources.MNLI_SIGNATURE)
+    for shard, count in ((0, 1), (1, 2)):
+        info = seqio.ShardInfo(index=shard, num_shards=count)
+        per_pass = len(source.get_dataset("train", seed=2, shard_info=info))
+        reference = _check_every_save_point(
+            lambda: source.get_dataset("train", seed=2, shard_info=info).repeat(),
+            2 * per_pass + 2)
+        assert [r["idx"] for r in reference[:per_pass]] == \
+            [r["idx"] for r in reference[per_pass:2 * per_pass]]
+
+
+# -- pipeline level --------------------------------------------------------------------------
+TASK = "t5lite_test_four_shards"
+
+
+def _register(name, files):
+    """pile_span_corruption's preprocessing over `files`."""
+    pile = seqio.TaskRegistry.get("pile_span_corruption")
+    seqio.TaskRegistry.add(name, source=sources.JsonlTextSource({"train": files}),
+                           preprocessors=pile.preprocessors,
+                           output_features=pile.output_features)
+
+
+@pytest.fixture
+def task(shards, tmp_path, monkeypatch, tmp_path_factory):
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory))
+    _register(TASK, shards)
+    yield TASK
+    seqio.TaskRegistry.remove(TASK)
+
+
+class _ReadLog:
+    """What the reader did: how many times it began a file, and the files it is inside
+    of (read from, not at their start or end)."""
+
+    def __init__(self, monkeypatch):
+        self.last, self.starts = {}, 0
+        real = jsonl_cursor.CursorPool.read
+
+        def read(pool, path, position, n):
+            texts, after = real(pool, path, position, n)
+            self.starts += tuple(position)[:4] == jsonl_cursor.START[:4]
+            self.last[path] = (after[1], texts != [])
+            return texts, after
+        monkeypatch.setattr(jsonl_cursor.CursorPool, "read", read)
+
+    def inside(self):
+        return {p for p, (offset, more) in self.last.items() if offset and more}
+
+
+def _same_batch(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _check_restores(make, states, reference):
+    """Each (k, state): a new stream restored from it yields reference[k:]."""
+    for k, state in states:
+        resumed = make()
+        resumed.set_state(state)
+        for j in range(k, len(reference)):
+            assert _same_batch(next(resumed), reference[j]), \
+                f"restored at batch {k}: batch {j} differs from the uninterrupted run's"
+
+
+def _check_every_batch(make, monkeypatch, files_per_stream, least=4, most=12):
+    """Every batch k of the stream, for at least `least` batches and until its reader
+    has begun a third pass over its files: the stream restored at k yields the
+    uninterrupted stream's batches from k on, to the end. (Span corruption concatenates
+    the documents of a pass 128 at a time, so with these small files the reader reads a
+    whole pass at once; the source-level tests above cover every reader position, and
+    the next test a reader restored inside its files.)"""
+    log = _ReadLog(monkeypatch)
+    run = make()
+    reference, states = [], []
+    while len(reference) < least or log.starts <= 2 * files_per_stream:
+        assert len(reference) < most, f"{most} batches, {log.starts} file starts"
+        reference.append(next(run))
+        states.append((len(reference), run.get_state()))
+    reference += [next(run) for _ in range(2)]
+    _check_restores(make, states, reference)
+
+
+LENGTHS = {"inputs": 32, "targets": 8}
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("process,processes", [(0, 1), (0, 2), (1, 2)],
+                         ids=["1_process", "process_0_of_2", "process_1_of_2"])
+def test_the_pipeline_resumes_exactly_from_every_batch(task, monkeypatch, pack, process,
+                                                       processes):
+    def make():
+        return pipeline.make_iterator(task, split="train", feature_lengths=LENGTHS,
+                                      batch_size=8, pack=pack, seed=1,
+                                      shuffle_buffer_size=4, process_index=process,
+                                      process_count=processes)
+    _check_every_batch(make, monkeypatch, 4 // processes)
+
+
+def test_a_mixture_resumes_exactly_from_every_batch(task, tmp_path, monkeypatch,
+                                                    tmp_path_factory):
+    demo_corpus.write_multinli(str(tmp_path / "mnli"), train=20, dev=3)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), mnli_dir=tmp_path / "mnli")
+    name = "t5lite_test_shards_and_mnli"
+    seqio.MixtureRegistry.add(name, [(task, 1.0), ("mnli", 1.0)])
+    try:
+        def make():
+            return pipeline.make_iterator(name, split="train", feature_lengths=LENGTHS,
+                                          batch_size=8, seed=1, shuffle_buffer_size=4)
+        _check_every_batch(make, monkeypatch, 4)
+    finally:
+        seqio.MixtureRegistry.remove(name)
+
+
+def test_a_pipeline_restored_inside_its_files_reads_on_past_their_ends(
+        large_shards, tmp_path, monkeypatch, tmp_path_factory):
+    """Passes of 470 documents: the reader stops inside files between batches. Every
+    save with the reader inside a file, restored, reads on through those files' ends
+    and into the next pass exactly as the uninterrupted stream does."""
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory))
+    name = "t5lite_test_large_shards"
+    _register(name, large_shards)
+    try:
+        def make():
+            return pipeline.make_iterator(name, split="train", batch_size=8, seed=1,
+                                          feature_lengths={"inputs": 128, "targets": 32},
+                                          shuffle_buffer_size=4)
+        log = _ReadLog(monkeypatch)
+        run = make()
+        reference, inside = [], []
+        while len(inside) < 3:
+            assert len(reference) < 24, "the reader was seldom inside a file at a save"
+            reference.append(next(run))
+            if log.inside():
+                inside.append((len(reference), run.get_state()))
+        starts = log.starts
+        while log.starts < starts + 8:  # on through the next pass
+            reference.append(next(run))
+        _check_restores(make, inside, reference)
+    finally:
+        seqio.TaskRegistry.remove(name)
