@@ -17,6 +17,8 @@ import train_helpers as th
     ("--gin.NUM_MICROBATCHES=0", ["NUM_MICROBATCHES must be a positive integer"]),
     ("--gin.ICI_MESH_SHAPE=[4,1", ["gin syntax error", "unclosed bracket", "ICI_MESH_SHAPE"]),
     ("--gin.MODEL_DIR=/tmp/x", ["Unable to parse value", "needs quotes", "MODEL_DIR"]),
+    ("--gin.adafactor.learning_rate=1e999",
+     ["adafactor.learning_rate must be a finite number", "got inf"]),
 ])
 def test_bad_settings_are_one_line(tmp_path, flag, needles):
     proc = th.run_train(tmp_path / "run", flag, steps=2)

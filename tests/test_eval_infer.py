@@ -11,6 +11,7 @@ cases run as subprocesses to check stderr and the exit status.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -294,6 +295,48 @@ def test_bad_input_ends_in_one_error_line(setup, tmp_path, case):
         proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnli'")
         th.assert_one_error(proc, "validation", "validation_matched", "SPLIT")
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def _one_error(capsys):
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_an_empty_eval_split_file_is_one_line(setup, tmp_path, capsys):
+    mnli = tmp_path / "mnli"
+    shutil.copytree(setup["mnli"], mnli)
+    (mnli / "multinli_1.0_dev_matched.jsonl").write_text("")
+    capsys.readouterr()
+    assert _eval(setup, tmp_path / "out", "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                 "--gin.SPLIT='validation_matched'", f'--gin.MNLI_DIR="{mnli}"') == 2
+    line = _one_error(capsys)
+    assert "multinli_1.0_dev_matched.jsonl: no examples" in line and "empty" in line, line
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_an_empty_input_file_is_one_line(setup, tmp_path, capsys):
+    for name, text in (("empty.txt", ""), ("blank.jsonl", "\n  \n")):
+        (tmp_path / name).write_text(text)
+        capsys.readouterr()
+        assert _infer(setup, tmp_path / "out", f'--gin.INPUT_FILE="{tmp_path / name}"') == 2
+        line = _one_error(capsys)
+        assert f"INPUT_FILE {tmp_path / name} is empty" in line, line
+        assert not (tmp_path / "out" / "predictions.jsonl").exists()
+
+
+def test_a_checkpoint_step_that_does_not_exist_lists_those_that_do(setup, tmp_path, capsys):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (4, 6):
+        shutil.copytree(setup["ckpt"] / "checkpoints" / "7", checkpoints / str(step))
+    capsys.readouterr()
+    assert _eval(setup, tmp_path / "out", "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                 "--gin.SPLIT='validation_matched'",
+                 f'--gin.CHECKPOINT_PATH="{checkpoints / "5"}"') == 1
+    line = _one_error(capsys)
+    assert f"CHECKPOINT_PATH {checkpoints / '5'} does not exist" in line, line
+    assert line.endswith("holds the checkpoints of steps 4, 6"), line
 
 
 def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):

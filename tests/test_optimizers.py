@@ -2,6 +2,7 @@
 worked out by hand from the formulas), Adafactor factoring and parameter scale, AdamW
 clipping and weight-decay masking, and the gin wiring."""
 import math
+import re
 
 import gin
 import jax
@@ -11,6 +12,7 @@ import optax
 import pytest
 
 import t5lite.config.registry  # noqa: F401  (gin registrations)
+from t5lite.errors import ConfigError
 from t5lite.runtime import optimizers as opt
 
 
@@ -94,10 +96,27 @@ def test_schedules_directly():
     for fn in (lambda: opt.linear_decay(1.0, warmup_steps=10, decay_steps=5),
                lambda: opt.cosine_with_warmup(1.0, 10, 5),
                lambda: opt.rsqrt_decay(1.0, warmup_steps=-1)):
-        with pytest.raises(ValueError, match="steps"):
+        with pytest.raises(ConfigError, match="steps"):
             fn()
     with pytest.raises(TypeError, match="learning_rate"):
         opt.adamw("1e-3")
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_a_learning_rate_that_is_not_finite_is_refused_by_name(bad):
+    for make, name in [(lambda: opt.adafactor(bad), "adafactor.learning_rate"),
+                       (lambda: opt.adamw(bad), "adamw.learning_rate"),
+                       (lambda: opt.rsqrt_decay(bad), "rsqrt_decay.base_learning_rate"),
+                       (lambda: opt.linear_decay(bad, decay_steps=10), "linear_decay.peak"),
+                       (lambda: opt.cosine_with_warmup(1.0, 0, 10, end_fraction=bad),
+                        "cosine_with_warmup.end_fraction")]:
+        with pytest.raises(ConfigError, match=rf"{re.escape(name)} must be a finite number, "
+                                              rf"got {bad}"):
+            make()
+    # a schedule of our own whose rate is not finite from the start
+    with pytest.raises(ConfigError, match=r"adamw.learning_rate: the schedule's learning "
+                                          r"rate at step 0 is inf"):
+        opt.adamw(lambda step: jnp.float32(math.inf) + 0 * step)
 
 
 # ----------------------------------------------------------------------------- adafactor

@@ -28,8 +28,10 @@ random generators, the partial packs and the prefetched batches), and `set_state
 new iterator over the same stream restores it, so it continues with the next unseen
 batch after reading only what the saved state did not already hold: no repeats, no
 skips, and a cost that does not grow with the position. The Pile reader keeps each
-file's position as four integers in that state (t5lite/data/jsonl_cursor.py); the
-in-memory sources (MNLI, SQuAD) an index, TFDS its own readers' offsets. The state's
+file's position and identity as six integers in that state (t5lite/data/jsonl_cursor.py;
+a changed file is refused in one line), the in-memory sources (MNLI, SQuAD) an index,
+TFDS its own readers' offsets; `iterator_format` names that layout, and a state of
+another format is replayed instead. The state's
 size is set mostly by the shuffle buffer (seqio's default: 1,000 tokenized documents)
 and the prefetched batches: a few MB a process (docs/data.md has measured sizes and
 restore times). A stream that tf.data cannot save (a task whose source is a Python

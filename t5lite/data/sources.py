@@ -27,7 +27,7 @@ import numpy as np
 from t5lite.data import jsonl_cursor, readers, settings
 from t5lite.data.stream_errors import park_error, stream_id
 from t5lite.data.tf_env import import_tensorflow
-from t5lite.errors import DataError, DataNotFoundError
+from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -146,8 +146,16 @@ class ExamplesSource(seqio.DataSource):
         return [self._files[split]]
 
     def examples(self, split: str) -> List[Dict]:
+        """The split's examples; DataFormatError naming the file when it has none (an
+        empty file, or records none of which is an example, such as unlabeled ones)."""
         path = self._files[split]
-        return _read_cached(self._reader, path, os.path.getmtime(path))
+        examples = _read_cached(self._reader, path, os.path.getmtime(path))
+        if not examples:
+            what = ("the file is empty" if os.path.getsize(path) == 0
+                    else "none of its records is a labeled example")
+            raise DataFormatError(f"{path}: no examples for split {split!r} ({what}); "
+                                  f"restore the file, or point the task at another")
+        return examples
 
     def get_dataset(self, split: str = "train", shuffle: bool = True,
                     seed: Optional[int] = None, shard_info: Optional[seqio.ShardInfo] = None,

@@ -30,7 +30,7 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, DataError
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
 from t5lite.models.features import decode_tokens
@@ -114,6 +114,15 @@ def _count_lines_readonly(path: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- inputs
+
+
+def _has_text(path: Path) -> bool:
+    """Whether the file holds anything but whitespace (read a block at a time)."""
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 16), b""):
+            if block.strip():
+                return True
+    return False
 
 
 def _file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
@@ -210,6 +219,9 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
                           "SPLIT) to say what to run on")
     if input_file and not Path(input_file).is_file():
         raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
+    if input_file and not _has_text(Path(input_file)):
+        raise DataError(f"INPUT_FILE {input_file} is empty: there is nothing to {mode}; give "
+                        f"it one input a line (text) or one JSON record a line (.jsonl)")
     if not input_file and not model.DECODES_TASK_SPLITS:
         raise ConfigError(
             "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "

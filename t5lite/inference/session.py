@@ -151,7 +151,8 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
         raise ConfigError("CHECKPOINT_PATH is not set: point it at a MODEL_DIR, "
                           "a checkpoint step directory or a t5lite.convert output")
     if not Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
-        raise FileNotFoundError(f"CHECKPOINT_PATH {checkpoint_path} does not exist")
+        raise FileNotFoundError(checkpoint_files.missing_checkpoint(checkpoint_path,
+                                                                     "CHECKPOINT_PATH"))
     abstract = model.abstract_variables()
     shardings = partitioner.tree_shardings(abstract, model.logical_axes())
     target = jax.tree_util.tree_map(

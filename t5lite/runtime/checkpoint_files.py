@@ -122,6 +122,17 @@ def set_aside_damaged(checkpoints: epath.Path, step: int) -> str:
     return dest.name
 
 
+def missing_checkpoint(path: PathLike, what: str) -> str:
+    """The message for a checkpoint path that does not exist: when its parent holds
+    checkpoints (a step that was never saved or was deleted), the steps that do exist."""
+    parent = absolute(path).parent
+    steps = complete_steps(parent, (PARAMS_ITEM, STATE_ITEM)) if parent.is_dir() else []
+    if steps:
+        return (f"{what} {path} does not exist: {parent} holds the checkpoints of steps "
+                f"{', '.join(map(str, steps))}")
+    return f"{what} {path} does not exist: no such checkpoint directory"
+
+
 def resolve_item(path: PathLike, what: str = "INITIAL_CHECKPOINT_PATH"
                  ) -> Tuple[epath.Path, str]:
     """(item directory, item name) for a checkpoint path given by the user: a MODEL_DIR
@@ -130,7 +141,7 @@ def resolve_item(path: PathLike, what: str = "INITIAL_CHECKPOINT_PATH"
     training run). `what` names the setting in the FileNotFoundError messages."""
     p = absolute(path)
     if not p.exists():
-        raise FileNotFoundError(f"{what} {path} does not exist: no such checkpoint directory")
+        raise FileNotFoundError(missing_checkpoint(path, what))
     if not p.is_dir():
         raise FileNotFoundError(f"{what} {path} is not a directory")
     if p.name in (PARAMS_ITEM, STATE_ITEM) and (p / _ITEM_METADATA_FILE).exists():

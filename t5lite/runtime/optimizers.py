@@ -36,7 +36,10 @@ from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from t5lite.errors import ConfigError
 
 Schedule = Callable[[Any], jax.Array]
 ScheduleOrFloat = Union[Schedule, float, int]
@@ -55,10 +58,22 @@ def _as_step(step) -> jax.Array:
 
 def _check_steps(name: str, warmup_steps: int, decay_steps: Optional[int] = None) -> None:
     if warmup_steps < 0:
-        raise ValueError(f"{name}: warmup_steps must be >= 0, got {warmup_steps}")
+        raise ConfigError(f"{name}: warmup_steps must be >= 0, got {warmup_steps}")
     if decay_steps is not None and decay_steps < warmup_steps:
-        raise ValueError(f"{name}: decay_steps ({decay_steps}) is the absolute step where "
-                         f"the decay ends and must be >= warmup_steps ({warmup_steps})")
+        raise ConfigError(f"{name}: decay_steps ({decay_steps}) is the absolute step where "
+                          f"the decay ends and must be >= warmup_steps ({warmup_steps})")
+
+
+def _finite(name: str, value) -> float:
+    """`value` as a float; ConfigError naming the setting unless it is a finite number
+    (an infinite or NaN rate would wreck the parameters at the first update)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating,
+                                                         np.integer)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise ConfigError(f"{name} must be a finite number, got {float(value)}; set it to "
+                          f"the learning rate you mean (e.g. 1e-3)")
+    return float(value)
 
 
 def _warmup(peak: float, warmup_steps: int, step: jax.Array) -> jax.Array:
@@ -68,7 +83,7 @@ def _warmup(peak: float, warmup_steps: int, step: jax.Array) -> jax.Array:
 
 def constant(value: float) -> Schedule:
     """lr(step) = value."""
-    value = float(value)
+    value = _finite("learning_rate", value)
 
     def schedule(step):
         return jnp.full(jnp.shape(step), value, jnp.float32)
@@ -83,7 +98,7 @@ def rsqrt_decay(base_learning_rate: float = 1.0, warmup_steps: int = 10000) -> S
     a plateau, not a ramp), then inverse square root decay. With warmup_steps 0 the
     denominator is floored at 1 so step 0 stays finite."""
     _check_steps("rsqrt_decay", warmup_steps)
-    base = float(base_learning_rate)
+    base = _finite("rsqrt_decay.base_learning_rate", base_learning_rate)
     floor = float(max(warmup_steps, 1))
 
     def schedule(step):
@@ -102,7 +117,7 @@ def linear_decay(peak: float, *, decay_steps: int, end: float = 0.0,
               = end                                                 s >= decay
     """
     _check_steps("linear_decay", warmup_steps, decay_steps)
-    peak, end = float(peak), float(end)
+    peak, end = _finite("linear_decay.peak", peak), _finite("linear_decay.end", end)
     span = float(max(decay_steps - warmup_steps, 1))
 
     def schedule(step):
@@ -122,8 +137,8 @@ def cosine_with_warmup(peak: float, warmup_steps: int, decay_steps: int,
         lr(s) = end + (peak - end) * (1 + cos(pi * (s - warmup) / (decay - warmup))) / 2
     """
     _check_steps("cosine_with_warmup", warmup_steps, decay_steps)
-    peak = float(peak)
-    end = float(end_fraction) * peak
+    peak = _finite("cosine_with_warmup.peak", peak)
+    end = _finite("cosine_with_warmup.end_fraction", end_fraction) * peak
     span = float(max(decay_steps - warmup_steps, 1))
 
     def schedule(step):
@@ -135,12 +150,19 @@ def cosine_with_warmup(peak: float, warmup_steps: int, decay_steps: int,
     return schedule
 
 
-def as_schedule(learning_rate: ScheduleOrFloat) -> Schedule:
-    """A schedule stays as it is; a number becomes `constant(number)`."""
+def as_schedule(learning_rate: ScheduleOrFloat, owner: str = "") -> Schedule:
+    """A schedule stays as it is; a number becomes `constant(number)`. `owner` (the
+    optimizer) names the setting in errors. A rate that is not finite, or a schedule
+    whose first rate is not, is refused (ConfigError) before any step."""
+    name = f"{owner}.learning_rate" if owner else "learning_rate"
     if callable(learning_rate):
+        first = float(learning_rate(0))
+        if not math.isfinite(first):
+            raise ConfigError(f"{name}: the schedule's learning rate at step 0 is {first}; "
+                              f"check its settings")
         return learning_rate
     if isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool):
-        return constant(learning_rate)
+        return constant(_finite(name, learning_rate))
     raise TypeError(f"learning_rate must be a number or a schedule (step -> lr), got "
                     f"{learning_rate!r}")
 
@@ -217,7 +239,7 @@ def adafactor(learning_rate: ScheduleOrFloat, decay_rate: float = 0.8,
     `clip_norm` exposed. RMS statistics are per leaf: with scanned layers they span all
     layers of a stacked leaf.
     """
-    schedule = as_schedule(learning_rate)
+    schedule = as_schedule(learning_rate, "adafactor")
     tx = optax.chain(
         _global_clip(clip_norm),
         optax.scale_by_factored_rms(factored=factored, decay_rate=decay_rate,
@@ -258,7 +280,7 @@ def adamw(learning_rate: ScheduleOrFloat, b1: float = 0.9, b2: float = 0.999,
     GPT reference: adamw(cosine_with_warmup(...), b1=0.9, b2=0.95, eps=1e-8,
     weight_decay=0.1, clip_norm=1.0). T5X GPU Pile: lr 1e-4, weight_decay 0.01, clip 1.0.
     """
-    schedule = as_schedule(learning_rate)
+    schedule = as_schedule(learning_rate, "adamw")
     tx = optax.chain(
         _global_clip(clip_norm),
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
