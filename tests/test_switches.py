@@ -124,7 +124,7 @@ def _remat_cases():
                                marks=[pytest.mark.slow] if slow else [])
 
 
-@pytest.mark.parametrize("cfg,policy", _remat_cases())
+@pytest.mark.parametrize("cfg,policy", list(_remat_cases()))
 def test_remat_policies_same_loss_and_grads(cfg, policy):
     params = make_model(cfg).init(jax.random.PRNGKey(0))
     batch = batch_for(cfg)

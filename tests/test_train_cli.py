@@ -38,7 +38,7 @@ def t5_run(tmp_path_factory):
     """Tiny T5 trained by the documented command (20 steps); shared with the mismatch test."""
     model_dir = tmp_path_factory.mktemp("documented") / "t5"
     proc = th.run(_documented_command(model_dir, "t5"), devices=1,
-                  cwd=tmp_path_factory.getbasetemp())
+                  cwd=tmp_path_factory.getbasetemp(), extra_env={"PYTHONWARNINGS": "default"})
     return model_dir, proc
 
 
@@ -96,6 +96,9 @@ def _check_documented_run(model_dir, proc, model):
 def test_documented_command_trains_t5(t5_run):
     model_dir, proc = t5_run
     _check_documented_run(model_dir, proc, "t5")
+    # run with every warning shown once (PYTHONWARNINGS=default): none is printed, no
+    # deprecated API (`with mesh:`, ...) among them
+    assert "Warning" not in proc.stderr, th.describe(proc)
 
 
 def test_documented_command_with_the_repository_on_pythonpath(tmp_path):

@@ -31,8 +31,10 @@ def _cmd(tmp_path, vocab, *extra):
 
 
 def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_factory):
-    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path)
+    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path,
+                  extra_env={"PYTHONWARNINGS": "default"})
     assert proc.returncode == 0, th.describe(proc)
+    assert "Warning" not in proc.stderr, th.describe(proc)  # none, deprecations included
     assert th.complete_steps(tmp_path / "run") == [4]
     data = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
     assert data["position"] == 4 and data["task"] == "pile_span_corruption"

@@ -151,6 +151,25 @@ def test_state_is_created_sharded_and_donated():
     assert emb.is_deleted()  # the old state was donated
 
 
+def test_the_models_activation_constraints_reach_the_compiled_step(monkeypatch):
+    """The layers' `with_logical_constraint`s are in the lowered train step. (Under the
+    deprecated `with mesh:` Flax sees no mesh and drops every one of them, silently.)"""
+    from t5lite.models import layers
+
+    def constraints():
+        model, task, lengths = _model(T5)
+        part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
+        fns = train_step.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
+        state = fns.init(jax.random.PRNGKey(0))
+        batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+        return fns.train_step.lower(state, batch).as_text().count("sharding_constraint")
+
+    with_model = constraints()
+    monkeypatch.setattr(layers.Layout, "constrain", lambda self, x, *rest: x)
+    without = constraints()
+    assert with_model > without + 20, (with_model, without)
+
+
 def test_batch_size_must_divide_data_shards():
     part = partitioning.Partitioner(partitioning.make_mesh((4, 2, 1)))
     with pytest.raises(partitioning.PartitioningError, match="multiple of 8"):

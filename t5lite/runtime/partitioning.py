@@ -153,8 +153,13 @@ class Partitioner:
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
         """The mesh and the logical-axis rules, for tracing model code outside `partition`
-        (e.g. `jax.eval_shape` of an initializer), plus the model's own context."""
-        with self.mesh, nn.logical_axis_rules(self.rules), self.model_context():
+        (e.g. `jax.eval_shape` of an initializer), plus the model's own context.
+
+        The mesh is entered with `jax.set_mesh`, which sets the abstract mesh that Flax's
+        `with_logical_constraint` reads: under the deprecated `with mesh:` that mesh is
+        empty and every activation constraint of the models is silently dropped."""
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules), \
+                self.model_context():
             yield
 
     def partition(self, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
