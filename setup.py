@@ -5,13 +5,16 @@ from setuptools import find_packages, setup
 
 HERE = pathlib.Path(__file__).parent
 
+# The ranges are those tested (README.md, "Versions"): the whole suite on the newest
+# releases (jax 0.12), and the GPU tools on the GPU image's jax 0.11.2
+# (scripts_gpu/image_smoke.sh). jax 0.11 needs Python 3.12 or newer.
 RUNTIME = [
-    "jax>=0.4.35",
-    "flax>=0.10.0",
-    "optax>=0.2.3",
-    "orbax-checkpoint>=0.6.0",
+    "jax>=0.11.2,<0.13",
+    "flax>=0.12.12",
+    "optax>=0.2.8",
+    "orbax-checkpoint>=0.12.8",
     "gin-config>=0.5.0",
-    "numpy>=1.26",
+    "numpy>=2.5.2",
     "sentencepiece>=0.2.0",
     "safetensors>=0.4",
     "clu>=0.0.12",
@@ -38,7 +41,7 @@ setup(
     description="T5X-style training of T5 v1.1, GPT and LLaMA models in JAX/Flax, small and fast.",
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.12",
     # The repo keeps gin files in top-level configs/; a wheel ships them as the data
     # package t5lite/configs (found by t5lite.config.parsing.shipped_configs_dir). An editable
     # install keeps using configs/ in the checkout.
@@ -54,7 +57,7 @@ setup(
             "transformers>=4.40",
             "safetensors>=0.4",
         ],
-        "gpu": ["jax[cuda12]>=0.4.35"],
+        "gpu": ["jax[cuda13]>=0.11.2,<0.13"],
         # NVIDIA Transformer Engine for JAX (FP8_BACKEND='te', ATTENTION_IMPL='te'; needs an
         # NVIDIA GPU, CUDA and `pip install --no-build-isolation`): the metapackage's jax
         # extra pulls transformer_engine_jax and the CUDA core library of the same version;

@@ -9,7 +9,9 @@
 #     scripts_gpu/gpu_proof.sh "$OUT/te" configs/models/t5_1_1/large.gin 32 200
 #
 # Writes OUT_DIR/switches.json, OUT_DIR/{first_half,second_half,uninterrupted}.log and
-# OUT_DIR/proof.txt (losses at the first, middle and last step of each run). Needs jax,
+# OUT_DIR/proof.txt (losses at the first, middle and last step of each run; the exit status
+# is non-zero when a switch is out of tolerance or the resumed run's last loss differs from
+# the uninterrupted run's). Needs jax,
 # flax, optax, orbax and gin-config (wheels in ./.whl are installed into /tmp if gin is
 # missing), no TensorFlow: the data is random batches.
 set -euo pipefail
@@ -41,10 +43,23 @@ rm -rf "$out/run" "$out/run_uninterrupted"
 train "$out/run" "$half" "$out/first_half.log"
 train "$out/run" "$steps" "$out/second_half.log"
 train "$out/run_uninterrupted" "$steps" "$out/uninterrupted.log"
+last_loss() {  # LOG: the loss logged at the last step
+  grep -oE "step $steps/$steps \| loss [^ ]+" "$1" | tail -1 | awk '{print $NF}'
+}
+resumed=$(last_loss "$out/second_half.log"); whole=$(last_loss "$out/uninterrupted.log")
+resume_rc=0
 {
   echo "switch check exit status: $switch_rc"
   for f in first_half second_half uninterrupted; do
     echo "== $f"; grep -E "step [0-9]+/[0-9]+ \| loss|resum|restor" "$out/$f.log" | sed -n '1p;$p'
   done
+  if [ -n "$resumed" ] && [ "$resumed" = "$whole" ]; then
+    echo "resume: the resumed run's loss at step $steps equals the uninterrupted run's ($whole)"
+  else
+    echo "resume: MISMATCH at step $steps: resumed '${resumed:-none}', uninterrupted '${whole:-none}'"
+  fi
 } | tee "$out/proof.txt"
+grep -q "^resume: MISMATCH" "$out/proof.txt" && resume_rc=1
 rm -rf "$out/run" "$out/run_uninterrupted"   # checkpoints are too large to bring back
+# non-zero when a switch variant is out of tolerance or the resume does not match
+[ "$switch_rc" -eq 0 ] && [ "$resume_rc" -eq 0 ]
