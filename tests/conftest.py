@@ -3,10 +3,27 @@
 Set before anything imports jax; subprocesses inherit it. x64 stays off.
 """
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# One JAX persistent compilation cache for the whole test run, this process and every
+# subprocess it starts (a CLI test's `python -m t5lite.train` compiles the same tiny
+# train step as the one before it): a new directory each run, removed at its end, so no
+# run depends on another's. Every compiled program is cached, however quick to compile.
+_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="t5lite-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CACHE:
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 # PyPI's torch for Python 3.12 (the `test` extra's, for the Hugging Face parity tests) is
 # the CUDA build, which brings triton. Loading triton's native library after TensorFlow's

@@ -1,9 +1,8 @@
 """The embedded demo (README's first command): `python -m t5lite.train` with no --gin_file
 writes its own corpus and vocabulary, pretrains a tiny T5 with span corruption and
 learns; `configs/demo_finetune.gin` finetunes that checkpoint on the generated MNLI task
-and its inference evaluation beats chance. One test runs shortened versions, the other the
-demo exactly as shipped, checking the numbers in the docs; both run under -m slow (the
-default suite's time on CI)."""
+and its inference evaluation beats chance; `demo_eval.gin` and `demo_infer.gin` use it.
+All of it as shipped, checking the numbers in the docs."""
 from __future__ import annotations
 
 import json
@@ -32,51 +31,6 @@ def _losses(model_dir):
     return [v for _, v in th.scalars(model_dir)["loss_per_token"]]
 
 
-@pytest.mark.slow  # default-suite time (CI); run with -m slow
-def test_demo_pretrains_and_finetunes_above_chance(tmp_path):
-    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60", "--gin.LOG_PERIOD=10",
-                     "--gin.CHECKPOINT_PERIOD=30")
-    assert proc.returncode == 0, th.describe(proc)
-    assert "running the demo" in proc.stderr
-    demo = tmp_path / "t5lite_demo"
-    data = demo / "data"
-    assert (data / "COMPLETE").exists() and (data / "spm.model").exists()
-    assert sorted(p.name for p in (data / "pile" / "train").iterdir()) == [
-        "00.jsonl.zst", "01.jsonl.zst"]
-    assert th.complete_steps(demo / "pretrain") == [30, 60]
-    losses = _losses(demo / "pretrain")
-    assert len(losses) == 6
-    assert losses[-1] < losses[0] - 0.5, losses  # span corruption loss per token falls
-
-    proc = _finetune(tmp_path, "--gin.TRAIN_STEPS=100", "--gin.EVAL_PERIOD=100")
-    assert proc.returncode == 0, th.describe(proc)
-    assert "initial:t5lite_demo/pretrain" in proc.stderr  # started from the demo checkpoint
-    acc = th.scalars(demo / "mnli", "inference_eval")["mnli/accuracy"]
-    assert [s for s, _ in acc] == [100]
-    assert acc[0][1] > CHANCE + 15, acc
-    rows = [json.loads(l) for l in
-            (demo / "mnli" / "inference_eval" / "mnli_100_predictions.jsonl").open()]
-    assert len(rows) == 150
-    assert acc[0][1] == pytest.approx(
-        100.0 * sum(r["postprocessed"] == r["target"] for r in rows) / len(rows))
-
-    # t5lite.eval with configs/demo_eval.gin on the finetuned MODEL_DIR (its step 100)
-    # reproduces the in-training evaluation.
-    proc = th.run([sys.executable, "-m", "t5lite.eval", "--gin_file=configs/demo_eval.gin"],
-                  cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, th.describe(proc)
-    summary = json.loads((demo / "mnli_eval" / "metrics.json").read_text())
-    assert summary["step"] == 100
-    assert summary["metrics"]["mnli"]["accuracy"] == pytest.approx(acc[0][1])
-
-    # A second run reuses the corpus (no rewrite) and resumes at the saved step.
-    mtime = (data / "spm.model").stat().st_mtime_ns
-    proc = _pretrain(tmp_path, "--gin.TRAIN_STEPS=60")
-    assert proc.returncode == 0, th.describe(proc)
-    assert "writing the demo corpus" not in proc.stderr
-    assert (data / "spm.model").stat().st_mtime_ns == mtime
-
-
 def test_incomplete_demo_data_dir_is_one_line(tmp_path, monkeypatch, capsys):
     pytest.importorskip("t5")
     from t5lite import train
@@ -92,27 +46,62 @@ def test_incomplete_demo_data_dir_is_one_line(tmp_path, monkeypatch, capsys):
     assert (data / "stray.txt").read_text() == "not a corpus"
 
 
-@pytest.mark.slow
 def test_demo_as_shipped(tmp_path):
-    """The numbers quoted in README.md / docs/quickstart.md (within tolerance)."""
+    """The README's first command and the demo's finetune / eval / infer configs, as
+    shipped, with the numbers quoted in README.md / docs/quickstart.md (within
+    tolerance)."""
     proc = _pretrain(tmp_path)
     assert proc.returncode == 0, th.describe(proc)
-    losses = _losses(tmp_path / "t5lite_demo" / "pretrain")
+    assert "running the demo" in proc.stderr
+    demo = tmp_path / "t5lite_demo"
+    data = demo / "data"
+    assert (data / "COMPLETE").exists() and (data / "spm.model").exists()
+    assert sorted(p.name for p in (data / "pile" / "train").iterdir()) == [
+        "00.jsonl.zst", "01.jsonl.zst"]
+    assert th.complete_steps(demo / "pretrain") == [400, 600]  # every 200, the last 2 kept
+    losses = _losses(demo / "pretrain")
+    assert len(losses) == 12  # every 50 steps
+    # span corruption loss per target token falls
     assert losses[0] > 2.6 and losses[-1] < 2.4 and losses[-1] < losses[0] - 0.5, losses
+
     proc = _finetune(tmp_path)
     assert proc.returncode == 0, th.describe(proc)
-    acc = th.scalars(tmp_path / "t5lite_demo" / "mnli", "inference_eval")["mnli/accuracy"]
+    assert "initial:t5lite_demo/pretrain" in proc.stderr  # started from the demo checkpoint
+    acc = th.scalars(demo / "mnli", "inference_eval")["mnli/accuracy"]
     assert [s for s, _ in acc] == [100, 200, 300]
-    assert acc[-1][1] > 70.0, acc
+    assert acc[0][1] > CHANCE + 15 and acc[-1][1] > 70.0, acc
+    for step, value in acc:  # each accuracy is that of the predictions written with it
+        rows = [json.loads(l) for l in
+                (demo / "mnli" / "inference_eval" / f"mnli_{step}_predictions.jsonl").open()]
+        assert len(rows) == 150
+        assert value == pytest.approx(
+            100.0 * sum(r["postprocessed"] == r["target"] for r in rows) / len(rows))
+
+    # t5lite.eval with configs/demo_eval.gin on the finetuned MODEL_DIR (its step 300)
+    # reproduces the in-training evaluation.
+    proc = th.run([sys.executable, "-m", "t5lite.eval", "--gin_file=configs/demo_eval.gin"],
+                  cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    summary = json.loads((demo / "mnli_eval" / "metrics.json").read_text())
+    assert summary["step"] == 300
+    assert summary["metrics"]["mnli"]["accuracy"] == pytest.approx(acc[-1][1])
+
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("mnli hypothesis: Ada never built any boat. premise: Ada the pilot "
                       "built a red boat by the lake.\n")
     proc = th.run([sys.executable, "-m", "t5lite.infer", "--gin_file=configs/demo_infer.gin",
                    f'--gin.INPUT_FILE="{inputs}"'], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, th.describe(proc)
-    rows = [json.loads(l) for l in
-            (tmp_path / "t5lite_demo" / "infer" / "predictions.jsonl").open()]
+    rows = [json.loads(l) for l in (demo / "infer" / "predictions.jsonl").open()]
     assert [r["prediction"] for r in rows] == ["contradiction"]
+
+    # The README's command again: it reuses the corpus (no rewrite) and finds the run
+    # complete at its saved step.
+    mtime = (data / "spm.model").stat().st_mtime_ns
+    proc = _pretrain(tmp_path)
+    assert proc.returncode == 0, th.describe(proc)
+    assert "writing the demo corpus" not in proc.stderr and "already complete" in proc.stderr
+    assert (data / "spm.model").stat().st_mtime_ns == mtime
 
 
 def test_interrupted_corpus_write_leaves_nothing(tmp_path, monkeypatch):
