@@ -12,6 +12,8 @@ them into a single `error: ...` line and an exit status (t5lite/config/command.p
     PartitioningError           a mesh or batch that does not fit the devices          exit 1
     CheckpointMismatchError     a checkpoint whose tree or shapes differ from the model exit 1
     TrainingError               a run that must stop (a non-finite loss)               exit 1
+    OutputWriteError            a checkpoint or other output that could not be written exit 1
+      DiskFullError             a write that found no room on its disk
 """
 from __future__ import annotations
 
@@ -54,3 +56,13 @@ class CheckpointDamagedError(CheckpointMismatchError):
 
 class TrainingError(RuntimeError):
     """A run that must stop (NaN loss, bad data); the message is one line."""
+
+
+class OutputWriteError(RuntimeError):
+    """A run's output (a checkpoint, TensorBoard events, predictions) that could not be
+    written; the message is one line naming what, where and why."""
+
+
+class DiskFullError(OutputWriteError):
+    """A write (a checkpoint, TensorBoard events, predictions) that found no room on its
+    disk; the message is one line: what, where, how much it needs and how much is free."""

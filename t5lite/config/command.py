@@ -8,7 +8,8 @@ infer):
     error type (t5lite.errors)                                   exit status
     ConfigError (and DataError)                                  2
     PartitioningError, CheckpointMismatchError, TrainingError,   1
-    FileNotFoundError
+    FileNotFoundError, OutputWriteError (DiskFullError), and any
+    error that says a disk is full
 """
 from __future__ import annotations
 
@@ -19,15 +20,17 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from t5lite.config import flags, parsing
-from t5lite.errors import (CheckpointMismatchError, ConfigError, PartitioningError,
-                           TrainingError)
+from t5lite.errors import (CheckpointMismatchError, ConfigError, OutputWriteError,
+                           PartitioningError, TrainingError)
+from t5lite.runtime import disk_space
 from t5lite.runtime.partitioning import initialize_distributed
 
 log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
 EXIT_RUN_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's status for a process stopped by Ctrl-C
-RUN_ERRORS = (PartitioningError, CheckpointMismatchError, TrainingError, FileNotFoundError)
+RUN_ERRORS = (PartitioningError, CheckpointMismatchError, TrainingError, FileNotFoundError,
+              OutputWriteError)
 
 
 def setup_logging() -> None:
@@ -67,6 +70,11 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
         return EXIT_CONFIG_ERROR
     except RUN_ERRORS as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
+        return EXIT_RUN_ERROR
+    except Exception as e:  # noqa: BLE001 - a full disk where no writer said so
+        if not disk_space.is_disk_full(e):
+            raise
+        print(f"error: {disk_space.describe(e)}", file=sys.stderr)
         return EXIT_RUN_ERROR
     return 0
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Dict, Mapping, Optional
@@ -20,7 +19,7 @@ from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
 from t5lite.inference import task_eval
 from t5lite.inference.session import DecodingSettings, load_session
-from t5lite.runtime import metrics
+from t5lite.runtime import disk_space, metrics
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)
@@ -65,9 +64,8 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
                    "decoding": decoding.method,
                    "num_examples": {n: len(r.inputs) for n, r in results.items()},
                    "seconds": round(seconds, 3), "metrics": out}
-        tmp = root / "metrics.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, root / "metrics.json")
+        disk_space.replace_text(root / "metrics.json",
+                                json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for name, m in out.items():
         log.info("%s %s: %s", name, split, ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
     return out

@@ -17,6 +17,7 @@ whose log-likelihood is the score (score).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -30,10 +31,11 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, DataError
+from t5lite.errors import ConfigError, DataError, DiskFullError
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
 from t5lite.models.features import decode_tokens
+from t5lite.runtime import disk_space
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)
@@ -81,12 +83,23 @@ def check_same_job(output_dir: Path, record: Dict[str, Any], done: int) -> None:
             f"OUTPUT_DIR {output_dir} holds {done} predictions but no {JOB_FILE} saying which "
             f"checkpoint and inputs made them: use a new OUTPUT_DIR, or delete {OUTPUT_FILE} "
             f"to start over")
-    tmp = output_dir / f".{JOB_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, job)
+    disk_space.replace_text(job, json.dumps(record, indent=1))
 
 
 # ----------------------------------------------------------------------------- resume
+
+
+@contextlib.contextmanager
+def _appending(out_path: Path, kept: int):
+    """An append of lines to predictions.jsonl: a full disk ends in one line that says
+    how many complete lines are kept (a partial last line is cut off by the rerun)."""
+    try:
+        with disk_space.writing(OUTPUT_FILE, out_path.parent):
+            yield
+    except DiskFullError as e:
+        raise DiskFullError(f"{e}; the {kept} complete lines in {out_path} are kept — free "
+                            f"space, then run the same command to continue after them"
+                            ) from None
 
 
 def complete_lines(path: Path) -> int:
@@ -275,13 +288,16 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
                 lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
                           "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
             if f is not None:
-                f.write("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
-                f.flush()
-                os.fsync(f.fileno())
+                with _appending(out_path, done + written):
+                    f.write("".join(json.dumps(line, ensure_ascii=False) + "\n"
+                                    for line in lines))
+                    f.flush()
+                    os.fsync(f.fileno())
             written += len(lines)
     finally:
         if f is not None:
-            f.close()
+            with contextlib.suppress(OSError):  # a full disk was reported above
+                f.close()
     log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
              time.perf_counter() - t0)
     return written

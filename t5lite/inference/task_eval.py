@@ -21,6 +21,7 @@ import numpy as np
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
 from t5lite.models.features import decode_tokens
+from t5lite.runtime import disk_space
 
 
 def _jsonable(x):
@@ -138,12 +139,14 @@ def evaluate_task(session: Session, name: str, split: str,
 
 
 def write_predictions(path: Path, result: TaskResult) -> None:
-    """One JSON line per example: inputs, prediction text, postprocessed, target."""
-    with open(path, "w") as f:
+    """One JSON line per example: inputs, prediction text, postprocessed, target (the
+    file is replaced whole, or not at all when the disk is full)."""
+    disk_space.replace_text(path, "".join(
+        json.dumps({"inputs": inp, "prediction": text, "postprocessed": pred,
+                    "target": tgt}) + "\n"
         for inp, pred, text, tgt in zip(result.inputs, result.predictions,
-                                        result.prediction_texts, result.targets):
-            f.write(json.dumps({"inputs": inp, "prediction": text, "postprocessed": pred,
-                                "target": tgt}) + "\n")
+                                        result.prediction_texts, result.targets)),
+        f"the predictions {Path(path).name}")
 
 
 def tfds_numpy(ds, stream: int = 0):

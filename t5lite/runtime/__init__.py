@@ -7,7 +7,9 @@ a mesh. Imports models and data, never inference, interop, config or the command
     train_step.py        the pure, donated train step with gradient accumulation
     optimizers.py        Adafactor, AdamW and learning-rate schedules
     checkpoint_files.py  checkpoints on disk: layout, complete steps, user paths
+    checkpoint_trees.py  does a checkpoint's tree fit the model (one-line mismatches)
     checkpoints.py       save / resume (Orbax), the finetuning restore, CheckpointSettings
+    disk_space.py        a full disk: room checks, one DiskFullError line for every writer
     metrics.py           throughput and MFU, the log line, MetricWriter, progress bar
     event_files.py       TensorBoard scalars through TensorBoard's own writer
     periods.py           LOG/CHECKPOINT/EVAL_PERIOD validation and "is this step due?"

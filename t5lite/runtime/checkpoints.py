@@ -19,7 +19,6 @@ import gc
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import time
@@ -31,9 +30,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError
+from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, OutputWriteError
 from t5lite.models import layouts
-from t5lite.runtime import data_iterator_item, periods
+from t5lite.runtime import data_iterator_item, disk_space, periods
+from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, layout_str,
+                                             check_state_matches, item_metadata_tree)
 from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              resolve_item, set_aside_damaged,
@@ -58,108 +59,16 @@ class CheckpointSettings:
         periods.check_positive("KEEP_CHECKPOINTS", self.keep, optional=True)
 
 
-# ----------------------------------------------------------------------------- tree checks
+def _local_size(directory: epath.Path) -> int:
+    """The bytes of the files under a local directory."""
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(str(directory)) for name in names)
 
 
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def _flat_shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
-    """{"a/b/c": shape} over the leaves; None and empty containers have no leaves.
-    Namedtuples (targets) and dicts (Orbax metadata of namedtuples) name fields alike."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {"/".join(_key_name(k) for k in path):
-            tuple(leaf.shape if hasattr(leaf, "shape") else np.shape(leaf))
-            for path, leaf in flat}
-
-
-def _natural(path: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
-
-
-def _first_difference(ckpt: Dict[str, tuple], model: Dict[str, tuple]) -> Optional[str]:
-    """The first difference as a clause, shapes first, then missing, then extra."""
-    for path in sorted(model, key=_natural):
-        if path in ckpt and tuple(ckpt[path]) != tuple(model[path]):
-            return (f"{path} has shape {tuple(ckpt[path])} in the checkpoint but "
-                    f"{tuple(model[path])} in the model")
-    missing = sorted((p for p in model if p not in ckpt), key=_natural)
-    extra = sorted((p for p in ckpt if p not in model), key=_natural)
-    if missing:
-        more = f", {len(extra)} in the checkpoint only" if extra else ""
-        return (f"{missing[0]} is in the model but not in the checkpoint ({len(missing)} "
-                f"missing{more})")
-    if extra:
-        return (f"{extra[0]} is in the checkpoint but not in the model ({len(extra)} "
-                f"in the checkpoint only)")
-    return None
-
-
-def _layout_str(layout: Mapping[str, bool]) -> str:
-    return f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
-
-
-def _state_groups(tree: Mapping[str, Any]) -> Dict[str, Dict[str, tuple]]:
-    """Flat shapes of a state dict by group; params paths shown as variables paths
-    (`params/encoder/...`), the others prefixed by their field."""
-    groups = {}
-    for field in ("params", "fp8", "opt_state"):
-        flat = _flat_shapes(tree.get(field, {}) if isinstance(tree, Mapping) else {})
-        groups[field] = flat if field == "params" else {f"{field}/{k}": v for k, v in flat.items()}
-    rest = {k: v for k, v in tree.items() if k not in groups} if isinstance(tree, Mapping) else {}
-    groups["other"] = _flat_shapes(rest)
-    return groups
-
-
-def check_state_matches(ckpt_tree: Mapping[str, Any], target: Mapping[str, Any],
-                        where: str) -> None:
-    """Raise CheckpointMismatchError (one line) when a training checkpoint's state tree
-    (Orbax metadata) does not fit the abstract target state dict."""
-    ck, md = _state_groups(ckpt_tree), _state_groups(target)
-    head = f"checkpoint {where} does not match the model: "
-    diff = _first_difference(ck["params"], md["params"])
-    if diff:
-        ck_layout = layouts.detect_layout(ckpt_tree.get("params", {}))
-        md_layout = layouts.detect_layout(target.get("params", {}))
-        if ck_layout != md_layout:
-            cause = (f"the checkpoint has the parameter layout {_layout_str(ck_layout)} but the "
-                     f"model {_layout_str(md_layout)} — resume with the same switches, or start "
-                     f"a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} (converts layouts)")
-        elif " has shape " in diff:
-            cause = ("MODEL_DIR probably holds a run of another model size — use a new "
-                     "MODEL_DIR")
-        else:
-            cause = ("MODEL_DIR probably holds a run of another model or architecture — use a "
-                     "new MODEL_DIR")
-        raise CheckpointMismatchError(head + diff + "; " + cause)
-    diff = _first_difference(ck["fp8"], md["fp8"])
-    if diff:
-        raise CheckpointMismatchError(
-            head + diff + "; the FP8 setting (or the FP8-using layers) differs from the run "
-            f"that wrote it — keep the same precision, or start a new MODEL_DIR with "
-            f"INITIAL_CHECKPOINT_PATH={where} (parameters only)")
-    diff = _first_difference(ck["opt_state"], md["opt_state"])
-    if diff:
-        raise CheckpointMismatchError(
-            head + diff + "; the optimizer differs from the one that wrote it — use the same "
-            f"optimizer, or start a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} "
-            "(parameters only, fresh optimizer)")
-    diff = _first_difference(ck["other"], md["other"])
-    if diff:
-        raise CheckpointMismatchError(head + diff + "; it was not written by this version of "
-                                      "t5lite's trainer — use a new MODEL_DIR")
-
-
-def item_metadata_tree(item_dir: epath.Path) -> Any:
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-        return handler.metadata(item_dir).tree
-    finally:
-        handler.close()
+def _nbytes(tree: Any) -> int:
+    """The bytes of a tree's arrays (global shapes): what a checkpoint of it writes."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype"))
 
 
 # ----------------------------------------------------------------------------- manager
@@ -193,6 +102,8 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True)
+        self._async = async_save
+        disk_space.quiet_background_writers()  # a failed save is reported once, by save/wait
         self._manager = ocp.CheckpointManager(
             self.directory, item_names=(STATE_ITEM, DATA_ITEM, data_iterator_item.ITEM),
             item_handlers={data_iterator_item.ITEM: data_iterator_item.DataIteratorHandler()},
@@ -204,6 +115,8 @@ class Checkpointer:
         await_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
         if await_cleanup is not None:
             await_cleanup()
+        self._in_flight: Optional[Tuple[int, str]] = None  # the save being written
+        self._failed = False  # a save failed: Orbax would raise it again on every wait
 
     # -- saving -----------------------------------------------------------------------
     def should_save(self, step: int) -> bool:
@@ -233,14 +146,92 @@ class Checkpointer:
             STATE_ITEM: ocp.args.StandardSave(state.as_dict()),
             DATA_ITEM: ocp.args.JsonSave(data_state),
             data_iterator_item.ITEM: data_iterator_item.DataIteratorSave(iterator)})
-        return bool(self._manager.save(step, args=args, force=True))
+        self.wait()  # Orbax waits for the previous save anyway; its failure is reported here
+        expected = self._expected_size()
+        if expected is not None:
+            self._check_room(step, *expected)
+            needs = expected[1]
+        else:
+            needs = f"up to {disk_space.human(_nbytes(state.as_dict()))}, its arrays uncompressed"
+        with self._writing(step, needs):
+            started = bool(self._manager.save(step, args=args, force=True))
+            self._in_flight = (step, needs) if started else None
+            if not self._async:
+                self.wait()
+        return started
+
+    def _expected_size(self) -> Optional[Tuple[int, str]]:
+        """(bytes, in words) the next checkpoint should take: the size on disk
+        of the newest complete one (the same shapes; Orbax compresses, so the arrays' own
+        size would overstate it). None before the first."""
+        latest = self.latest_step()
+        if latest is None or "://" in str(self.directory):  # no free space to compare
+            return None
+        size = _local_size(self.step_dir(latest))
+        return size, f"about {disk_space.human(size)}, the size of checkpoint {latest}"
+
+    def _check_room(self, step: int, needed: int, needs: str) -> None:
+        """DiskFullError before writing a byte when MODEL_DIR's disk has less room than
+        the checkpoint should need; process 0 decides for every process."""
+        error = None
+        if jax.process_index() == 0:
+            try:  # compression varies from save to save: refuse only the sure cases
+                disk_space.check_room(f"checkpoint {step}", self.directory, needed, needs,
+                                      margin=0.9)
+            except OutputWriteError as e:
+                error = e
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            fits = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+            if not fits and error is None:
+                error = disk_space.disk_full_error(f"checkpoint {step}", self.directory, needs)
+        if error is not None:
+            raise error
+
+    @contextlib.contextmanager
+    def _writing(self, step: int, needs: str):
+        """A save (or the wait for one) of `step`: when it fails, what it half wrote is
+        removed (never counted: Orbax commits a step by renaming it into place) and the
+        error becomes one line: DiskFullError for a full disk, OutputWriteError else."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - every write failure ends in one line
+            self._failed, self._in_flight = True, None
+            self._remove_partial(step)
+            if disk_space.is_disk_full(e):
+                raise disk_space.disk_full_error(f"checkpoint {step}", self.directory,
+                                                 needs) from None
+            raise OutputWriteError(f"checkpoint {step} could not be written to "
+                                   f"{self.directory}: {_short_reason(e)}") from None
+
+    def _remove_partial(self, step: int) -> None:
+        """Remove what a failed save of `step` left (its tmp directory), freeing its room."""
+        if jax.process_index() != 0:
+            return
+        for d in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            try:
+                d.rmtree()
+            except OSError as e:
+                log.warning("could not remove the partial checkpoint %s: %s", d, e)
 
     def wait(self) -> None:
-        """Block until background saves are committed."""
-        self._manager.wait_until_finished()
+        """Block until background saves are committed (OutputWriteError / DiskFullError
+        when the save in flight failed; nothing after a failure was reported)."""
+        if self._failed:
+            return
+        with self._writing(*self._in_flight) if self._in_flight else contextlib.nullcontext():
+            self._manager.wait_until_finished()
+        self._in_flight = None
 
     def close(self) -> None:
-        self._manager.close()
+        if not self._failed:
+            self.wait()
+            self._manager.close()
+            return
+        try:  # Orbax raises the failed save's error again; it was reported once
+            self._manager.close()
+        except Exception:  # noqa: BLE001
+            pass
 
     def reload(self) -> None:
         """Re-read the steps on disk (after some were moved aside)."""
@@ -341,7 +332,7 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
              "point it at a checkpoint of this model (or fix the model config)")
 
     if src_layout == dst_layout:
-        diff = _first_difference(_flat_shapes(stored), _flat_shapes(target))
+        diff = first_difference(flat_shapes(stored), flat_shapes(target))
         if diff:
             raise CheckpointMismatchError(head + diff + "; " + cause)
         request = {"params": target} if item == STATE_ITEM else target
@@ -353,7 +344,7 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
         return restored["params"] if bare else restored
 
     # Another layout: read to host memory, convert there, check, then place.
-    log.info("converting %s from %s to %s", where, _layout_str(src_layout), _layout_str(dst_layout))
+    log.info("converting %s from %s to %s", where, layout_str(src_layout), layout_str(dst_layout))
     host = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
     request = {"params": host} if item == STATE_ITEM else host
     with ocp.PyTreeCheckpointer() as ckpt:
@@ -366,11 +357,11 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
                                            _layout_cfg(model, src_layout),
                                            _layout_cfg(model, dst_layout))
         converted = jax.tree.map(np.asarray, converted)
-    diff = _first_difference(_flat_shapes(converted), _flat_shapes(target))
+    diff = first_difference(flat_shapes(converted), flat_shapes(target))
     if diff:
         raise CheckpointMismatchError(
-            head + diff + f" (after converting from {_layout_str(src_layout)} to "
-            f"{_layout_str(dst_layout)}); " + cause)
+            head + diff + f" (after converting from {layout_str(src_layout)} to "
+            f"{layout_str(dst_layout)}); " + cause)
     placed = jax.tree.map(_place, converted, target)
     return placed["params"] if bare else placed
 

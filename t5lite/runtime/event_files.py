@@ -15,6 +15,8 @@ import time
 import types
 from typing import Dict, List, Mapping, Tuple
 
+from t5lite.runtime import disk_space
+
 
 def _tensorboard_without_tensorflow() -> None:
     """Make TensorBoard use its own file I/O stub, never TensorFlow: where TensorFlow is
@@ -30,22 +32,33 @@ class ScalarWriter:
     def __init__(self, logdir: str):
         _tensorboard_without_tensorflow()
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        os.makedirs(logdir, exist_ok=True)
-        self._writer = EventFileWriter(logdir)
+        self.logdir = logdir
+        disk_space.quiet_background_writers()  # a failed write is reported once, by _writing
+        with self._writing():
+            os.makedirs(logdir, exist_ok=True)
+            self._writer = EventFileWriter(logdir)
+
+    def _writing(self):
+        """A full disk becomes one DiskFullError (TensorBoard writes in a thread of its
+        own and raises its error at the next call)."""
+        return disk_space.writing("the TensorBoard events", self.logdir)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         summary = summary_pb2.Summary(value=[
             summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
             for tag, value in scalars.items()])
-        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                               summary=summary))
+        with self._writing():
+            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                                   summary=summary))
 
     def flush(self) -> None:
-        self._writer.flush()
+        with self._writing():
+            self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        with self._writing():
+            self._writer.close()
 
 
 def read_scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:

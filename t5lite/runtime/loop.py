@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -30,8 +31,9 @@ import jax
 import numpy as np
 
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, TrainingError
-from t5lite.runtime import checkpoints, metrics, periods
+from t5lite.errors import ConfigError, OutputWriteError, TrainingError
+from t5lite.runtime import checkpoints, disk_space, metrics, periods
+from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, build_run
 from t5lite.runtime.run_lock import RunLock
@@ -119,9 +121,7 @@ def _write_config(model_dir: Path) -> None:
     import gin
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-        tmp = model_dir / f".config.gin.{os.getpid()}"
-        tmp.write_text(gin.config_str())
-        os.replace(tmp, model_dir / "config.gin")
+        disk_space.replace_text(model_dir / "config.gin", gin.config_str())
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -265,18 +265,47 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     log.info("%s: saved step %d; exiting", stopping, step)
                     break
         finally:
-            progress.close()
-            ckpt.wait()
-            ckpt.close()
-            writer.close()
-            if evaluator is not None:
-                evaluator.close()
-            preempt.restore()  # after the last save is committed: a signal now only sets the flag
+            _close_all(progress.close, ckpt.wait, ckpt.close, writer.close,
+                       evaluator.close if evaluator is not None else None,
+                       preempt.restore)  # last: a signal now only sets the flag
         if step >= train_steps and step > start_step:
             log.info("done: steps %d-%d in %.0fs; checkpoints in %s, TensorBoard logs in %s "
                      "(tensorboard --logdir %s)", start_step + 1, step,
                      time.perf_counter() - t_start, model_dir / "checkpoints",
                      model_dir / "train", model_dir)
         return last
+    except OutputWriteError as e:  # a full disk or a failed write: say what is kept
+        raise type(e)(f"{e}; {_kept(model_dir)}") from None
     finally:
         lock.release()
+
+
+def _kept(model_dir: Path) -> str:
+    """What a run stopped by a failed write leaves to resume from."""
+    steps = complete_steps(model_dir / CHECKPOINTS_DIR)
+    if not steps:
+        return "no checkpoint was saved — free space (or use a MODEL_DIR on a larger disk)"
+    listed = ", ".join(map(str, steps))
+    return (f"checkpoint{'s' if len(steps) > 1 else ''} {listed} in {model_dir} "
+            f"{'are' if len(steps) > 1 else 'is'} kept — free space (or lower "
+            f"KEEP_CHECKPOINTS, or use a MODEL_DIR on a larger disk), then run the same "
+            f"command to resume from step {steps[-1]}")
+
+
+def _close_all(*closers: Optional[Callable[[], Any]]) -> None:
+    """Call each closer, even after one fails; raise the first failure unless an error
+    is already on its way out (a full disk fails several closers: the first report wins)."""
+    in_flight = sys.exc_info()[1] is not None
+    first = None
+    for close in closers:
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001
+            if first is None and not in_flight:
+                first = e
+            else:
+                log.debug("while closing after an error: %s", e)
+    if first is not None:
+        raise first

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import disk_space
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,14 @@ class RunLock:
                             self.path.parent)
                 self.path.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self._record(), f)
+            try:
+                with disk_space.writing("the run lock", self.path.parent), \
+                        os.fdopen(fd, "w") as f:
+                    json.dump(self._record(), f)
+            except BaseException:  # no half-written lock left for the next run to read
+                self.path.unlink(missing_ok=True)
+                self.release()
+                raise
             self.held = True
             return
         raise ConfigError(f"could not take the lock {self.path}: another run keeps taking "

@@ -1,0 +1,118 @@
+"""Whether a checkpoint's tree fits the model: the first difference between two trees'
+shapes, said in one line with its likely cause (another model size, another parameter
+layout, FP8 or optimizer setting), and the tree an item directory holds (its Orbax
+metadata; no array is read).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from t5lite.errors import CheckpointMismatchError
+from t5lite.models import layouts
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def flat_shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
+    """{"a/b/c": shape} over the leaves; None and empty containers have no leaves.
+    Namedtuples (targets) and dicts (Orbax metadata of namedtuples) name fields alike."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key_name(k) for k in path):
+            tuple(leaf.shape if hasattr(leaf, "shape") else np.shape(leaf))
+            for path, leaf in flat}
+
+
+def _natural(path: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
+
+
+def first_difference(ckpt: Dict[str, tuple], model: Dict[str, tuple]) -> Optional[str]:
+    """The first difference as a clause, shapes first, then missing, then extra."""
+    for path in sorted(model, key=_natural):
+        if path in ckpt and tuple(ckpt[path]) != tuple(model[path]):
+            return (f"{path} has shape {tuple(ckpt[path])} in the checkpoint but "
+                    f"{tuple(model[path])} in the model")
+    missing = sorted((p for p in model if p not in ckpt), key=_natural)
+    extra = sorted((p for p in ckpt if p not in model), key=_natural)
+    if missing:
+        more = f", {len(extra)} in the checkpoint only" if extra else ""
+        return (f"{missing[0]} is in the model but not in the checkpoint ({len(missing)} "
+                f"missing{more})")
+    if extra:
+        return (f"{extra[0]} is in the checkpoint but not in the model ({len(extra)} "
+                f"in the checkpoint only)")
+    return None
+
+
+def layout_str(layout: Mapping[str, bool]) -> str:
+    return f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
+
+
+def _state_groups(tree: Mapping[str, Any]) -> Dict[str, Dict[str, tuple]]:
+    """Flat shapes of a state dict by group; params paths shown as variables paths
+    (`params/encoder/...`), the others prefixed by their field."""
+    groups = {}
+    for field in ("params", "fp8", "opt_state"):
+        flat = flat_shapes(tree.get(field, {}) if isinstance(tree, Mapping) else {})
+        groups[field] = flat if field == "params" else {f"{field}/{k}": v for k, v in flat.items()}
+    rest = {k: v for k, v in tree.items() if k not in groups} if isinstance(tree, Mapping) else {}
+    groups["other"] = flat_shapes(rest)
+    return groups
+
+
+def check_state_matches(ckpt_tree: Mapping[str, Any], target: Mapping[str, Any],
+                        where: str) -> None:
+    """Raise CheckpointMismatchError (one line) when a training checkpoint's state tree
+    (Orbax metadata) does not fit the abstract target state dict."""
+    ck, md = _state_groups(ckpt_tree), _state_groups(target)
+    head = f"checkpoint {where} does not match the model: "
+    diff = first_difference(ck["params"], md["params"])
+    if diff:
+        ck_layout = layouts.detect_layout(ckpt_tree.get("params", {}))
+        md_layout = layouts.detect_layout(target.get("params", {}))
+        if ck_layout != md_layout:
+            cause = (f"the checkpoint has the parameter layout {layout_str(ck_layout)} but the "
+                     f"model {layout_str(md_layout)} — resume with the same switches, or start "
+                     f"a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} (converts layouts)")
+        elif " has shape " in diff:
+            cause = ("MODEL_DIR probably holds a run of another model size — use a new "
+                     "MODEL_DIR")
+        else:
+            cause = ("MODEL_DIR probably holds a run of another model or architecture — use a "
+                     "new MODEL_DIR")
+        raise CheckpointMismatchError(head + diff + "; " + cause)
+    diff = first_difference(ck["fp8"], md["fp8"])
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + "; the FP8 setting (or the FP8-using layers) differs from the run "
+            f"that wrote it — keep the same precision, or start a new MODEL_DIR with "
+            f"INITIAL_CHECKPOINT_PATH={where} (parameters only)")
+    diff = first_difference(ck["opt_state"], md["opt_state"])
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + "; the optimizer differs from the one that wrote it — use the same "
+            f"optimizer, or start a new MODEL_DIR with INITIAL_CHECKPOINT_PATH={where} "
+            "(parameters only, fresh optimizer)")
+    diff = first_difference(ck["other"], md["other"])
+    if diff:
+        raise CheckpointMismatchError(head + diff + "; it was not written by this version of "
+                                      "t5lite's trainer — use a new MODEL_DIR")
+
+
+def item_metadata_tree(item_dir: epath.Path) -> Any:
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        return handler.metadata(item_dir).tree
+    finally:
+        handler.close()

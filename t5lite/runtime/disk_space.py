@@ -1,0 +1,190 @@
+"""A disk that fills while a run writes: one check before each large write, one
+translation of a write that failed for want of room, so every writer (checkpoints with
+their data iterator state, TensorBoard events, predictions, infer output, config.gin)
+ends the same way: a DiskFullError whose one line names what was being written, the
+directory, how much it needs (when known) and how much is free. What was written before
+is never touched; the caller says what is kept (the loop: which checkpoints).
+
+    check_room("checkpoint 6", ckpt_dir, needed=24_000_000)  # DiskFullError, before writing
+    with writing("the TensorBoard events", logdir):           # ENOSPC -> DiskFullError
+        writer.flush()
+    replace_text(model_dir / "config.gin", text)              # whole or not at all
+    is_disk_full(e)   # errno ENOSPC / EDQUOT anywhere in e's chain, or TensorStore's text
+
+Cost: one statvfs per checkpoint save.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+from t5lite.errors import DiskFullError
+
+PathLike = Union[str, os.PathLike]
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# TensorStore (Orbax's writer) raises ValueError("RESOURCE_EXHAUSTED: ... No space left on
+# device [os_error_code='28']"); Python's own writes raise OSError with errno set.
+_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "os_error_code='28'",
+               "os_error_code='122'")
+
+
+def human(n: Optional[float]) -> str:
+    """A byte count for people: 0 B, 512 B, 24.1 MB, 3.2 GB (powers of 1000)."""
+    if n is None:
+        return "an unknown amount"
+    n = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: PathLike) -> Optional[int]:
+    """Bytes free to this user on the disk that holds `path` (or its nearest existing
+    parent); None where that cannot be known (a URL such as gs://)."""
+    text = os.fspath(path)
+    if "://" in text:
+        return None
+    p = Path(text).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` (or an error it came from) is a write that found no room."""
+    if isinstance(e, DiskFullError):
+        return True
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno in _FULL_ERRNOS:
+            return True
+        if any(t in str(x) for t in _FULL_TEXTS):
+            return True
+    return False
+
+
+def disk_full_error(what: str, directory: PathLike, needs: Optional[str] = None
+                    ) -> DiskFullError:
+    """The DiskFullError for `what` (e.g. "checkpoint 6") that found no room in
+    `directory`; `needs`: how much it needs, in words ("about 24.7 MB"), when known."""
+    free = human(free_bytes(directory))
+    size = f"it needs {needs}; {free} is free" if needs else f"{free} free"
+    return DiskFullError(f"no space left on the disk of {os.fspath(directory)} for {what} "
+                         f"({size})")
+
+
+def check_room(what: str, directory: PathLike, needed: int, needs: Optional[str] = None,
+               margin: float = 1.0) -> None:
+    """DiskFullError before writing when `directory`'s disk has less than `margin` times
+    `needed` bytes free (`needs`: that size in words; nothing is raised where free space
+    cannot be known)."""
+    free = free_bytes(directory)
+    if free is not None and free < needed * margin:
+        raise disk_full_error(what, directory, needs or human(needed))
+
+
+@contextlib.contextmanager
+def writing(what: str, directory: PathLike, needs: Optional[str] = None):
+    """A write of `what` into `directory`: an error that says the disk is full becomes
+    one DiskFullError; any other error passes unchanged."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:  # noqa: BLE001 - only the disk-full ones are translated
+        if is_disk_full(e):
+            raise disk_full_error(what, directory, needs) from None
+        raise
+
+
+def replace_text(path: PathLike, text: str, what: Optional[str] = None) -> None:
+    """Write `text` to `path` whole or not at all: into a temporary file beside it, then
+    renamed over it. On a full disk the old file is untouched, the temporary one removed,
+    and the error is a DiskFullError naming `what` (default: the file's name)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with writing(what or path.name, path.parent):
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def describe(e: BaseException) -> str:
+    """One line for a disk-full error raised where no writer translated it: the file
+    (when the error names one) and the free space of its disk."""
+    if isinstance(e, DiskFullError):
+        return str(e)
+    for x in _chain(e):
+        filename = getattr(x, "filename", None)
+        if filename:
+            return str(disk_full_error(Path(filename).name, Path(filename).parent))
+    return "no space left on a disk this command writes to (" + " ".join(
+        str(e).split())[:200] + ")"
+
+
+
+# ----------------------------------------------------------------------------- quiet
+
+
+def _mentions_full_disk(text: str) -> bool:
+    return any(t in text for t in _FULL_TEXTS)
+
+
+def _drops(exc: Optional[BaseException]) -> bool:
+    """An error a background writer reports where its owner (Orbax, TensorBoard's
+    writer) also raises it in the caller, which turns it into one line: a full disk, or
+    the closed event loop that a failed write's abandoned siblings report to."""
+    if exc is None:
+        return False
+    return is_disk_full(exc) or (isinstance(exc, RuntimeError)
+                                 and str(exc) == "Event loop is closed")
+
+
+def quiet_background_writers() -> None:
+    """From now on, a failed write's reports from background threads are dropped:
+    TensorStore's abandoned writes (unraisable "Event loop is closed"), Orbax's ERROR log
+    records of a full disk and TensorBoard's writer thread's traceback. The caller gets
+    the error once, from the writer's owner (a DiskFullError line). Idempotent."""
+    import logging
+    import sys
+    import threading
+
+    if getattr(sys.unraisablehook, "_t5lite_disk_space", False):
+        return
+    previous_unraisable, previous_thread = sys.unraisablehook, threading.excepthook
+
+    def unraisable(u):
+        if not _drops(getattr(u, "exc_value", None)):
+            previous_unraisable(u)
+
+    def thread(args):
+        if not _drops(args.exc_value):
+            previous_thread(args)
+
+    def record_ok(record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.levelno >= logging.ERROR and (
+            _drops(exc) or _mentions_full_disk(record.getMessage())))
+
+    unraisable._t5lite_disk_space = True
+    sys.unraisablehook, threading.excepthook = unraisable, thread
+    for name in ("absl", "orbax", "asyncio"):
+        logging.getLogger(name).addFilter(record_ok)
