@@ -98,7 +98,10 @@ def test_the_state_is_per_process_and_names_its_stream(pile):
     next(a), next(b)
     sa, sb = a.get_state(), b.get_state()
     assert sa["iterator"] != sb["iterator"]
-    assert {k: v for k, v in sa.items() if k != "iterator"} == {
+    # the inputs (vocabulary, every file of the split) are the stream's, not the shard's
+    assert sa["inputs"] == sb["inputs"] and len(sa["inputs"]["files"]) == 3
+    assert sa["inputs"]["vocabulary"]["extra_ids"] == 100
+    assert {k: v for k, v in sa.items() if k not in ("iterator", "inputs")} == {
         "position": 1, "task": "pile_span_corruption", "split": "train", "seed": 5,
         "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS,
         "iterator_format": pipeline.ITERATOR_FORMAT}

@@ -63,6 +63,49 @@ def test_resume_continues_the_saved_data_stream_and_refuses_a_changed_one(
     assert th.complete_steps(tmp_path / "run")[-1] == 6
 
 
+@pytest.mark.slow
+def test_a_resume_refuses_a_changed_vocabulary_or_data_files_unless_allowed(
+        tmp_path, tmp_path_factory):
+    """The vocabulary file replaced by another at the same path, then a data file added:
+    each resume refuses in one line naming both sides (exit 2, nothing saved changes);
+    ALLOW_CHANGED_INPUTS=True resumes with them on purpose, saying so."""
+    import shutil
+    from t5lite.data import vocab_training
+    vocab = tmp_path / "spm.model"
+    shutil.copy(vocabulary(tmp_path_factory), vocab)
+    first = th.run(_cmd(tmp_path, vocab), cwd=tmp_path)
+    assert first.returncode == 0, th.describe(first)
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
+    assert saved["inputs"]["vocabulary"]["path"] == str(vocab)
+    assert list(saved["inputs"]["files"]) == [str(tmp_path / "pile" / "train" / "00.jsonl")]
+
+    other = demo_corpus.write_text(str(tmp_path / "other.txt"), lines=800, seed=11)
+    shutil.copy(vocab, tmp_path / "spm.first")
+    vocab_training.train_vocabulary([other], str(vocab), 300)  # same path, another model
+    swapped = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6"), cwd=tmp_path)
+    line = th.assert_one_error(swapped, f"the vocabulary is {vocab} (sha256 ",
+                               f"but the checkpoint was trained with {vocab} (sha256 ",
+                               "ALLOW_CHANGED_INPUTS=True")
+    assert swapped.returncode == 2 and th.complete_steps(tmp_path / "run") == [4]
+    old, new = re.findall(r"sha256 (\w+)", line)
+    assert old != new
+
+    shutil.copy(tmp_path / "spm.first", vocab)  # the run's vocabulary back, one file more
+    pile = tmp_path / "pile" / "train"
+    shutil.copy(pile / "00.jsonl", pile / "01.jsonl")
+    added = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6"), cwd=tmp_path)
+    th.assert_one_error(added, "data files are not the ones the checkpoint was trained on",
+                        f"1 added ({pile / '01.jsonl'})", "ALLOW_CHANGED_INPUTS=True")
+    assert th.complete_steps(tmp_path / "run") == [4]
+
+    allowed = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6",
+                          "--gin.ALLOW_CHANGED_INPUTS=True"), cwd=tmp_path)
+    assert allowed.returncode == 0, th.describe(allowed)
+    assert "ALLOW_CHANGED_INPUTS: resuming with them" in allowed.stderr
+    assert "start: resume:4 at step 4" in allowed.stderr
+    assert th.complete_steps(tmp_path / "run")[-1] == 6
+
+
 def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory):
     proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.T5Config.vocab_size=128"),
                   cwd=tmp_path)

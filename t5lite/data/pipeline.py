@@ -39,7 +39,11 @@ generator) falls back to replay: the iterator is rebuilt and the `position` batc
 already consumed are skipped (`tf.data.Dataset.skip`), exact but at the pipeline's own
 speed, and a warning says so. The settings above are saved with the state; resuming
 under changed ones raises DataError naming them, since the position would point into
-another stream.
+another stream. So are the stream's inputs (t5lite/data/input_identity.py: the
+vocabulary's hash and each data file's size and fingerprint): a resume that reads
+another vocabulary or other files raises DataError naming both, unless
+`allow_changed_inputs` (ALLOW_CHANGED_INPUTS=True): then the stream is read afresh under
+the new inputs, skipping the `position` batches consumed (replay), and a warning says so.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ from t5lite.errors import DataError
 tf = import_tensorflow()
 import seqio  # noqa: E402
 
-from t5lite.data import stream_errors, tasks  # noqa: E402  (registers the tasks)
+from t5lite.data import input_identity, stream_errors, tasks  # noqa: E402  (registers the tasks)
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ class SeqioIterator:
         self._tf_iterator = None
         self._saved: Optional[bytes] = None  # an iterator state to restore on start
         self._unsaveable = False
+        self._inputs: Optional[Dict[str, Any]] = None  # input_identity.stream_inputs, once
 
     @property
     def vocabulary(self):
@@ -201,11 +206,18 @@ class SeqioIterator:
                 "batch_size": self.batch_size, "process_count": self.process_count,
                 "pack": self.pack, "feature_lengths": dict(self.feature_lengths)}
 
+    def inputs(self) -> Dict[str, Any]:
+        """The vocabulary and data files this stream reads (fingerprinted once)."""
+        if self._inputs is None:
+            self._inputs = input_identity.stream_inputs(self.provider, self.split)
+        return self._inputs
+
     def get_state(self) -> Dict[str, Any]:
         """{"position": batches consumed, "iterator": this process's tf.data iterator
-        state (bytes, absent when the stream cannot be saved), + the settings that define
-        the stream (JSON-able)}."""
-        state: Dict[str, Any] = {"position": self.position, **self._stream()}
+        state (bytes, absent when the stream cannot be saved), "inputs": the vocabulary
+        and files it reads, + the settings that define the stream (JSON-able)}."""
+        state: Dict[str, Any] = {"position": self.position, **self._stream(),
+                                 INPUTS_KEY: self.inputs()}
         iterator = self._iterator_bytes()
         if iterator is not None:
             state[ITERATOR_KEY] = iterator
@@ -226,9 +238,10 @@ class SeqioIterator:
                         self.name, _first_line(e))
             return None
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any], allow_changed_inputs: bool = False) -> None:
         """Continue at batch `state["position"]` (the next batch is that one), from the
-        saved iterator state when `state` has one."""
+        saved iterator state when `state` has one. DataError when the stream's settings
+        or (unless `allow_changed_inputs`) its inputs differ from the saved ones."""
         if "position" not in state:
             raise DataError(f"data iterator state needs a 'position' entry (batches "
                             f"consumed), got {dict(state)}; was the checkpoint written by "
@@ -250,6 +263,18 @@ class SeqioIterator:
                         "t5lite (its readers' positions are not this one's): replaying "
                         "the %d batches consumed instead", self.position)
             saved = None
+        changed = input_identity.difference(state[INPUTS_KEY], self.inputs()) \
+            if INPUTS_KEY in state else None
+        if changed and not allow_changed_inputs:
+            raise DataError(
+                f"{changed}; resuming would train on another token stream. Point the run "
+                f"back at the inputs it trained on (its config.gin records the settings), "
+                f"or set ALLOW_CHANGED_INPUTS=True to resume with these on purpose (the "
+                f"stream is then read afresh, skipping the {self.position} batches consumed)")
+        if changed:
+            log.warning("%s; ALLOW_CHANGED_INPUTS: resuming with them, reading the stream "
+                        "afresh and skipping the %d batches consumed", changed, self.position)
+            saved = None
         self._saved = bytes(saved) if saved is not None and self.position else None
         self._iterator = self._tf_iterator = None
 
@@ -265,6 +290,7 @@ ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/data_it
 # The layout of the readers' state inside it: 2 = the Pile reader's six-integer positions
 # (t5lite/data/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
 FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2
+INPUTS_KEY = "inputs"  # input_identity.stream_inputs of the stream
 _FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
 
 

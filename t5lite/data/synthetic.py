@@ -190,7 +190,9 @@ class SyntheticIterator:
         """{"step": the step of the next batch `__next__` returns}."""
         return {"step": self.step}
 
-    def set_state(self, state: Mapping[str, int]) -> None:
+    def set_state(self, state: Mapping[str, int], allow_changed_inputs: bool = False) -> None:
+        """Continue at `state["step"]` (random batches read no files:
+        `allow_changed_inputs` has nothing to allow)."""
         if "step" not in state:
             raise ValueError(f"synthetic iterator state needs a 'step' entry, got {dict(state)}")
         step = int(np.asarray(state["step"]))

@@ -151,11 +151,13 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           checkpointing: Optional[checkpoints.CheckpointSettings] = None,
           data_settings: Optional[DataSettings] = None,
           inference_eval: Optional[InferenceEvalSettings] = None,
-          inference_evaluator: Optional[Callable] = None) -> Dict[str, float]:
+          inference_evaluator: Optional[Callable] = None,
+          allow_changed_inputs: bool = False) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
-    many steps and after the last. Returns the last logged metrics (and the last
-    inference-evaluation metrics, `<task>/<metric>`)."""
+    many steps and after the last. A resume whose vocabulary or data files differ from
+    the checkpoint's refuses (DataError) unless `allow_changed_inputs`. Returns the last
+    logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`)."""
     periods.check_positive("TRAIN_STEPS", train_steps)
     periods.check_positive("LOG_PERIOD", log_period)
     model_dir = Path(model_dir)
@@ -194,11 +196,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     model, part, task_name=mixture_or_task_name,
                     feature_lengths=task_feature_lengths, batch_size=batch_size,
                     output_dir=str(model_dir), settings=inference_eval)
+            if data_state:
+                it.set_state(data_state, allow_changed_inputs=allow_changed_inputs)
         except BaseException:
-            ckpt.close()
+            _close_all(ckpt.close, evaluator.close if evaluator is not None else None)
             raise
-        if data_state:
-            it.set_state(data_state)
         step = int(jax.device_get(state.step))
         if step >= train_steps:
             ckpt.close()
