@@ -215,7 +215,8 @@ def _signal_run(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,sig", [("SIGTERM", signal.SIGTERM), ("Ctrl-C", signal.SIGINT)])
+@pytest.mark.parametrize("name,sig", [("SIGTERM", signal.SIGTERM), ("Ctrl-C", signal.SIGINT),
+                                      ("SIGHUP", signal.SIGHUP)])
 def test_sigterm_or_ctrl_c_saves_the_current_step_and_exits_cleanly(tmp_path, name, sig):
     """SIGTERM (a scheduler's preemption) and a first Ctrl-C: the step is saved, the exit
     is clean (status 0, no traceback), and the same command resumes from it."""
@@ -253,6 +254,24 @@ def test_sigterm_or_ctrl_c_saves_the_current_step_and_exits_cleanly(tmp_path, na
     assert th.logged_steps(again.stderr) == list(range(stopped + 1, steps + 1))
     assert th.complete_steps(model_dir)[-1] == steps
     assert th.data_step(model_dir, steps) == steps
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """`nohup` starts a run with SIGHUP ignored: the loop's handler leaves it so (a closed
+    terminal must not stop a run started to survive it); the others it handles, and
+    gives back when the loop ends."""
+    from t5lite.runtime.loop import _Preemption
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        preempt = _Preemption()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == preempt._handle
+        preempt.restore()
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_a_second_ctrl_c_stops_at_once_and_keeps_the_saved_checkpoints(tmp_path):

@@ -6,7 +6,8 @@ library behind `python -m t5lite.train` (configs/runs/pretrain.gin binds it).
       every LOG_PERIOD steps and the last   metrics to TensorBoard and the log line
                                             (a non-finite loss stops the run, unsaved)
       every CHECKPOINT_PERIOD, the last,    save state + data position (async)
-      and on SIGTERM or a first Ctrl-C    (a second Ctrl-C stops at once, unsaved)
+      and on SIGTERM, SIGHUP or a first   (a second Ctrl-C stops at once, unsaved)
+      Ctrl-C
       every EVAL_PERIOD and the last        the inference evaluator's metrics
 
 Evaluation during training is injected, so that this layer knows nothing of inference:
@@ -61,15 +62,21 @@ class InferenceEvalSettings:
 
 
 class _Preemption:
-    """Turns SIGTERM and the first Ctrl-C (SIGINT) into a flag the loop checks between
-    steps: it saves the step and exits cleanly. A second Ctrl-C stops the process at once,
-    without saving (a save in flight is never counted as a checkpoint: Orbax commits a
-    step by renaming it into place). Neither prints a traceback."""
+    """Turns SIGTERM, SIGHUP (the terminal or ssh session closed) and the first Ctrl-C
+    (SIGINT) into a flag the loop checks between steps: it saves the step and exits
+    cleanly. A second Ctrl-C stops the process at once, without saving (a save in flight
+    is never counted as a checkpoint: Orbax commits a step by renaming it into place).
+    None prints a traceback. A signal the process was started ignoring (`nohup` ignores
+    SIGHUP) stays ignored."""
+
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGHUP: "SIGHUP"}
 
     def __init__(self):
         self.requested: Optional[str] = None  # the signal's name, once one arrived
-        self._previous = {sig: signal.signal(sig, self._handle)
-                          for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._previous = {}
+        for sig in self.NAMES:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
         if signum == signal.SIGINT and self.requested == "Ctrl-C":
@@ -77,7 +84,7 @@ class _Preemption:
                  "checkpoints saved before it are kept")
             os._exit(130)
         if self.requested is None:
-            self.requested = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+            self.requested = self.NAMES[signum]
             if signum == signal.SIGINT:
                 _say("Ctrl-C: saving this step, then exiting (Ctrl-C again stops at once, "
                      "without saving)")
