@@ -254,6 +254,36 @@ def test_infer_refuses_to_extend_another_jobs_predictions(setup, tmp_path, capsy
     assert (out / "predictions.jsonl").read_text() == before
 
 
+def test_infer_refuses_an_output_dir_another_live_infer_writes(setup, tmp_path, capsys):
+    """Two infer runs on one OUTPUT_DIR would interleave their lines in one file: the
+    second refuses in one line naming the first (exit 2, the file untouched); once the
+    first is gone its lock is taken over and the run finishes, leaving no lock."""
+    import socket
+    import subprocess
+    import sys
+    _, _, txt, _ = _write_inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "predictions.jsonl").write_text("")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (out / "RUN_LOCK").write_text(json.dumps(
+            {"host": socket.gethostname(), "pid": live.pid, "since": "2026-11-24 10:00:00 UTC",
+             "processes": 1}))
+        capsys.readouterr()
+        assert _infer(setup, out, f'--gin.INPUT_FILE="{txt}"') == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and f"OUTPUT_DIR {out} is in use by a running infer run" in err[0]
+        assert f"pid {live.pid}" in err[0], err
+        assert (out / "predictions.jsonl").read_text() == ""
+    finally:
+        live.kill()
+        live.wait()
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{txt}"') == 0
+    assert len(_read_jsonl(out / "predictions.jsonl")) == 13
+    assert not (out / "RUN_LOCK").exists()
+
+
 def test_complete_lines_cuts_a_partial_line(tmp_path):
     from t5lite.inference.predict import complete_lines
     p = tmp_path / "p.jsonl"

@@ -35,7 +35,7 @@ from t5lite.errors import ConfigError, DataError, DiskFullError
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
 from t5lite.models.features import decode_tokens
-from t5lite.runtime import disk_space
+from t5lite.runtime import disk_space, run_lock
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)
@@ -239,65 +239,70 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
         raise ConfigError(
             "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "
             "splits are for encoder-decoder models")
-    tasks = edge.import_tasks(data_settings or DataSettings())
-    lengths = {"inputs": int(task_feature_lengths["inputs"]),
-               "targets": int(task_feature_lengths["targets"])}
-    if input_file:
-        from t5lite.data import vocabularies
-        vocab = vocabularies.get_vocabulary()
-        if vocab.vocab_size > model.config.vocab_size:
-            raise ConfigError(
-                f"the vocabulary has {vocab.vocab_size} ids but the model's embedding only "
-                f"{model.config.vocab_size}; check VOCABULARY_PATH and the model file")
-        examples = _tokenized_file(input_file, mode, vocab, lengths, model)
-    else:
-        provider = edge.check_split(tasks, mixture_or_task_name, split)
-        vocab = provider.output_features["targets"].vocabulary
-        examples = _task_examples(provider, split, lengths)
-    session = load_session(model, checkpoint_path, batch_size=batch_size,
-                           feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
-
-    out_path = Path(output_dir) / OUTPUT_FILE
-    writer = jax.process_index() == 0
-    if writer:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        done = complete_lines(out_path)
-        check_same_job(out_path.parent, job_record(
-            checkpoint_path=checkpoint_path, step=session.step, mode=mode,
-            input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
-            decoding=decoding), done)
-    else:
-        done = _count_lines_readonly(out_path)
-    if done:
-        log.info("resuming: %s already holds %d lines; skipping that many examples",
-                 out_path, done)
-    examples = itertools.islice(examples, done, None)
-    written, t0 = 0, time.perf_counter()
-    f = open(out_path, "a", encoding="utf-8") if writer else None
+    # one infer per OUTPUT_DIR: two would interleave their lines in one file
+    lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
     try:
-        for chunk in _batches(examples, batch_size):
-            inputs = [ex["inputs_ids"] for ex in chunk]
-            if mode == "predict":
-                tokens = session.predict(model.inference_batch(inputs, lengths),
-                                         index=done + written)
-                lines = [{"inputs": ex["inputs"], "prediction": decode_tokens(vocab, row)}
-                         for ex, row in zip(chunk, tokens)]
-            else:
-                batch = model.inference_batch(inputs, lengths,
-                                              [ex["targets_ids"] for ex in chunk])
-                lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
-                          "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
+        tasks = edge.import_tasks(data_settings or DataSettings())
+        lengths = {"inputs": int(task_feature_lengths["inputs"]),
+                   "targets": int(task_feature_lengths["targets"])}
+        if input_file:
+            from t5lite.data import vocabularies
+            vocab = vocabularies.get_vocabulary()
+            if vocab.vocab_size > model.config.vocab_size:
+                raise ConfigError(
+                    f"the vocabulary has {vocab.vocab_size} ids but the model's embedding only "
+                    f"{model.config.vocab_size}; check VOCABULARY_PATH and the model file")
+            examples = _tokenized_file(input_file, mode, vocab, lengths, model)
+        else:
+            provider = edge.check_split(tasks, mixture_or_task_name, split)
+            vocab = provider.output_features["targets"].vocabulary
+            examples = _task_examples(provider, split, lengths)
+        session = load_session(model, checkpoint_path, batch_size=batch_size,
+                               feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
+
+        out_path = Path(output_dir) / OUTPUT_FILE
+        writer = jax.process_index() == 0
+        if writer:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            done = complete_lines(out_path)
+            check_same_job(out_path.parent, job_record(
+                checkpoint_path=checkpoint_path, step=session.step, mode=mode,
+                input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
+                decoding=decoding), done)
+        else:
+            done = _count_lines_readonly(out_path)
+        if done:
+            log.info("resuming: %s already holds %d lines; skipping that many examples",
+                     out_path, done)
+        examples = itertools.islice(examples, done, None)
+        written, t0 = 0, time.perf_counter()
+        f = open(out_path, "a", encoding="utf-8") if writer else None
+        try:
+            for chunk in _batches(examples, batch_size):
+                inputs = [ex["inputs_ids"] for ex in chunk]
+                if mode == "predict":
+                    tokens = session.predict(model.inference_batch(inputs, lengths),
+                                             index=done + written)
+                    lines = [{"inputs": ex["inputs"], "prediction": decode_tokens(vocab, row)}
+                             for ex, row in zip(chunk, tokens)]
+                else:
+                    batch = model.inference_batch(inputs, lengths,
+                                                  [ex["targets_ids"] for ex in chunk])
+                    lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
+                              "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
+                if f is not None:
+                    with _appending(out_path, done + written):
+                        f.write("".join(json.dumps(line, ensure_ascii=False) + "\n"
+                                        for line in lines))
+                        f.flush()
+                        os.fsync(f.fileno())
+                written += len(lines)
+        finally:
             if f is not None:
-                with _appending(out_path, done + written):
-                    f.write("".join(json.dumps(line, ensure_ascii=False) + "\n"
-                                    for line in lines))
-                    f.flush()
-                    os.fsync(f.fileno())
-            written += len(lines)
+                with contextlib.suppress(OSError):  # a full disk was reported above
+                    f.close()
+        log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
+                 time.perf_counter() - t0)
+        return written
     finally:
-        if f is not None:
-            with contextlib.suppress(OSError):  # a full disk was reported above
-                f.close()
-    log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
-             time.perf_counter() - t0)
-    return written
+        lock.release()

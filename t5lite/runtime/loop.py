@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
-import numpy as np
 
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, OutputWriteError, TrainingError
@@ -37,7 +36,7 @@ from t5lite.runtime import checkpoints, disk_space, metrics, periods
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, build_run
-from t5lite.runtime.run_lock import RunLock
+from t5lite.runtime.run_lock import hold
 
 log = logging.getLogger(__name__)
 
@@ -102,26 +101,6 @@ def _say(line: str) -> None:
         pass
 
 
-def _lock(model_dir: Path) -> RunLock:
-    """MODEL_DIR's run lock, taken by process 0 for the whole run; every process raises
-    the same ConfigError when another live run holds it."""
-    lock = RunLock(model_dir, jax.process_count())
-    error = None
-    if jax.process_index() == 0:
-        try:
-            lock.acquire()
-        except ConfigError as e:
-            error = str(e)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        held = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
-        if not held and error is None:
-            error = f"MODEL_DIR {model_dir} is in use by another run (process 0 names it)"
-    if error is not None:
-        raise ConfigError(error)
-    return lock
-
-
 def _write_config(model_dir: Path) -> None:
     """MODEL_DIR/config.gin: the resolved configuration of this run (process 0), replaced
     atomically."""
@@ -169,7 +148,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     periods.check_positive("LOG_PERIOD", log_period)
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    lock = _lock(model_dir)
+    lock = hold(model_dir)
     try:
         checkpointing = checkpointing or checkpoints.CheckpointSettings()
         inference_eval = inference_eval or InferenceEvalSettings()

@@ -1,7 +1,13 @@
-"""One training run per MODEL_DIR: a lock file that a second run refuses to share.
+"""One training run per MODEL_DIR (one `infer` per OUTPUT_DIR): a lock file that a
+second run refuses to share.
 
     MODEL_DIR/RUN_LOCK    {"host": ..., "pid": ..., "since": "2026-11-24 20:31:05 UTC",
                            "processes": 8}
+
+    lock = hold(model_dir)                                  # every process calls it
+    lock = hold(output_dir, setting="OUTPUT_DIR", what="infer run")
+    ...
+    lock.release()
 
 A run's process 0 creates the file atomically (O_EXCL) before anything is built and
 removes it when the run ends; every process of a multi-process run learns the outcome
@@ -52,9 +58,11 @@ class RunLock:
     """The lock of `model_dir`, taken by `acquire()` (process 0) and dropped by
     `release()`; `touch()` marks it alive."""
 
-    def __init__(self, model_dir: Path, processes: int = 1):
+    def __init__(self, model_dir: Path, processes: int = 1, setting: str = "MODEL_DIR",
+                 what: str = "training run"):
         self.path = Path(model_dir) / LOCK_NAME
         self.processes = processes
+        self.setting, self.what = setting, what
         self.held = False
         self._made: list = []  # directories acquire() created, deepest first
 
@@ -97,9 +105,9 @@ class RunLock:
                     continue  # released meanwhile
                 if holder and not self._stale(holder):
                     raise ConfigError(
-                        f"MODEL_DIR {self.path.parent} is in use by a running training run "
+                        f"{self.setting} {self.path.parent} is in use by a running {self.what} "
                         f"({_describe(holder)}): wait for it or stop it, or use another "
-                        f"MODEL_DIR (if that run is dead, delete {self.path})")
+                        f"{self.setting} (if that run is dead, delete {self.path})")
                 log.warning("taking over the lock of a run that is no longer running (%s) "
                             "in %s", _describe(holder) if holder else "unreadable lock file",
                             self.path.parent)
@@ -116,7 +124,7 @@ class RunLock:
             self.held = True
             return
         raise ConfigError(f"could not take the lock {self.path}: another run keeps taking "
-                          f"it; use another MODEL_DIR")
+                          f"it; use another {self.setting}")
 
     def touch(self) -> None:
         if self.held:
@@ -142,3 +150,26 @@ class RunLock:
             except OSError:
                 break
         self._made = []
+
+
+def hold(directory: Path, setting: str = "MODEL_DIR", what: str = "training run") -> RunLock:
+    """`directory`'s lock, taken by process 0 for the whole run; every process raises the
+    same ConfigError when another live run holds it (call it on every process)."""
+    import jax
+    import numpy as np
+
+    lock = RunLock(directory, jax.process_count(), setting, what)
+    error = None
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except ConfigError as e:
+            error = str(e)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        held = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+        if not held and error is None:
+            error = f"{setting} {directory} is in use by another run (process 0 names it)"
+    if error is not None:
+        raise ConfigError(error)
+    return lock
