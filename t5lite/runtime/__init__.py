@@ -10,6 +10,8 @@ a mesh. Imports models and data, never inference, interop, config or the command
     checkpoint_trees.py  does a checkpoint's tree fit the model (one-line mismatches)
     checkpoints.py       save / resume (Orbax), the finetuning restore, CheckpointSettings
     disk_space.py        a full disk: room checks, one DiskFullError line for every writer
+    background_reports.py  dropping what background threads print about a failure
+                         that their owner raises (abandoned reads, a full disk)
     metrics.py           throughput and MFU, the log line, MetricWriter, progress bar
     event_files.py       TensorBoard scalars through TensorBoard's own writer
     periods.py           LOG/CHECKPOINT/EVAL_PERIOD validation and "is this step due?"

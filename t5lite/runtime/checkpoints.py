@@ -32,9 +32,10 @@ from etils import epath
 
 from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, OutputWriteError
 from t5lite.models import layouts
-from t5lite.runtime import data_iterator_item, disk_space, periods
+from t5lite.runtime import background_reports, data_iterator_item, disk_space, periods
 from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, layout_str,
                                              check_state_matches, item_metadata_tree)
+from t5lite.runtime.partitioning import process_0_decides
 from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              resolve_item, set_aside_damaged,
@@ -155,9 +156,9 @@ class Checkpointer:
             needs = f"up to {disk_space.human(_nbytes(state.as_dict()))}, its arrays uncompressed"
         with self._writing(step, needs):
             started = bool(self._manager.save(step, args=args, force=True))
-            self._in_flight = (step, needs) if started else None
-            if not self._async:
-                self.wait()
+        self._in_flight = (step, needs) if started else None
+        if not self._async:
+            self.wait()
         return started
 
     def _expected_size(self) -> Optional[Tuple[int, str]]:
@@ -172,21 +173,12 @@ class Checkpointer:
 
     def _check_room(self, step: int, needed: int, needs: str) -> None:
         """DiskFullError before writing a byte when MODEL_DIR's disk has less room than
-        the checkpoint should need; process 0 decides for every process."""
-        error = None
-        if jax.process_index() == 0:
-            try:  # compression varies from save to save: refuse only the sure cases
-                disk_space.check_room(f"checkpoint {step}", self.directory, needed, needs,
-                                      margin=0.9)
-            except OutputWriteError as e:
-                error = e
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            fits = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
-            if not fits and error is None:
-                error = disk_space.disk_full_error(f"checkpoint {step}", self.directory, needs)
-        if error is not None:
-            raise error
+        the checkpoint should need; process 0 decides for every process (compression
+        varies from save to save: refuse only the sure cases)."""
+        what = f"checkpoint {step}"
+        process_0_decides(
+            lambda: disk_space.check_room(what, self.directory, needed, needs, margin=0.9),
+            lambda: disk_space.disk_full_error(what, self.directory, needs))
 
     @contextlib.contextmanager
     def _writing(self, step: int, needs: str):
@@ -373,33 +365,11 @@ _ABANDONED_READ_MARKS = ("read_array_index", "Encountered error while reading ar
                          "Event loop is closed")
 
 
-def _mentions_abandoned_read(text: str) -> bool:
-    return any(mark in text for mark in _ABANDONED_READ_MARKS)
-
-
-def _is_abandoned_read(unraisable) -> bool:
+def _abandoned_read(exc: Optional[BaseException], text: str) -> bool:
     """An array read Orbax abandoned when another read of the same restore failed: its
-    coroutine (or the closed event loop it reports to) complains when collected, later."""
-    name = getattr(getattr(unraisable, "object", None), "__qualname__", "")
-    return _mentions_abandoned_read(f"{name} {getattr(unraisable, 'exc_value', '')}")
-
-
-def _drop_abandoned_reads() -> None:
-    """From now on, the reports of abandoned reads (unraisable exceptions, asyncio's
-    never-retrieved task errors) are dropped."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_t5lite_filter", False):
-        return
-
-    def hook(unraisable):
-        if not _is_abandoned_read(unraisable):
-            previous(unraisable)
-
-    hook._t5lite_filter = True
-    sys.unraisablehook = hook
-    # asyncio reports a failed read nobody awaited ("Task exception was never retrieved")
-    logging.getLogger("asyncio").addFilter(lambda record: not _mentions_abandoned_read(
-        f"{record.msg} {record.args} {record.exc_info[1] if record.exc_info else ''}"))
+    coroutine (or the closed event loop it reports to) complains when collected, later,
+    and asyncio reports it unretrieved (background_reports rule)."""
+    return any(mark in text for mark in _ABANDONED_READ_MARKS)
 
 
 @contextlib.contextmanager
@@ -420,7 +390,7 @@ def _failure_output_dropped():
             failed = False
         finally:
             if failed:
-                _drop_abandoned_reads()
+                background_reports.drop(_abandoned_read)
                 gc.collect()      # abandoned reads report now, into the capture
                 time.sleep(0.2)
             sys.stderr.flush()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 from t5lite.errors import DiskFullError
+from t5lite.runtime import background_reports
 
 PathLike = Union[str, os.PathLike]
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -71,12 +72,12 @@ def is_disk_full(e: BaseException) -> bool:
     """Whether `e` (or an error it came from) is a write that found no room."""
     if isinstance(e, DiskFullError):
         return True
-    for x in _chain(e):
-        if isinstance(x, OSError) and x.errno in _FULL_ERRNOS:
-            return True
-        if any(t in str(x) for t in _FULL_TEXTS):
-            return True
-    return False
+    return any((isinstance(x, OSError) and x.errno in _FULL_ERRNOS)
+               or _mentions_full_disk(str(x)) for x in _chain(e))
+
+
+def _mentions_full_disk(text: str) -> bool:
+    return any(t in text for t in _FULL_TEXTS)
 
 
 def disk_full_error(what: str, directory: PathLike, needs: Optional[str] = None
@@ -128,10 +129,9 @@ def replace_text(path: PathLike, text: str, what: Optional[str] = None) -> None:
 
 
 def describe(e: BaseException) -> str:
-    """One line for a disk-full error raised where no writer translated it: the file
+    """One line for a disk-full error raised where no writer translated it (a
+    DiskFullError is an OutputWriteError, which the commands print as it is): the file
     (when the error names one) and the free space of its disk."""
-    if isinstance(e, DiskFullError):
-        return str(e)
     for x in _chain(e):
         filename = getattr(x, "filename", None)
         if filename:
@@ -140,51 +140,18 @@ def describe(e: BaseException) -> str:
         str(e).split())[:200] + ")"
 
 
-
 # ----------------------------------------------------------------------------- quiet
 
 
-def _mentions_full_disk(text: str) -> bool:
-    return any(t in text for t in _FULL_TEXTS)
-
-
-def _drops(exc: Optional[BaseException]) -> bool:
-    """An error a background writer reports where its owner (Orbax, TensorBoard's
-    writer) also raises it in the caller, which turns it into one line: a full disk, or
-    the closed event loop that a failed write's abandoned siblings report to."""
-    if exc is None:
-        return False
-    return is_disk_full(exc) or (isinstance(exc, RuntimeError)
-                                 and str(exc) == "Event loop is closed")
+def _reported_by_owner(exc: Optional[BaseException], text: str) -> bool:
+    """A full disk that a background writer reports while its owner (Orbax, TensorBoard's
+    writer) raises it in the caller, or the closed event loop that a failed write's
+    abandoned siblings report to (background_reports rule)."""
+    return ((exc is not None and is_disk_full(exc)) or _mentions_full_disk(text)
+            or "Event loop is closed" in text)
 
 
 def quiet_background_writers() -> None:
-    """From now on, a failed write's reports from background threads are dropped:
-    TensorStore's abandoned writes (unraisable "Event loop is closed"), Orbax's ERROR log
-    records of a full disk and TensorBoard's writer thread's traceback. The caller gets
-    the error once, from the writer's owner (a DiskFullError line). Idempotent."""
-    import logging
-    import sys
-    import threading
-
-    if getattr(sys.unraisablehook, "_t5lite_disk_space", False):
-        return
-    previous_unraisable, previous_thread = sys.unraisablehook, threading.excepthook
-
-    def unraisable(u):
-        if not _drops(getattr(u, "exc_value", None)):
-            previous_unraisable(u)
-
-    def thread(args):
-        if not _drops(args.exc_value):
-            previous_thread(args)
-
-    def record_ok(record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (record.levelno >= logging.ERROR and (
-            _drops(exc) or _mentions_full_disk(record.getMessage())))
-
-    unraisable._t5lite_disk_space = True
-    sys.unraisablehook, threading.excepthook = unraisable, thread
-    for name in ("absl", "orbax", "asyncio"):
-        logging.getLogger(name).addFilter(record_ok)
+    """From now on, a failed write's reports from background threads are dropped: the
+    caller gets the error once, from the writer's owner (a DiskFullError line)."""
+    background_reports.drop(_reported_by_owner)

@@ -153,23 +153,13 @@ class RunLock:
 
 
 def hold(directory: Path, setting: str = "MODEL_DIR", what: str = "training run") -> RunLock:
-    """`directory`'s lock, taken by process 0 for the whole run; every process raises the
-    same ConfigError when another live run holds it (call it on every process)."""
+    """`directory`'s lock, taken by process 0 for the whole run; every process raises
+    when another live run holds it (call it on every process)."""
     import jax
-    import numpy as np
+    from t5lite.runtime.partitioning import process_0_decides
 
     lock = RunLock(directory, jax.process_count(), setting, what)
-    error = None
-    if jax.process_index() == 0:
-        try:
-            lock.acquire()
-        except ConfigError as e:
-            error = str(e)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        held = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
-        if not held and error is None:
-            error = f"{setting} {directory} is in use by another run (process 0 names it)"
-    if error is not None:
-        raise ConfigError(error)
+    process_0_decides(lock.acquire, lambda: ConfigError(
+        f"{setting} {directory}: process 0 could not take its run lock (its error line "
+        f"says why: another live run, or a failed write)"))
     return lock
