@@ -75,6 +75,17 @@ def _nbytes(tree: Any) -> int:
 # ----------------------------------------------------------------------------- manager
 
 
+class _Manager(ocp.CheckpointManager):
+    """Orbax's manager, less its own look at JAX's preemption sync point. The training
+    loop asks it once a step, counting the steps since it started (runtime/loop.py);
+    Orbax would ask too, with the step it saves and from its save thread after the loop
+    has moved on, and JAX keeps one counter per process: the step agreed on for a stop
+    could then be one the loop has passed, or reaches long after the signal."""
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
+
+
 class Checkpointer:
     """Saves and restores the TrainState and the data position under MODEL_DIR.
 
@@ -105,7 +116,7 @@ class Checkpointer:
             cleanup_tmp_directories=True)
         self._async = async_save
         disk_space.quiet_background_writers()  # a failed save is reported once, by save/wait
-        self._manager = ocp.CheckpointManager(
+        self._manager = _Manager(
             self.directory, item_names=(STATE_ITEM, DATA_ITEM, data_iterator_item.ITEM),
             item_handlers={data_iterator_item.ITEM: data_iterator_item.DataIteratorHandler()},
             options=options)

@@ -6,8 +6,9 @@ library behind `python -m t5lite.train` (configs/runs/pretrain.gin binds it).
       every LOG_PERIOD steps and the last   metrics to TensorBoard and the log line
                                             (a non-finite loss stops the run, unsaved)
       every CHECKPOINT_PERIOD, the last,    save state + data position (async)
-      and on SIGTERM, SIGHUP or a first   (a second Ctrl-C stops at once, unsaved)
-      Ctrl-C
+      and on SIGTERM, SIGHUP or a first   (a second Ctrl-C stops at once, unsaved;
+      Ctrl-C                                with several processes, a signal to any
+                                            stops all after one agreed step)
       every EVAL_PERIOD and the last        the inference evaluator's metrics
 
 Evaluation during training is injected, so that this layer knows nothing of inference:
@@ -62,20 +63,47 @@ class InferenceEvalSettings:
 
 class _Preemption:
     """Turns SIGTERM, SIGHUP (the terminal or ssh session closed) and the first Ctrl-C
-    (SIGINT) into a flag the loop checks between steps: it saves the step and exits
+    (SIGINT) into a stop the loop checks after each step: it saves the step and exits
     cleanly. A second Ctrl-C stops the process at once, without saving (a save in flight
     is never counted as a checkpoint: Orbax commits a step by renaming it into place).
     None prints a traceback. A signal the process was started ignoring (`nohup` ignores
-    SIGHUP) stays ignored."""
+    SIGHUP) stays ignored.
+
+    With several processes a signal may reach only some of them (one node's preemption
+    notice, Ctrl-C in one terminal), and a process that stopped alone would leave the
+    others waiting in its collectives forever. So there the stop goes through JAX's
+    preemption service: its notifier catches SIGTERM (this class leaves SIGTERM to it),
+    SIGHUP and Ctrl-C are passed on to it as a SIGTERM to this process, and every
+    process learns of the notice and agrees on one step to stop after (the fastest
+    process's next). That agreement runs on JAX's background thread: a step asks only
+    whether it is the agreed one, and waits just while the agreement is being made."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGHUP: "SIGHUP"}
+    ANOTHER = "a stop signal (SIGTERM, SIGHUP or Ctrl-C) to one of the processes"
 
     def __init__(self):
-        self.requested: Optional[str] = None  # the signal's name, once one arrived
+        self.requested: Optional[str] = None  # the signal's name, once one arrived here
+        self.coordinated = jax.process_count() > 1 and self._preemption_service()
+        # JAX's step counter: steps since this loop started, the same on every process (a
+        # notice that came before the first step stops them all after it)
+        self._steps = 0
         self._previous = {}
         for sig in self.NAMES:
+            if sig == signal.SIGTERM and self.coordinated:
+                continue  # JAX's notifier holds SIGTERM
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._previous[sig] = signal.signal(sig, self._handle)
+
+    @staticmethod
+    def _preemption_service() -> bool:
+        from jax.experimental import multihost_utils
+        try:
+            multihost_utils.reached_preemption_sync_point(0)
+            return True
+        except RuntimeError:  # jax_enable_preemption_service=False
+            log.warning("JAX's preemption service is off (jax_enable_preemption_service): "
+                        "a stop signal must reach every process of this run at once")
+            return False
 
     def _handle(self, signum, frame):
         if signum == signal.SIGINT and self.requested == "Ctrl-C":
@@ -87,10 +115,24 @@ class _Preemption:
             if signum == signal.SIGINT:
                 _say("Ctrl-C: saving this step, then exiting (Ctrl-C again stops at once, "
                      "without saving)")
+            if self.coordinated:
+                os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: every process stops
+
+    def after_step(self) -> Optional[str]:
+        """Called once after every step: what asks to stop after this one, else None."""
+        if not self.coordinated:
+            return self.requested
+        from jax.experimental import multihost_utils
+        self._steps += 1
+        if multihost_utils.reached_preemption_sync_point(self._steps):
+            return self.requested or self.ANOTHER
+        return None
 
     def restore(self):
+        """Give the handled signals back to their earlier handlers (once)."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        self._previous = {}
 
 
 def _say(line: str) -> None:
@@ -148,7 +190,15 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     periods.check_positive("LOG_PERIOD", log_period)
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    lock = hold(model_dir)
+    # with several processes the signals are agreed on from here: one that reaches some
+    # of them while they start up must stop them all (after their first step) too
+    preempt = _Preemption() if jax.process_count() > 1 else None
+    try:
+        lock = hold(model_dir)
+    except BaseException:
+        if preempt is not None:
+            preempt.restore()
+        raise
     try:
         checkpointing = checkpointing or checkpoints.CheckpointSettings()
         inference_eval = inference_eval or InferenceEvalSettings()
@@ -207,7 +257,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                                       total_steps=train_steps, subdir="train")
         progress = metrics.Progress(train_steps, initial=step, process_index=jax.process_index())
         device_kind = jax.devices()[0].device_kind
-        preempt = _Preemption()
+        preempt = preempt or _Preemption()
         last: Dict[str, float] = {}
         t_last, steps_since = time.perf_counter(), 0
         t_start, start_step = t_last, step
@@ -217,7 +267,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 step += 1
                 steps_since += 1
                 report = periods.due(step, log_period, train_steps)
-                stopping = preempt.requested  # read once: a signal from here on waits a step
+                stopping = preempt.after_step()  # read once: a signal from here on waits a step
                 saving = ckpt.should_save(step) or step == train_steps or stopping
                 if report or saving:
                     values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
@@ -250,7 +300,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                 if evaluator is not None and periods.due(step, eval_period, train_steps):
                     last = {**last, **evaluator(step, state.variables)}
                 if stopping:
-                    log.info("%s: saved step %d; exiting", stopping, step)
+                    log.info("%s: saved step %d%s; exiting", stopping, step,
+                             " on every process" if preempt.coordinated else "")
                     break
         finally:
             _close_all(progress.close, ckpt.wait, ckpt.close, writer.close,
@@ -265,6 +316,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     except OutputWriteError as e:  # a full disk or a failed write: say what is kept
         raise type(e)(f"{e}; {_kept(model_dir)}") from None
     finally:
+        if preempt is not None:
+            preempt.restore()
         lock.release()
 
 
