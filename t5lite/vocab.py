@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from t5lite.data import vocab_training
-from t5lite.errors import DataError
+from t5lite.errors import DataError, OutputWriteError
+from t5lite.runtime import disk_space
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,18 +44,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         files = vocab_training.expand_inputs(args.input)
-        vocab_training.train_vocabulary(
-            files, args.output, args.vocab_size, model_type=args.model_type,
+        model = vocab_training.vocabulary_model(
+            files, args.vocab_size, model_type=args.model_type,
             character_coverage=args.character_coverage,
             input_sentence_size=args.input_sentence_size, max_sentences=args.max_sentences,
             text_field=args.text_field, num_threads=args.num_threads, seed=args.seed)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output}: {args.vocab_size} pieces (pad 0, EOS 1, UNK 2, no BOS); "
+    output = Path(args.output)
+    kept = f"{output} is as it was" if output.exists() else f"{output} was not written"
+    try:  # whole or not at all: a vocabulary already at that path stays as it was
+        output.parent.mkdir(parents=True, exist_ok=True)
+        disk_space.replace_file(output, model, what="the vocabulary",
+                                needs=disk_space.human(len(model)))
+    except OutputWriteError as e:
+        print(f"error: {e}; {kept}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot write the vocabulary {output}: {e.strerror or e}; {kept}",
+              file=sys.stderr)
+        return 1
+    print(f"wrote {output}: {args.vocab_size} pieces (pad 0, EOS 1, UNK 2, no BOS); "
           f"with the tasks' 100 extra ids the vocabulary has {args.vocab_size + 100} ids. "
-          f"Use it with --gin.VOCABULARY_PATH=\\\"{args.output}\\\" or "
-          f"T5LITE_VOCABULARY_PATH={args.output}")
+          f"Use it with --gin.VOCABULARY_PATH=\\\"{output}\\\" or "
+          f"T5LITE_VOCABULARY_PATH={output}")
     return 0
 
 

@@ -8,7 +8,6 @@ where the tests run as root, as in CI); the in-process cases inject ENOSPC at th
 and run everywhere.
 """
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -173,6 +172,31 @@ def test_tensorboard_events_on_a_full_disk(small_disk):
 # ----------------------------------------------------------------------------- in process
 
 
+
+def test_a_vocabulary_written_onto_a_full_disk_keeps_the_old_one(small_disk, tmp_path,
+                                                                  capsys):
+    """`t5lite.vocab --output` over a vocabulary a run uses, on a disk with no room for
+    the new one: one line, status 1, and the old file byte for byte (before: truncated)."""
+    from t5lite import vocab
+    from t5lite.data import demo_corpus
+    text = demo_corpus.write_text(str(tmp_path / "notes.txt"), lines=800, seed=7)
+    disk = small_disk(512 * 1024)  # the new model takes 244 kB
+    old = disk.path / "spm.model"
+    old.write_bytes(b"the vocabulary a run uses " * 4000)  # 104 kB
+    (disk.path / "filler").write_bytes(b"x" * (300 * 1024))
+    before = old.read_bytes()
+    rc = vocab.main([f"--input={text}", "--vocab_size=300", f"--output={old}"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert th.error_lines(err) == [l for l in err.splitlines() if l], err
+    assert f"no space left on the disk of {disk.path} for the vocabulary" in err, err
+    assert f"{old} is as it was" in err, err
+    assert old.read_bytes() == before
+    assert sorted(os.listdir(disk.path)) == ["filler", "spm.model"]
+    os.remove(disk.path / "filler")  # room again: the same command writes it
+    assert vocab.main([f"--input={text}", "--vocab_size=300", f"--output={old}"]) == 0
+    assert old.read_bytes() != before
+
 def _state(step, n=4096):
     rng = np.random.RandomState(step)
     params = {"params": {"w": jnp.asarray(rng.randn(n), jnp.float32)}}
@@ -261,9 +285,9 @@ def test_event_writer_thread_failure_is_one_error(tmp_path, monkeypatch, capfd):
     assert read_scalars(str(tmp_path / "train"))["loss"] == [(1, 1.0)]
 
 
-def test_replace_text_keeps_the_old_file_on_a_full_disk(tmp_path, monkeypatch):
+def test_replace_file_keeps_the_old_file_on_a_full_disk(tmp_path, monkeypatch):
     path = tmp_path / "metrics.json"
-    disk_space.replace_text(path, "old\n")
+    disk_space.replace_file(path, "old\n")
     real_replace = os.replace
 
     def full(src, dst):
@@ -271,7 +295,7 @@ def test_replace_text_keeps_the_old_file_on_a_full_disk(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(DiskFullError) as e:
-        disk_space.replace_text(path, "new\n")
+        disk_space.replace_file(path, "new\n")
     assert "metrics.json" in str(e.value) and str(tmp_path) in str(e.value)
     monkeypatch.setattr(os, "replace", real_replace)
     assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["metrics.json"]

@@ -84,13 +84,24 @@ def iter_sentences(files: Iterable[str], max_sentences: Optional[int] = None,
                         return
 
 
-def train_vocabulary(files: Sequence[str], output: str, vocab_size: int = 32000, *,
+def train_vocabulary(files: Sequence[str], output: str, vocab_size: int = 32000,
+                     **options) -> str:
+    """Train a SentencePiece model with T5's special ids on `files` (`vocabulary_model`'s
+    options); write it to `output` (the .model file only). Returns `output`."""
+    model = vocabulary_model(files, vocab_size, **options)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "wb") as f:
+        f.write(model)
+    return output
+
+
+def vocabulary_model(files: Sequence[str], vocab_size: int = 32000, *,
                      model_type: str = "unigram", character_coverage: float = 0.9995,
                      input_sentence_size: int = 0, max_sentences: Optional[int] = None,
                      text_field: str = "text", num_threads: Optional[int] = None,
-                     seed: int = 0, hard_vocab_limit: bool = True) -> str:
-    """Train a SentencePiece model with T5's special ids on `files`; write it to `output`
-    (the .model file only). Returns `output`."""
+                     seed: int = 0, hard_vocab_limit: bool = True) -> bytes:
+    """A SentencePiece model with T5's special ids trained on `files`: the bytes of its
+    .model file."""
     import sentencepiece as spm
 
     sentences = iter_sentences(files, max_sentences, text_field)
@@ -116,7 +127,4 @@ def train_vocabulary(files: Sequence[str], output: str, vocab_size: int = 32000,
     except RuntimeError as e:
         raise DataError(f"SentencePiece training failed: {str(e).strip().splitlines()[-1]} "
                         f"(inputs: {', '.join(files)})") from None
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "wb") as f:
-        f.write(buffer.getvalue())
-    return output
+    return buffer.getvalue()

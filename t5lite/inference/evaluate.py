@@ -64,7 +64,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
                    "decoding": decoding.method,
                    "num_examples": {n: len(r.inputs) for n, r in results.items()},
                    "seconds": round(seconds, 3), "metrics": out}
-        disk_space.replace_text(root / "metrics.json",
+        disk_space.replace_file(root / "metrics.json",
                                 json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for name, m in out.items():
         log.info("%s %s: %s", name, split, ", ".join(f"{k} {v:.4g}" for k, v in m.items()))

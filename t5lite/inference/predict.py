@@ -83,7 +83,7 @@ def check_same_job(output_dir: Path, record: Dict[str, Any], done: int) -> None:
             f"OUTPUT_DIR {output_dir} holds {done} predictions but no {JOB_FILE} saying which "
             f"checkpoint and inputs made them: use a new OUTPUT_DIR, or delete {OUTPUT_FILE} "
             f"to start over")
-    disk_space.replace_text(job, json.dumps(record, indent=1))
+    disk_space.replace_file(job, json.dumps(record, indent=1))
 
 
 # ----------------------------------------------------------------------------- resume

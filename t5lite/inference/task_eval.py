@@ -141,7 +141,7 @@ def evaluate_task(session: Session, name: str, split: str,
 def write_predictions(path: Path, result: TaskResult) -> None:
     """One JSON line per example: inputs, prediction text, postprocessed, target (the
     file is replaced whole, or not at all when the disk is full)."""
-    disk_space.replace_text(path, "".join(
+    disk_space.replace_file(path, "".join(
         json.dumps({"inputs": inp, "prediction": text, "postprocessed": pred,
                     "target": tgt}) + "\n"
         for inp, pred, text, tgt in zip(result.inputs, result.predictions,

@@ -8,7 +8,7 @@ is never touched; the caller says what is kept (the loop: which checkpoints).
     check_room("checkpoint 6", ckpt_dir, needed=24_000_000)  # DiskFullError, before writing
     with writing("the TensorBoard events", logdir):           # ENOSPC -> DiskFullError
         writer.flush()
-    replace_text(model_dir / "config.gin", text)              # whole or not at all
+    replace_file(model_dir / "config.gin", text)              # whole or not at all
     is_disk_full(e)   # errno ENOSPC / EDQUOT anywhere in e's chain, or TensorStore's text
 
 Cost: one statvfs per checkpoint save.
@@ -114,15 +114,20 @@ def writing(what: str, directory: PathLike, needs: Optional[str] = None):
         raise
 
 
-def replace_text(path: PathLike, text: str, what: Optional[str] = None) -> None:
-    """Write `text` to `path` whole or not at all: into a temporary file beside it, then
-    renamed over it. On a full disk the old file is untouched, the temporary one removed,
-    and the error is a DiskFullError naming `what` (default: the file's name)."""
+def replace_file(path: PathLike, data: Union[str, bytes], what: Optional[str] = None,
+                 needs: Optional[str] = None) -> None:
+    """Write `data` (text or bytes) to `path` whole or not at all: into a temporary file
+    beside it, then renamed over it. On a full disk the old file is untouched, the
+    temporary one removed, and the error is a DiskFullError naming `what` (default: the
+    file's name) and what it `needs` (in words, when given)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
-        with writing(what or path.name, path.parent):
-            tmp.write_text(text)
+        with writing(what or path.name, path.parent, needs):
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                tmp.write_text(data)
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -149,7 +149,7 @@ def _write_config(model_dir: Path) -> None:
     import gin
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-        disk_space.replace_text(model_dir / "config.gin", gin.config_str())
+        disk_space.replace_file(model_dir / "config.gin", gin.config_str())
 
 
 def check_model_dir(model_dir: Path) -> None:
