@@ -187,7 +187,8 @@ def test_mnli_shards_by_example_and_keeps_the_last_batch(tmp_path, monkeypatch,
 
 
 def test_errors_for_mismatched_model_kind_lengths_and_state(pile):
-    with pytest.raises(DataError, match="decoder_only model trains on a language-modeling"):
+    with pytest.raises(DataError, match="decoder_only model on the inputs -> targets task "
+                                        "'pile_span_corruption' .* needs feature lengths"):
         _iterator(("pile_span_corruption", "decoder_only", {"targets": 16}))
     with pytest.raises(DataError, match="encoder_decoder model needs an input/target task"):
         _iterator(("pile_lm", "encoder_decoder", {"inputs": 16, "targets": 16}))

@@ -9,10 +9,12 @@ position.
     it.get_state()            # {"position": 1, ...}: batches consumed so far
     it.set_state(state)       # the next batch is batch number state["position"]
 
-Batches carry the T5X feature-converter names (seqio.EncDecFeatureConverter or
-seqio.LMFeatureConverter, packed or not): encoder_input_tokens, decoder_input_tokens,
-decoder_target_tokens, decoder_loss_weights (float32), and when packed
-{encoder,decoder}_segment_ids and {encoder,decoder}_positions. Tokens are int32.
+Batches carry the T5X feature-converter names (seqio.EncDecFeatureConverter,
+seqio.LMFeatureConverter, or for a decoder-only model on an inputs -> targets task
+seqio.PrefixLMFeatureConverter: prompt then answer in one sequence of inputs + targets
+tokens, loss weights on the answer only; packed or not): encoder_input_tokens,
+decoder_input_tokens, decoder_target_tokens, decoder_loss_weights (float32), and when
+packed {encoder,decoder}_segment_ids and {encoder,decoder}_positions. Tokens are int32.
 
 Sharding: process i of P reads shard i of P of the task (seqio.ShardInfo): its own files
 when the source has at least P of them, else every P-th record; the shards are disjoint
@@ -69,35 +71,56 @@ DECODER_ONLY = "decoder_only"
 MODEL_KINDS = (ENCODER_DECODER, DECODER_ONLY)
 
 
-def feature_converter(model_kind: str, pack: bool) -> seqio.FeatureConverter:
-    """seqio's converter to T5X model features for `model_kind`."""
+def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False
+                      ) -> seqio.FeatureConverter:
+    """seqio's converter to T5X model features for `model_kind`. A decoder-only model
+    reads an inputs -> targets task as one sequence, prompt then answer, with the loss on
+    the answer only (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
     if model_kind == ENCODER_DECODER:
         return seqio.EncDecFeatureConverter(pack=pack)
     if model_kind == DECODER_ONLY:
+        if with_inputs:
+            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True)
         return seqio.LMFeatureConverter(pack=pack)
     raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+
+
+# What the prefix-LM converter adds that no model reads yet (a bidirectional prefix)
+UNREAD_FEATURES = ("decoder_causal_attention",)
+
+
+def has_inputs(provider) -> bool:
+    """Whether a task (or mixture) has an inputs feature (inputs -> targets)."""
+    return "inputs" in provider.output_features
 
 
 def _check_lengths(name: str, provider, model_kind: str,
                    feature_lengths: Mapping[str, Optional[int]]) -> Dict[str, int]:
     lengths = {k: int(v) for k, v in feature_lengths.items() if v}
-    has_inputs = "inputs" in provider.output_features
-    if model_kind == ENCODER_DECODER:
-        if not has_inputs:
-            raise DataError(f"task {name!r} has no 'inputs' feature: an encoder_decoder model "
-                            f"needs an input/target task (e.g. pile_span_corruption)")
+    if has_inputs(provider):
         if set(lengths) != {"inputs", "targets"}:
-            raise DataError(f"an encoder_decoder model needs feature lengths for 'inputs' "
-                            f"and 'targets', got {dict(feature_lengths)}")
-    else:
-        if has_inputs:
-            raise DataError(f"task {name!r} has 'inputs': a decoder_only model trains on a "
-                            f"language-modeling task with targets only (pile_lm, c4_lm)")
-        if "targets" not in lengths:
-            raise DataError(f"a decoder_only model needs a feature length for 'targets', "
-                            f"got {dict(feature_lengths)}")
-        lengths = {"targets": lengths["targets"]}
-    return lengths
+            what = ("an encoder_decoder model" if model_kind == ENCODER_DECODER else
+                    f"a decoder_only model on the inputs -> targets task {name!r} (prompt "
+                    f"then answer, in one sequence of inputs + targets tokens)")
+            raise DataError(f"{what} needs feature lengths for 'inputs' and 'targets', got "
+                            f"{dict(feature_lengths)}")
+        return lengths
+    if model_kind == ENCODER_DECODER:
+        raise DataError(f"task {name!r} has no 'inputs' feature: an encoder_decoder model "
+                        f"needs an input/target task (e.g. pile_span_corruption)")
+    if "targets" not in lengths:
+        raise DataError(f"a decoder_only model needs a feature length for 'targets', "
+                        f"got {dict(feature_lengths)}")
+    return {"targets": lengths["targets"]}
+
+
+def sequence_lengths(model_kind: str, feature_lengths: Mapping[str, int]) -> Dict[str, int]:
+    """The lengths of the model's batches for a task's checked `feature_lengths`: an
+    encoder-decoder's inputs and targets; a decoder-only model's one sequence, as
+    "targets" (inputs + targets tokens for a prefix-LM task)."""
+    if model_kind == ENCODER_DECODER:
+        return dict(feature_lengths)
+    return {"targets": sum(feature_lengths.values())}
 
 
 class SeqioIterator:
@@ -121,6 +144,7 @@ class SeqioIterator:
         self.feature_lengths = _check_lengths(name, self.provider, model_kind, feature_lengths)
         self.batch_size, self.rows = int(batch_size), len(rows)
         self.model_kind, self.pack = model_kind, bool(pack)
+        self.sequence_lengths = sequence_lengths(model_kind, self.feature_lengths)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.process_index, self.process_count = int(process_index), int(process_count)
         self.repeat, self.drop_remainder = repeat, drop_remainder
@@ -148,7 +172,8 @@ class SeqioIterator:
         if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
             kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
         ds = self.provider.get_dataset(**kwargs)
-        ds = feature_converter(self.model_kind, self.pack)(ds, self.feature_lengths)
+        ds = feature_converter(self.model_kind, self.pack, has_inputs(self.provider))(
+            ds, self.feature_lengths)
         ds = ds.batch(self.rows, drop_remainder=self.drop_remainder)
         if skip:
             ds = ds.skip(skip)
@@ -196,6 +221,8 @@ class SeqioIterator:
         self.position += 1
         out = {}
         for k, v in batch.items():
+            if k in UNREAD_FEATURES:
+                continue
             out[k] = v.astype(np.float32) if k == "decoder_loss_weights" else \
                 v.astype(np.int32, copy=False)
         return out

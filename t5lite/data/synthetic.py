@@ -173,6 +173,9 @@ class SyntheticIterator:
         host_rows(batch_size, process_index, process_count)  # validate early
         self.task = task
         self.batch_size = batch_size
+        self.sequence_lengths = ({"inputs": task.inputs_length, "targets": task.targets_length}
+                                 if task.kind == ENCODER_DECODER
+                                 else {"targets": task.targets_length})  # the batches' widths
         self.process_index = process_index
         self.process_count = process_count
         self.step = int(start_step)

@@ -35,11 +35,6 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
     Returns {task: {metric: value}}."""
     if not output_dir:
         raise ConfigError("OUTPUT_DIR is not set")
-    if not model.DECODES_TASK_SPLITS:
-        raise ConfigError(
-            f"python -m t5lite.eval supports encoder-decoder (T5) models; MODEL is "
-            f"{type(model).__name__}; for a decoder-only model use python -m t5lite.infer "
-            f"with an INPUT_FILE of prompts")
     decoding = decoding or DecodingSettings()
     tasks = edge.import_tasks(data_settings or DataSettings())
     edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring

@@ -10,10 +10,9 @@ the next example, but only for the same job: OUTPUT_DIR/predictions.job.json rec
 checkpoint, inputs, mode, lengths and decoding, and output of another job is refused in
 one line instead of extended.
 
-Models that cannot decode task splits (decoder-only: `model.DECODES_TASK_SPLITS` is
-false) read INPUT_FILE only: each input is a prompt, continued by up to
-TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or followed by its "targets" text
-whose log-likelihood is the score (score).
+A decoder-only model reads each input as a prompt (a task's inputs, or a line of
+INPUT_FILE), continued by up to TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or
+followed by its targets, whose log-likelihood is the score (score).
 """
 from __future__ import annotations
 
@@ -235,10 +234,6 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     if input_file and not _has_text(Path(input_file)):
         raise DataError(f"INPUT_FILE {input_file} is empty: there is nothing to {mode}; give "
                         f"it one input a line (text) or one JSON record a line (.jsonl)")
-    if not input_file and not model.DECODES_TASK_SPLITS:
-        raise ConfigError(
-            "a decoder-only MODEL reads its prompts from INPUT_FILE (text or jsonl); task "
-            "splits are for encoder-decoder models")
     # one infer per OUTPUT_DIR: two would interleave their lines in one file
     lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
     try:

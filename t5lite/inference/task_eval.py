@@ -6,8 +6,10 @@ task's postprocessing and metrics, and the predictions written next to them.
     write_predictions(path, results["mnli"])
 
 TensorFlow and SeqIO load when a TaskEvaluator is built (the data edge), not on import.
-Only models whose `DECODES_TASK_SPLITS` is true are evaluated here (encoder-decoder:
-seqio.EncDecFeatureConverter's `encoder_input_tokens`).
+Each example's inputs (trimmed to the inputs length, EOS appended, as in training) become
+the batch the session's model decodes from (`model.inference_batch`: an encoder-decoder's
+encoder_input_tokens, a decoder-only model's prompt BOS + inputs, as its prefix-LM
+training sequence starts).
 """
 from __future__ import annotations
 
@@ -65,6 +67,12 @@ class TaskEvaluator:
         import seqio
         from t5lite.data import stream_errors
         self.name, self.split = name, split
+        self.feature_lengths = dict(feature_lengths)
+        from t5lite.data import pipeline, tasks
+        if not pipeline.has_inputs(tasks.get_provider(name)):
+            raise ConfigError(f"task {name!r} has no inputs to decode from (a language-"
+                              f"modeling task): evaluate it by its loss instead (MODE "
+                              f"'perplexity')")
         with stream_errors.stream_scope() as stream:
             self._evaluator = seqio.Evaluator(
                 mixture_or_task_name=name,
@@ -94,9 +102,9 @@ class TaskEvaluator:
         def predict_fn(ds, model_feature_shapes=None):
             out = []
             for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
-                tokens = session.predict(
-                    {"encoder_input_tokens": features["encoder_input_tokens"]},
-                    index=int(indices[0]))
+                inputs = [row[row > 0] for row in features["encoder_input_tokens"]]
+                tokens = session.predict(session.model.inference_batch(
+                    inputs, session.feature_lengths), index=int(indices[0]))
                 out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
             tokens_by_task[self._task_of.get(id(ds), self.name)] = dict(out)
             return out

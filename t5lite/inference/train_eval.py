@@ -45,10 +45,6 @@ class InferenceEvaluation:
     def __init__(self, model, partitioner: Partitioner, *, task_name: str,
                  feature_lengths: Mapping[str, int], batch_size: int, output_dir: str,
                  settings: InferenceEvalSettings, decoder=None):
-        if not model.DECODES_TASK_SPLITS:
-            raise ConfigError(
-                "EVAL_PERIOD: inference evaluation during training supports encoder-decoder "
-                "(T5) models; set EVAL_PERIOD=None for decoder-only models")
         if not settings.split:
             raise ConfigError("EVAL_PERIOD is set but EVAL_SPLIT is not: name the split to "
                               "evaluate (e.g. 'validation')")

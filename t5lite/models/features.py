@@ -5,9 +5,10 @@ and `score_batch` read. The model wrappers choose between them
     encoder-decoder   encoder_input_tokens [rows, inputs]; with targets also
                       decoder_target_tokens / decoder_input_tokens / decoder_loss_weights
                       [rows, targets] (seqio.EncDecFeatureConverter(pack=False)'s layout)
-    decoder-only      decoder_input_tokens [rows, inputs] = BOS + prompt and
+    decoder-only      decoder_input_tokens [rows, inputs + 1] = BOS + prompt and
                       decoder_prompt_lengths [rows]; with targets the prompt and target
                       joined [rows, inputs + targets], loss weights on the target only
+                      (seqio.PrefixLMFeatureConverter's sequence, unpacked)
 """
 from __future__ import annotations
 
@@ -44,19 +45,20 @@ def encdec_features(inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],
 def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str, int],
                           targets: Optional[Sequence[Sequence[int]]] = None
                           ) -> Dict[str, np.ndarray]:
-    """A decoder-only model's batch for token lists (no EOS). Every sequence starts with
-    BOS 0, as seqio.LMFeatureConverter's decoder_input_tokens do in training; a prompt
-    longer than `lengths["inputs"] - 1` keeps its last tokens.
+    """A decoder-only model's batch for token lists (a task's inputs and targets end in
+    EOS, a prompt file's do not). Every sequence starts with BOS 0, as the LM and
+    prefix-LM feature converters' decoder_input_tokens do in training; a prompt longer
+    than `lengths["inputs"]` tokens keeps its last tokens.
 
-    Without targets (predict): decoder_input_tokens [rows, inputs] = BOS + prompt and
+    Without targets (predict): decoder_input_tokens [rows, inputs + 1] = BOS + prompt and
     decoder_prompt_lengths [rows]. With targets (score): decoder_target_tokens
     [rows, inputs + targets] = prompt + target, decoder_input_tokens (shifted right, BOS
     0) and decoder_loss_weights 1 on the target tokens only."""
-    keep = lengths["inputs"] - 1
+    keep = lengths["inputs"]
     prompts = [list(p)[-keep:] if keep > 0 else [] for p in prompts]
     if targets is None:
         rows = [[0] + p for p in prompts]
-        return {"decoder_input_tokens": _pad(rows, lengths["inputs"]),
+        return {"decoder_input_tokens": _pad(rows, lengths["inputs"] + 1),
                 "decoder_prompt_lengths": np.array([len(r) for r in rows], np.int32)}
     width = lengths["inputs"] + lengths["targets"]
     tgt, weights = np.zeros((len(prompts), width), np.int32), np.zeros((len(prompts), width),

@@ -19,8 +19,6 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
 
     FEATURE_CONVERTER_KIND     "encoder_decoder" / "decoder_only": the feature converter
                                (and synthetic batches) its training data need
-    DECODES_TASK_SPLITS        whether seqio task splits (inputs -> targets) can be
-                               decoded and evaluated with it
     feature_lengths(...)       the feature lengths of its training batches
     train_flops_per_example    model FLOPs of one training example (MFU convention)
     flops_report(...)          the FLOP figures `python -m t5lite.info` shows
@@ -59,7 +57,6 @@ class BaseModel:
 
     FEATURES: Tuple[str, ...] = ()
     FEATURE_CONVERTER_KIND: str = ""
-    DECODES_TASK_SPLITS: bool = False
     module: nn.Module
 
     def __init__(self, config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
@@ -221,7 +218,6 @@ class EncoderDecoderModel(BaseModel):
                 "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
                 "decoder_positions")
     FEATURE_CONVERTER_KIND = "encoder_decoder"
-    DECODES_TASK_SPLITS = True
 
     def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
@@ -312,7 +308,6 @@ class DecoderOnlyModel(BaseModel):
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
                 "decoder_positions")
     FEATURE_CONVERTER_KIND = "decoder_only"
-    DECODES_TASK_SPLITS = False  # a prompt is continued; it has no inputs -> targets task
 
     def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):
@@ -331,7 +326,9 @@ class DecoderOnlyModel(BaseModel):
         at least one token (e.g. BOS).
 
         max_decode_length: new tokens per row (default P). The KV cache holds
-        P + max_decode_length positions (for learned positions at most `max_length`).
+        P + max_decode_length positions, of which the network reads at most
+        P + max_decode_length - 1 (the last new token is never fed back; for learned
+        positions those must fit `max_length`).
         Returns the continuations [batch, max_decode_length] (EOS included, 0 after; pass
         eos_id=None to never stop early); with return_scores also scores [batch]
         (summed log-probs of the new tokens; for beam search length-penalized)."""
@@ -348,10 +345,11 @@ class DecoderOnlyModel(BaseModel):
         new_tokens = width if max_decode_length is None else max_decode_length
         total = width + new_tokens
         cfg = self.config
-        if cfg.position_embedding == "learned" and total > cfg.max_length:
+        if cfg.position_embedding == "learned" and total - 1 > cfg.max_length:
             raise ValueError(
-                f"prompt width {width} + max_decode_length {new_tokens} = {total} exceeds the "
-                f"learned position table (max_length={cfg.max_length}); shorten either")
+                f"prompt width {width} + max_decode_length {new_tokens} - 1 = {total - 1} "
+                f"positions exceed the learned position table (max_length="
+                f"{cfg.max_length}); shorten either")
         beams = spec.num_beams
         rows = decoding.repeat_beams(prompts, beams) if beams > 1 else prompts
 
@@ -401,6 +399,9 @@ class DecoderOnlyModel(BaseModel):
                     self.config, seq_length)}
 
     def check_decode_lengths(self, lengths):
+        # BOS + inputs prompt tokens, then targets new tokens: the network reads
+        # inputs + targets positions (the last new token is not fed back), as many as
+        # its prefix-LM training sequence
         cfg = self.config
         total = int(lengths["inputs"]) + int(lengths["targets"])
         if cfg.position_embedding == "learned" and total > cfg.max_length:

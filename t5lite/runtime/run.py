@@ -27,21 +27,23 @@ def make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], bat
                   data_settings: Optional[DataSettings] = None):
     """This process's batch iterator for the named task, in the batches the model's
     family reads (`model.FEATURE_CONVERTER_KIND`): the random-batch task `synthetic` (no
-    TensorFlow), else a SeqIO task or mixture (t5lite.data.pipeline)."""
+    TensorFlow), else a SeqIO task or mixture (t5lite.data.pipeline; a decoder-only model
+    reads an inputs -> targets task as prompt + answer). Its `sequence_lengths` are the
+    widths of its batches."""
     kind = model.FEATURE_CONVERTER_KIND
-    lengths = model.feature_lengths(feature_lengths)
     start, stop = partitioner.host_rows(batch_size)
     rows = stop - start
     process_index, process_count = start // rows, batch_size // rows
     if task_name == SYNTHETIC_TASK:
         from t5lite.data import synthetic
-        task = synthetic.SyntheticTask(lengths, model.config.vocab_size, kind, seed)
+        task = synthetic.SyntheticTask(model.feature_lengths(feature_lengths),
+                                       model.config.vocab_size, kind, seed)
         return synthetic.SyntheticIterator(task, batch_size, process_index=process_index,
                                            process_count=process_count)
     from t5lite.data import edge
     edge.import_tasks(data_settings or DataSettings())  # the data edge: TensorFlow, SeqIO
     from t5lite.data import pipeline
-    it = pipeline.make_iterator(task_name, split="train", feature_lengths=lengths,
+    it = pipeline.make_iterator(task_name, split="train", feature_lengths=feature_lengths,
                                 batch_size=batch_size, model_kind=kind, pack=pack,
                                 shuffle=True, seed=seed, process_index=process_index,
                                 process_count=process_count)
@@ -89,5 +91,6 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
                                      lengths=model.feature_lengths(task_feature_lengths))
     it = make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
                        random_seed, part, pack, data_settings)
-    return Run(model, part, fns, it, batch_size, task_feature_lengths["targets"],
-               model.train_flops_per_example(task_feature_lengths))
+    lengths = it.sequence_lengths  # a decoder-only model on a prefix-LM task: inputs + targets
+    return Run(model, part, fns, it, batch_size, lengths["targets"],
+               model.train_flops_per_example(lengths))
