@@ -9,6 +9,7 @@ subprocesses."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from t5lite.data import tasks  # noqa: E402  (t5 registers gin configurables: be
 from t5lite.interop import checkpoint_format  # noqa: E402
 from t5lite.models.decoding import EOS_ID  # noqa: E402
 
+import train_helpers as th  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 MODEL_FILE = "configs/models/llama2/tiny.gin"
@@ -108,3 +110,164 @@ def test_eval_decodes_bos_plus_inputs_as_greedy_decoding_without_the_cache(setup
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
     accuracy = 100 * np.mean([r["postprocessed"] == r["target"] for r in rows])
     assert metrics["mnli"]["accuracy"] == pytest.approx(accuracy)
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _hand_loss(setup, sequences):
+    """-(sum of log p) / count over the scored tokens: `sequences` are (prompt, scored)
+    token lists, each read as BOS + prompt + scored by one full forward pass (right-padded
+    to one width: a causal model's earlier positions do not see the padding)."""
+    model, variables = setup["model"], setup["variables"]
+    logits_fn = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
+                                                           "decoder_target_tokens": t}))
+    width = max(1 + len(p) + len(s) for p, s in sequences)
+    total, count = 0.0, 0
+    for prompt, scored in sequences:
+        seq = np.zeros((1, width), np.int32)
+        seq[0, :len(prompt) + len(scored)] = [0] + prompt + scored[:-1]
+        logp = _log_softmax(np.asarray(logits_fn(seq), np.float64))[0]
+        total -= sum(logp[len(prompt) + k, t] for k, t in enumerate(scored))
+        count += len(scored)
+    return total / count, count
+
+
+def _task_pairs():
+    from t5lite.data import edge
+    edge.import_tasks()
+    ds = tasks.get_provider("mnli").get_dataset(LENGTHS, split="validation_matched",
+                                                shuffle=False)
+    return [([int(t) for t in ex["inputs"]], [int(t) for t in ex["targets"]])
+            for ex in ds.as_numpy_iterator()]
+
+
+def test_perplexity_of_a_split_is_exp_of_the_hand_computed_mean_answer_loss(setup, tmp_path):
+    from t5lite import eval as eval_module
+    out = tmp_path / "ppl"
+    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] +
+                            _flags(setup, out, "--gin.MODE='perplexity'")) == 0
+    got = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]
+    loss, count = _hand_loss(setup, _task_pairs())
+    assert got["tokens"] == count and got["examples"] == DEV
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+    assert got["perplexity"] == pytest.approx(np.exp(loss), rel=1e-5)
+
+
+def test_perplexity_of_a_text_file_counts_every_token_and_eos(setup, tmp_path):
+    from t5lite import eval as eval_module
+    from t5lite.data import vocabularies
+    lines = [demo_corpus._Writer(9).paragraph(1 + i % 2) for i in range(5)]  # noqa: SLF001
+    path = tmp_path / "text.txt"
+    path.write_text("\n".join(lines) + "\n\n")  # a blank line is no sequence
+    out = tmp_path / "ppl"
+    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+        setup, out, "--gin.MODE='perplexity'", f'--gin.INPUT_FILE="{path}"',
+        "--gin.MIXTURE_OR_TASK_NAME=None", "--gin.TASK_FEATURE_LENGTHS={'targets': 24}")) == 0
+    got = json.loads((out / "metrics.json").read_text())["metrics"]["text.txt"]
+    vocab = vocabularies.get_vocabulary(str(setup["vocab"]))
+    sequences = [([], [int(t) for t in vocab.encode(line)][:23] + [EOS_ID]) for line in lines]
+    assert any(len(vocab.encode(line)) > 23 for line in lines)  # one is cut to 24 tokens
+    loss, count = _hand_loss(setup, sequences)
+    assert got["tokens"] == count and got["examples"] == len(lines)
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_two_processes_evaluate_as_one(setup, tmp_path):
+    """Decoding and perplexity on 2 processes (1 device each, gloo on 127.0.0.1) against
+    this process's 8 devices: the same predictions, metrics and perplexity."""
+    from t5lite import eval as eval_module
+    results = {}
+    for mode in ("decode", "perplexity"):
+        one = tmp_path / f"one_{mode}"
+        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] +
+                                _flags(setup, one, f"--gin.MODE='{mode}'")) == 0
+        port, procs, two = th.free_port(), [], tmp_path / f"two_{mode}"
+        try:
+            for i in range(2):
+                flags = [f.replace("configs/", f"{th.REPO}/configs/") for f in _flags(
+                    setup, two, f"--gin.MODE='{mode}'")]
+                cmd = [sys.executable, "-m", "t5lite.eval",
+                       f"--gin_file={th.REPO}/configs/runs/eval.gin", *flags,
+                       f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
+                       f"--process_index={i}"]
+                procs.append(th.start(cmd, tmp_path / f"{mode}{i}.log"))
+            rcs = [th.finish(p, timeout=300) for p in procs]
+        finally:
+            for p in procs:
+                th.kill(p)
+        logs = [th.read_log(tmp_path / f"{mode}{i}.log") for i in range(2)]
+        assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
+        results[mode] = [json.loads((d / "metrics.json").read_text())["metrics"]["mnli"]
+                         for d in (one, two)]
+        if mode == "decode":
+            rows = [(d / "eval" / "mnli_predictions.jsonl").read_text() for d in (one, two)]
+            assert rows[0] == rows[1]
+    assert results["decode"][0] == results["decode"][1]
+    one, two = results["perplexity"]
+    assert one["tokens"] == two["tokens"] and one["examples"] == two["examples"]
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+
+
+def _finetune(setup, model_dir, *extra, model_file=MODEL_FILE, checkpoint=None):
+    """configs/finetune_mnli.gin with a decoder-only model file, from a checkpoint."""
+    from t5lite import train
+    return train.main([f"--gin_file={model_file}", "--gin_file=configs/finetune_mnli.gin",
+                       f"--gin.DecoderConfig.vocab_size={VOCAB}",
+                       "--gin.ACTIVATION_DTYPE='float32'", f'--gin.MODEL_DIR="{model_dir}"',
+                       f'--gin.INITIAL_CHECKPOINT_PATH="{checkpoint or setup["ckpt"]}"',
+                       f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.BATCH_SIZE=8",
+                       "--gin.TRAIN_STEPS=4", "--gin.EVAL_PERIOD=2",
+                       f"--gin.EVAL_BATCH_SIZE={BATCH}", "--gin.CHECKPOINT_PERIOD=4",
+                       "--gin.CheckpointSettings.async_save=False",
+                       f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
+                       f'--gin.MNLI_DIR="{setup["mnli"]}"', *extra])
+
+
+def test_the_mnli_finetuning_recipe_trains_and_evaluates_a_decoder_only_model(setup, tmp_path,
+                                                                              capsys):
+    run = tmp_path / "run"
+    assert _finetune(setup, run) == 0
+    err = capsys.readouterr().err
+    assert f"start: initial:{setup['ckpt']} at step 0" in err, err[-3000:]
+    evals = [l for l in err.splitlines() if "[inference_eval]" in l]
+    assert [l.split("step ")[1].split(" ")[0] for l in evals] == ["2", "4"], err[-3000:]
+    assert all("mnli/accuracy" in l for l in evals)
+    assert th.complete_steps(run) == [4]
+
+
+@pytest.mark.parametrize("case", ["too_long", "unknown_task", "lm_task", "other_family"])
+def test_decoder_only_bad_input_is_one_line(setup, tmp_path, capsys, case):
+    from t5lite import eval as eval_module
+    out = tmp_path / "out"
+    if case == "too_long":  # GPT's learned positions: 500 + 100 > max_length 512
+        code = _finetune(setup, out, "--gin.TASK_FEATURE_LENGTHS={'inputs': 500, 'targets': 100}",
+                         model_file="configs/models/gpt/tiny.gin")
+        needles = ("600 tokens", "max_length 512")
+    elif case == "unknown_task":
+        code = eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+            setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnly'"))
+        needles = ("mnly", "mnli")
+    elif case == "lm_task":
+        demo_corpus.write_pile(str(tmp_path / "pile"), train_files=1, docs_per_file=4,
+                               eval_docs=2)
+        code = eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+            setup, out, "--gin.MIXTURE_OR_TASK_NAME='pile_lm'", "--gin.SPLIT='validation'",
+            f'--gin.PILE_DIR="{tmp_path / "pile"}"'))
+        needles = ("no inputs to decode from", "MODE='perplexity'")
+    else:
+        from t5lite.config import parsing
+        parsing.parse_gin(["configs/models/t5_1_1/tiny.gin"], [f"T5Config.vocab_size = {VOCAB}"])
+        t5 = parsing.resolve_macro("MODEL")
+        checkpoint_format.save_params(tmp_path / "t5", t5.init(jax.random.PRNGKey(0)), step=1)
+        code = _finetune(setup, out, checkpoint=tmp_path / "t5")
+        needles = ("another architecture", "encoder", "same family")
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code != 0 and len(lines) == 1, err[-3000:]
+    assert "Traceback" not in err
+    assert all(n in lines[0] for n in needles), lines[0]
+    assert not (out / "metrics.json").exists()
+    assert not (out / "checkpoints").exists() or th.complete_steps(out) == []

@@ -1,8 +1,13 @@
-"""`evaluate`: a checkpoint's metrics on a task split (seqio's Evaluator), written to
-OUTPUT_DIR. The library behind `python -m t5lite.eval` (configs/runs/eval.gin binds it).
+"""`evaluate`: a checkpoint's metrics on a task split, written to OUTPUT_DIR. The library
+behind `python -m t5lite.eval` (configs/runs/eval.gin binds it).
+
+MODE 'decode' (default): seqio's Evaluator decodes the split and scores it with the
+task's metrics; MODE 'perplexity': the token-weighted mean loss and perplexity over the
+split, or over INPUT_FILE (`t5lite.inference.perplexity`).
 
 Writes OUTPUT_DIR/eval/ (TensorBoard scalars `<task>/<metric>` at the checkpoint's step),
-OUTPUT_DIR/metrics.json and OUTPUT_DIR/eval/<task>_predictions.jsonl (process 0).
+OUTPUT_DIR/metrics.json and, decoding, OUTPUT_DIR/eval/<task>_predictions.jsonl
+(process 0).
 """
 from __future__ import annotations
 
@@ -17,24 +22,39 @@ import jax
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
-from t5lite.inference import task_eval
+from t5lite.inference import perplexity, task_eval
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.runtime import disk_space, metrics
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)
+MODES = ("decode", "perplexity")
 
 
-def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_dir: str,
+def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str], output_dir: str,
              task_feature_lengths: Mapping[str, int], batch_size: int,
              split: str = "validation", num_examples: Optional[int] = None,
              decoding: Optional[DecodingSettings] = None,
              mesh: Optional[MeshSettings] = None,
-             data_settings: Optional[DataSettings] = None) -> Dict[str, Dict[str, float]]:
-    """Decode `split` of the task or mixture, compute its metrics, write them.
+             data_settings: Optional[DataSettings] = None, mode: str = "decode",
+             input_file: Optional[str] = None) -> Dict[str, Dict[str, float]]:
+    """Decode `split` of the task or mixture, compute its metrics, write them (MODE
+    'decode'), or measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given).
     Returns {task: {metric: value}}."""
     if not output_dir:
         raise ConfigError("OUTPUT_DIR is not set")
+    if mode not in MODES:
+        raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
+    if not mixture_or_task_name and not (mode == "perplexity" and input_file):
+        raise ConfigError("MIXTURE_OR_TASK_NAME is not set: name the task (or mixture) to "
+                          "evaluate")
+    if mode == "perplexity":
+        return _perplexity(model, checkpoint_path, mixture_or_task_name, output_dir,
+                           task_feature_lengths, batch_size, split, num_examples, mesh,
+                           data_settings, input_file)
+    if input_file:
+        raise ConfigError("INPUT_FILE is read by MODE 'perplexity' (decoding reads a task "
+                          "split); set MODE='perplexity' or drop INPUT_FILE")
     decoding = decoding or DecodingSettings()
     tasks = edge.import_tasks(data_settings or DataSettings())
     edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
@@ -45,22 +65,60 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: str, output_d
     results = task_eval.evaluate_task(session, mixture_or_task_name, split, num_examples)
     seconds = time.perf_counter() - t0
     out = {name: r.metrics for name, r in results.items()}
-    if jax.process_index() == 0:
-        root = Path(output_dir)
-        (root / "eval").mkdir(parents=True, exist_ok=True)
-        writer = metrics.MetricWriter(str(root), 0, log_every=1, subdir="eval")
-        writer.write_scalars(session.step, {f"{task}/{k}": v for task, m in out.items()
-                                            for k, v in m.items()})
-        writer.close()
-        for name, r in results.items():
-            task_eval.write_predictions(root / "eval" / f"{name}_predictions.jsonl", r)
-        summary = {"checkpoint": str(checkpoint_path), "step": session.step, "split": split,
-                   "mixture_or_task_name": mixture_or_task_name,
-                   "decoding": decoding.method,
-                   "num_examples": {n: len(r.inputs) for n, r in results.items()},
-                   "seconds": round(seconds, 3), "metrics": out}
-        disk_space.replace_file(root / "metrics.json",
-                                json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    predictions = {f"{name}_predictions.jsonl": r for name, r in results.items()}
+    _write(output_dir, out, step=session.step, seconds=seconds, predictions=predictions,
+           checkpoint=str(checkpoint_path), split=split,
+           mixture_or_task_name=mixture_or_task_name, decoding=decoding.method,
+           num_examples={n: len(r.inputs) for n, r in results.items()})
     for name, m in out.items():
         log.info("%s %s: %s", name, split, ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
     return out
+
+
+def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, batch_size,
+                split, num_examples, mesh, data_settings, input_file):
+    """MODE 'perplexity' (see the module docstring)."""
+    tasks = edge.import_tasks(data_settings or DataSettings())
+    if input_file:
+        if not Path(input_file).is_file():
+            raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
+        from t5lite.data import vocabularies
+        batches = perplexity.file_batches(model, input_file, vocabularies.get_vocabulary(),
+                                          task_feature_lengths, batch_size)
+        name, split = Path(input_file).name, None
+    else:
+        edge.check_split(tasks, name, split)  # fail before restoring
+        batches = perplexity.split_batches(model, name, split, task_feature_lengths,
+                                           batch_size, num_examples)
+    session = load_session(model, checkpoint_path, batch_size=batch_size,
+                           feature_lengths=task_feature_lengths, mesh=mesh, decodes=False)
+    t0 = time.perf_counter()
+    measured = perplexity.measure(session, batches)
+    out = {name: measured}
+    _write(output_dir, out, step=session.step, seconds=time.perf_counter() - t0,
+           checkpoint=str(checkpoint_path), split=split, mode="perplexity",
+           **({"input_file": str(input_file)} if input_file else
+              {"mixture_or_task_name": name}))
+    log.info("%s%s: loss %.6g, perplexity %.6g over %d tokens (%d examples)", name,
+             f" {split}" if split else "", measured["loss"], measured["perplexity"],
+             measured["tokens"], measured["examples"])
+    return out
+
+
+def _write(output_dir, out: Mapping[str, Mapping[str, float]], *, step: int, seconds: float,
+           predictions: Optional[Mapping[str, task_eval.TaskResult]] = None, **record):
+    """metrics.json, TensorBoard scalars `<name>/<metric>` and the prediction files
+    (process 0)."""
+    if jax.process_index() != 0:
+        return
+    root = Path(output_dir)
+    (root / "eval").mkdir(parents=True, exist_ok=True)
+    writer = metrics.MetricWriter(str(root), 0, log_every=1, subdir="eval")
+    writer.write_scalars(step, {f"{name}/{k}": v for name, m in out.items()
+                                for k, v in m.items()})
+    writer.close()
+    for filename, result in (predictions or {}).items():
+        task_eval.write_predictions(root / "eval" / filename, result)
+    summary = {**record, "step": step, "seconds": round(seconds, 3), "metrics": out}
+    disk_space.replace_file(root / "metrics.json",
+                            json.dumps(summary, indent=2, sort_keys=True) + "\n")

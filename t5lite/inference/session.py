@@ -171,17 +171,20 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
 def load_session(model, checkpoint_path: str, *, batch_size: int,
                  feature_lengths: Mapping[str, int],
                  decoding_settings: Optional[DecodingSettings] = None,
-                 mesh: Optional[MeshSettings] = None) -> Session:
+                 mesh: Optional[MeshSettings] = None, decodes: bool = True) -> Session:
     """Mesh, parameters restored onto it, jitted functions. For a decoder-only model,
     `inputs` is the prompt length and `targets` the number of new tokens (the model says
-    whether they fit: `model.check_decode_lengths`)."""
-    for key in ("inputs", "targets"):
+    whether they fit: `model.check_decode_lengths`). A session that only scores
+    (`decodes=False`) takes the lengths as they are."""
+    keys = ("inputs", "targets") if decodes else ("targets",)
+    for key in keys:
         if not feature_lengths or not feature_lengths.get(key):
             raise ConfigError(f"TASK_FEATURE_LENGTHS needs a positive {key!r} length, got "
                               f"{feature_lengths!r}")
-    lengths = {"inputs": int(feature_lengths["inputs"]),
-               "targets": int(feature_lengths["targets"])}
-    model.check_decode_lengths(lengths)
+    lengths = {k: int(v) for k, v in feature_lengths.items() if v}
+    if decodes:
+        lengths = {k: lengths[k] for k in keys}
+        model.check_decode_lengths(lengths)
     settings = decoding_settings or DecodingSettings()
     part = (mesh or MeshSettings()).partitioner(model=model)
     part.check_batch_size(batch_size)

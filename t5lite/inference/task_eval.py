@@ -71,8 +71,8 @@ class TaskEvaluator:
         from t5lite.data import pipeline, tasks
         if not pipeline.has_inputs(tasks.get_provider(name)):
             raise ConfigError(f"task {name!r} has no inputs to decode from (a language-"
-                              f"modeling task): evaluate it by its loss instead (MODE "
-                              f"'perplexity')")
+                              f"modeling task): measure its perplexity instead "
+                              f"(MODE='perplexity')")
         with stream_errors.stream_scope() as stream:
             self._evaluator = seqio.Evaluator(
                 mixture_or_task_name=name,

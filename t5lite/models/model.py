@@ -23,6 +23,7 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     train_flops_per_example    model FLOPs of one training example (MFU convention)
     flops_report(...)          the FLOP figures `python -m t5lite.info` shows
     check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
+    check_train_lengths(...)   whether its training batches' widths fit it (the same)
     check_features(names)      whether its network reads batches with these features
     tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
     inference_ids(...)         text -> the token ids of one inference input or target
@@ -198,6 +199,11 @@ class BaseModel:
 
     def check_decode_lengths(self, lengths: Mapping[str, int]) -> None:
         """ConfigError when inference lengths {"inputs", "targets"} do not fit the model."""
+
+    def check_train_lengths(self, widths: Mapping[str, int],
+                            task_feature_lengths: Mapping[str, int]) -> None:
+        """ConfigError when its training batches (`widths`, made from TASK_FEATURE_LENGTHS)
+        do not fit the model."""
 
     def inference_ids(self, vocabulary, text: str, length: int) -> List[int]:
         """Token ids of one inference input (or target) text of at most `length`."""
@@ -409,6 +415,15 @@ class DecoderOnlyModel(BaseModel):
                 f"TASK_FEATURE_LENGTHS: prompt {lengths['inputs']} + new tokens "
                 f"{lengths['targets']} = {total} positions, more than the model's "
                 f"max_length {cfg.max_length}; shorten them")
+
+    def check_train_lengths(self, widths, task_feature_lengths):
+        cfg = self.config
+        if cfg.position_embedding == "learned" and widths["targets"] > cfg.max_length:
+            given = {k: v for k, v in task_feature_lengths.items() if v}
+            raise ConfigError(
+                f"TASK_FEATURE_LENGTHS {given} makes training sequences of "
+                f"{widths['targets']} tokens, more than the model's max_length "
+                f"{cfg.max_length} (learned positions); shorten them")
 
     def inference_ids(self, vocabulary, text, length):
         # plain ids: a prompt keeps its last tokens, a target is scored as the

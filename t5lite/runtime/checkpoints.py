@@ -333,6 +333,14 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     head = f"checkpoint {where} does not match the model: "
     cause = (f"{what} probably holds another model size or architecture — "
              "point it at a checkpoint of this model (or fix the model config)")
+    mine, theirs = sorted(target["params"]), sorted(stored["params"])
+    if mine != theirs:  # another architecture altogether: say so, not a leaf's shape
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds another architecture than MODEL: its top-level modules "
+            f"are {', '.join(theirs)}, the model's {', '.join(mine)} — {what} must be a "
+            f"checkpoint of the same family (T5 for a T5 model, GPT / LLaMA for a "
+            f"decoder-only one), converted with python -m t5lite.convert if it comes from "
+            f"Hugging Face")
 
     if src_layout == dst_layout:
         diff = first_difference(flat_shapes(stored), flat_shapes(target))

@@ -92,5 +92,6 @@ def build_run(*, model, batch_size: int, task_feature_lengths: Mapping[str, int]
     it = make_iterator(mixture_or_task_name, model, task_feature_lengths, batch_size,
                        random_seed, part, pack, data_settings)
     lengths = it.sequence_lengths  # a decoder-only model on a prefix-LM task: inputs + targets
+    model.check_train_lengths(lengths, task_feature_lengths)
     return Run(model, part, fns, it, batch_size, lengths["targets"],
                model.train_flops_per_example(lengths))

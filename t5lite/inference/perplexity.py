@@ -1,0 +1,108 @@
+"""Perplexity: a model's token-weighted mean loss over a whole task split or file, and
+its exponential (`t5lite.eval` with MODE 'perplexity').
+
+    loss       = -(sum of log p(token | what precedes it)) / (number of those tokens)
+    perplexity = exp(loss)
+
+The tokens are those the training loss counts (`decoder_loss_weights`): every token of a
+language-modeling task, the answer tokens of an inputs -> targets task (a decoder-only
+model reads it as prompt then answer), an encoder-decoder's targets. Cross entropy only
+(no z-loss, no label smoothing). The batches are the training pipeline's, unshuffled and
+unpacked, one epoch, the last batch kept; every process reads all of them and passes the
+same batches (the `Session` contract), and the sums are taken on the host in float64 in
+example order: the result is deterministic and the same for any process count.
+
+A file (INPUT_FILE) is either text, one sequence a line (decoder-only models: the line's
+tokens and EOS, the first `targets` kept, as a language-modeling task reads a document),
+or jsonl with "inputs" and "targets" (any model: the targets' log-likelihood after the
+inputs, as `t5lite.infer` MODE 'score' gives it per line).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, Mapping, Optional
+
+import numpy as np
+
+from t5lite.errors import ConfigError
+from t5lite.inference.session import Session
+from t5lite.models.decoding import EOS_ID
+
+Batch = Dict[str, np.ndarray]
+
+
+def measure(session: Session, batches: Iterable[Batch]) -> Dict[str, float]:
+    """{"loss", "perplexity", "tokens", "examples"} of `batches` (each at most the
+    session's batch size)."""
+    log_likelihood, tokens, examples = 0.0, 0.0, 0
+    for batch in batches:
+        scores = session.score(batch)
+        log_likelihood += float(np.sum(scores.astype(np.float64)))
+        tokens += float(np.sum(batch["decoder_loss_weights"], dtype=np.float64))
+        examples += len(scores)
+    if not tokens:
+        raise ConfigError("no token to measure: the split or file holds no example with "
+                          "target tokens")
+    loss = -log_likelihood / tokens
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens,
+            "examples": float(examples)}
+
+
+def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, int],
+                  batch_size: int, num_examples: Optional[int] = None) -> Iterator[Batch]:
+    """The task's (or mixture's) `split` as the training pipeline builds it for `model`,
+    unshuffled and unpacked, one epoch; at most `num_examples` rows."""
+    from t5lite.data import pipeline
+    it = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
+                                batch_size=batch_size, model_kind=model.FEATURE_CONVERTER_KIND,
+                                pack=False, shuffle=False, seed=0, repeat=False,
+                                drop_remainder=False)
+    return _first_rows(it, num_examples)
+
+
+def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int],
+                 batch_size: int) -> Iterator[Batch]:
+    """Batches of INPUT_FILE (see the module docstring)."""
+    from t5lite.inference.predict import tokenized_file
+    lengths = {k: int(v) for k, v in feature_lengths.items() if v}
+    if Path(path).suffix in (".jsonl", ".json"):
+        if set(lengths) != {"inputs", "targets"}:
+            raise ConfigError(f"TASK_FEATURE_LENGTHS needs 'inputs' and 'targets' for the "
+                              f"inputs -> targets pairs of {path}, got {dict(feature_lengths)}")
+        examples = tokenized_file(path, "score", vocabulary, lengths, model)
+        for chunk in _chunks(examples, batch_size):
+            yield model.inference_batch([ex["inputs_ids"] for ex in chunk], lengths,
+                                        [ex["targets_ids"] for ex in chunk])
+        return
+    if model.FEATURE_CONVERTER_KIND != "decoder_only":
+        raise ConfigError(f"INPUT_FILE {path} is plain text: an encoder-decoder model needs "
+                          f"inputs and targets, give a .jsonl file with both fields")
+    if "targets" not in lengths:
+        raise ConfigError(f"TASK_FEATURE_LENGTHS needs a 'targets' length (the sequence "
+                          f"length), got {dict(feature_lengths)}")
+    lm = {"inputs": 0, "targets": lengths["targets"]}
+    with open(path, encoding="utf-8") as f:
+        lines = (line.rstrip("\n") for line in f)
+        sequences = ([int(t) for t in vocabulary.encode(line)][:lm["targets"] - 1] + [EOS_ID]
+                     for line in lines if line.strip())
+        for chunk in _chunks(sequences, batch_size):
+            yield model.inference_batch([[] for _ in chunk], lm, chunk)
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def _first_rows(batches: Iterable[Batch], limit: Optional[int]) -> Iterator[Batch]:
+    left = limit
+    for batch in batches:
+        if left is not None:
+            if left <= 0:
+                return
+            batch = {k: v[:left] for k, v in batch.items()}
+            left -= len(batch["decoder_loss_weights"])
+        yield batch
