@@ -1,5 +1,6 @@
 """`python -m t5lite.convert`: convert a local Hugging Face model directory into a t5lite
-checkpoint (wiring only; the library is `t5lite.interop.convert`).
+checkpoint, or a t5lite checkpoint (a finetuned MODEL_DIR) back into one (wiring only; the
+library is `t5lite.interop.convert`).
 
     python -m t5lite.convert --from=hf --input=HF_DIR --output=CKPT_DIR \\
         [--fuse_qkv] [--scan_layers] [--dtype=bfloat16]
@@ -9,8 +10,15 @@ matching architecture. Use them as::
 
     --gin_file=CKPT_DIR/model.gin --gin.INITIAL_CHECKPOINT_PATH=\\"CKPT_DIR\\"
 
+    python -m t5lite.convert --to=hf --input=MODEL_DIR --output=HF_DIR \\
+        --gin_file=CKPT_DIR/model.gin [--gin.NAME=VALUE ...]
+
+Writes HF_DIR/config.json and model.safetensors from MODEL_DIR's latest complete step,
+read as the model the gin files bind (transformers' `from_pretrained(HF_DIR)` loads it).
+
 Bad input (missing directory, pickle-only weights, unsupported model, a non-empty
-output directory) prints one `error: ...` line and exits with status 2.
+output directory, a checkpoint of another model) prints one `error: ...` line and exits
+with status 2.
 """
 from __future__ import annotations
 
@@ -18,31 +26,53 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from t5lite.config import flags
+from t5lite.errors import ConfigError
 from t5lite.interop import convert
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m t5lite.convert",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--from", dest="source", required=True, choices=["hf"],
-                   help="input format: hf = local Hugging Face directory (safetensors)")
+    way = p.add_mutually_exclusive_group(required=True)
+    way.add_argument("--from", dest="source", choices=["hf"],
+                     help="hf: a local Hugging Face directory (safetensors) into a t5lite "
+                          "checkpoint")
+    way.add_argument("--to", dest="target", choices=["hf"],
+                     help="hf: a t5lite checkpoint (MODEL_DIR) into a Hugging Face directory")
     p.add_argument("--input", required=True, help="input model directory")
-    p.add_argument("--output", required=True, help="new (or empty) checkpoint directory")
+    p.add_argument("--output", required=True, help="new (or empty) output directory")
     p.add_argument("--fuse_qkv", action="store_true", help="store fused QKV kernels")
     p.add_argument("--scan_layers", action="store_true", help="store scanned layer stacks")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
                    help="activation dtype bound in model.gin (parameters stay float32)")
     p.add_argument("--step", type=int, default=0, help="checkpoint step number (default 0)")
-    return p
+    return flags.add_gin_flags(p)  # --to=hf: the model's gin file(s), e.g. CKPT_DIR/model.gin
+
+
+def _export(args) -> str:
+    from t5lite.config import parsing
+    if not args.gin_file:
+        raise ValueError("--to=hf needs the model's gin file: --gin_file=CKPT_DIR/model.gin "
+                         "(the one t5lite.convert wrote) or configs/models/...")
+    parsing.parse_gin(args.gin_file, args.gin_bindings,
+                      extra_search_paths=[d for ds in args.gin_search_paths
+                                          for d in ds.split(",") if d])
+    model = parsing.resolve_macro("MODEL")
+    out = convert.export_hf(args.input, args.output, model)
+    return f"wrote {out / 'config.json'} and {out / 'model.safetensors'}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = flags.parse_flags(_parser(), argv)
+        if args.target:
+            print(_export(args))
+            return 0
         out = convert.convert_hf(args.input, args.output, fuse_qkv=args.fuse_qkv,
                                  scan_layers=args.scan_layers, dtype=args.dtype,
                                  step=args.step)
-    except (ValueError, OSError) as e:  # OSError covers FileNotFound / FileExists
+    except (ValueError, OSError, ConfigError) as e:  # OSError: FileNotFound / FileExists
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"wrote {out / 'checkpoints' / str(args.step) / 'params'} and "

@@ -89,3 +89,24 @@ def test_vocab_cli_imports_no_tensorflow():
             "t5lite.data.settings, t5lite.data.demo_corpus")
     _, imported = th.imports_after(code, ("tensorflow", "seqio", "t5", "tensorflow_datasets"))
     assert imported == []
+
+
+def test_a_tokenizer_with_other_special_ids_is_refused_in_one_line(tmp_path):
+    """SentencePiece's defaults are LLaMA's (unk 0, BOS 1, EOS 2, no pad): the tasks would
+    pad and start with unk and end with BOS, and decoding would stop at BOS."""
+    import io
+    import sentencepiece as spm
+    from t5lite.data import vocabularies
+    from t5lite.errors import VocabularyError
+    text = demo_corpus.write_text(str(tmp_path / "notes.txt"), lines=400, seed=3)
+    model = io.BytesIO()
+    with open(text) as f:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(f.read().splitlines()),
+                                       model_writer=model, vocab_size=200, minloglevel=2)
+    path = tmp_path / "llama_style.model"
+    path.write_bytes(model.getvalue())
+    with pytest.raises(VocabularyError) as e:
+        vocabularies.get_vocabulary(str(path))
+    message = str(e.value)
+    assert "\n" not in message and "pad -1, EOS 2, unk 0, BOS 1" in message, message
+    assert "not supported yet" in message

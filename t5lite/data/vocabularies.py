@@ -25,6 +25,7 @@ tf = import_tensorflow()
 import seqio  # noqa: E402  (after TensorFlow is set up)
 
 EXTRA_IDS = 100
+PAD_ID, EOS_ID = 0, 1  # T5's (and seqio's) convention: BOS is the padding id 0
 PUBLIC_T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FILES "
               "--vocab_size=32000 --output=spm.model`")
@@ -52,11 +53,21 @@ def _check_model_file(path: str, where: str) -> None:
     import sentencepiece as spm
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
-            spm.SentencePieceProcessor(model_proto=f.read())
+            sp = spm.SentencePieceProcessor(model_proto=f.read())
     except Exception as e:  # noqa: BLE001 - DecodeError, RuntimeError, OSError: all "not a model"
         raise VocabularyError(f"vocabulary file {path!r} ({where}) is not a SentencePiece "
                               f"model (it does not load as one: {type(e).__name__}); point "
                               f"VOCABULARY_PATH at a .model file, or {TRAIN_HINT}") from None
+    # The tasks, the feature converters (BOS = padding = 0) and decoding (stop at 1) use
+    # T5's special ids; another tokenizer's (LLaMA's: unk 0, BOS 1, EOS 2) would train
+    # and decode silently wrong
+    if (sp.pad_id(), sp.eos_id()) != (PAD_ID, EOS_ID):
+        raise VocabularyError(
+            f"vocabulary file {path!r} ({where}) uses other special ids (pad "
+            f"{sp.pad_id()}, EOS {sp.eos_id()}, unk {sp.unk_id()}, BOS {sp.bos_id()}) than "
+            f"T5's (pad 0, EOS 1), which t5lite's tasks and decoding use; LLaMA-style "
+            f"tokenizers are not supported yet — use a T5-style SentencePiece model, or "
+            f"{TRAIN_HINT}")
 
 
 class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):

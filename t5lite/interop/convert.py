@@ -1,13 +1,22 @@
-"""Convert a local Hugging Face model directory into a t5lite checkpoint (the library of
-`python -m t5lite.convert`):
+"""Convert between a local Hugging Face model directory and a t5lite checkpoint (the
+library of `python -m t5lite.convert`):
 
     python -m t5lite.convert --from=hf --input=HF_DIR --output=CKPT_DIR \\
         [--fuse_qkv] [--scan_layers] [--dtype=bfloat16]
 
-Writes CKPT_DIR/checkpoints/0/params (Orbax, see `t5lite.interop.checkpoint_format`) and
+writes CKPT_DIR/checkpoints/0/params (Orbax, see `t5lite.interop.checkpoint_format`) and
 CKPT_DIR/model.gin, which binds MODEL to the matching architecture. Use them as::
 
     --gin_file=CKPT_DIR/model.gin --gin.INITIAL_CHECKPOINT_PATH=\\"CKPT_DIR\\"
+
+and back, after training or finetuning (`export_hf`):
+
+    python -m t5lite.convert --to=hf --input=MODEL_DIR --output=HF_DIR \\
+        --gin_file=CKPT_DIR/model.gin [--gin.NAME=VALUE ...]
+
+writes HF_DIR/config.json and model.safetensors (float32) from the parameters of
+MODEL_DIR's latest complete step (or a step directory, or a converted checkpoint), read
+as the model the gin files bind.
 
 Bad input (missing directory, pickle-only weights, unsupported model, a non-empty
 output directory) raises ValueError / OSError with a one-line message.
@@ -17,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Optional
+
+import jax
 
 from t5lite.interop import checkpoint_format, hf
 from t5lite.models.model import model_for_config
@@ -58,13 +69,18 @@ def model_gin(cfg, source: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
-               scan_layers: bool = False, dtype: Optional[str] = None, step: int = 0) -> Path:
-    """Library form of the CLI; returns the output directory."""
+def _new_output(output_dir: str) -> Path:
     out = Path(output_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--output={out} exists and is not an empty directory; "
                               "choose a new path")
+    return out
+
+
+def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
+               scan_layers: bool = False, dtype: Optional[str] = None, step: int = 0) -> Path:
+    """Library form of the CLI's --from=hf; returns the output directory."""
+    out = _new_output(output_dir)
     overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
     if dtype:
         overrides["dtype"] = dtype
@@ -72,3 +88,18 @@ def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
     checkpoint_format.save_params(out, variables, step=step)
     (out / GIN_NAME).write_text(model_gin(model.config, f" from {Path(input_dir).absolute()}"))
     return out
+
+
+def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
+    """The parameters at `checkpoint_path` (a MODEL_DIR's latest complete step, a step
+    directory or a converted checkpoint), read as `model`, written as a Hugging Face
+    directory (`hf.save_pretrained`). Returns the output directory."""
+    from t5lite.runtime import checkpoints
+    out = _new_output(output_dir)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+        model.abstract_variables()["params"])
+    params = checkpoints.restore_params_for_finetuning(checkpoint_path, model,
+                                                       {"params": abstract}, what="--input")
+    return hf.save_pretrained(model, params, out)
