@@ -7,6 +7,8 @@ computed here from the model's logits over the answer positions the examples def
 unpacked."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -36,8 +38,7 @@ def _convert(pack):
             "targets": tf.TensorSpec([None], tf.int32)})
     converter = pipeline.feature_converter("decoder_only", pack, with_inputs=True)
     rows = list(converter(ds, LENGTHS).as_numpy_iterator())
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]
-            if k not in pipeline.UNREAD_FEATURES}
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 def _row(*tokens, width=15):
@@ -54,6 +55,9 @@ def test_the_converter_joins_prompt_and_answer_with_the_loss_on_the_answer():
                                   [_row(0, 7, 8, 5, 1, 3, 9, 1), _row(0, 8, 4, 9, 3, 1, 4, 1)])
     np.testing.assert_array_equal(plain["decoder_loss_weights"],
                                   [_row(0, 0, 0, 0, 1, 1, 1), _row(0, 0, 0, 0, 0, 1, 1)])
+    # the prompt (BOS and the inputs), read by a bidirectional-prefix model
+    np.testing.assert_array_equal(plain["decoder_causal_attention"],
+                                  [_row(1, 1, 1, 1, 1), _row(1, 1, 1, 1, 1, 1)])
     packed = _convert(pack=True)
     np.testing.assert_array_equal(packed["decoder_target_tokens"],
                                   [_row(7, 8, 5, 1, 3, 9, 1, 8, 4, 9, 3, 1, 4, 1)])
@@ -65,6 +69,8 @@ def test_the_converter_joins_prompt_and_answer_with_the_loss_on_the_answer():
                                   [_row(1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2)])
     np.testing.assert_array_equal(packed["decoder_positions"],
                                   [_row(0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6)])
+    np.testing.assert_array_equal(packed["decoder_causal_attention"],
+                                  [_row(1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1)])
 
 
 def _log_softmax(x):
@@ -108,7 +114,8 @@ def test_a_decoder_only_iterator_reads_mnli_as_prompt_then_label(mnli, pack):
                                 model_kind="decoder_only", pack=pack, shuffle=False, seed=0)
     assert it.sequence_lengths == {"targets": 72}
     batch = next(it)
-    expected = {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"}
+    expected = {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
+                "decoder_causal_attention"}
     assert set(batch) == expected | ({"decoder_segment_ids", "decoder_positions"}
                                      if pack else set())
     assert batch["decoder_target_tokens"].shape[1] == 72
@@ -123,3 +130,61 @@ def test_a_decoder_only_iterator_reads_mnli_as_prompt_then_label(mnli, pack):
             joined = list(ex["inputs"]) + list(ex["targets"])
             np.testing.assert_array_equal(row[:len(joined)], joined)
             assert not row[len(joined):].any()
+
+
+LLAMA_PREFIX = dataclasses.replace(LLAMA_TINY, bidirectional_prefix=True)
+
+
+def test_a_bidirectional_prefix_sees_its_whole_prompt_and_nothing_else_changes():
+    """bidirectional_prefix: a prompt position reads later prompt tokens (off: it does
+    not); answer positions stay causal; packed segments stay apart."""
+    for cfg, both_ways in ((LLAMA_TINY, False), (LLAMA_PREFIX, True)):
+        model = DecoderOnlyModel(cfg, z_loss=0.0)
+        params = model.init(jax.random.PRNGKey(0))
+        logits = jax.jit(model.logits)
+        for pack in (False, True):
+            batch = _convert(pack)
+            base = np.asarray(logits(params, batch))
+            later_prompt = {**batch, "decoder_input_tokens":
+                            batch["decoder_input_tokens"].copy()}
+            later_prompt["decoder_input_tokens"][0, 3] = 11  # row 0's prompt: positions 0-4
+            moved = np.abs(np.asarray(logits(params, later_prompt)) - base).max(-1)[0]
+            assert (moved[:3] > 1e-6).any() == both_ways, (cfg.bidirectional_prefix, pack)
+            assert moved[3:].max() > 1e-6
+            later_answer = {**batch, "decoder_input_tokens":
+                            batch["decoder_input_tokens"].copy()}
+            later_answer["decoder_input_tokens"][0, 6] = 11  # row 0's answer
+            moved = np.abs(np.asarray(logits(params, later_answer)) - base).max(-1)[0]
+            assert moved[:6].max() == 0.0 and moved[6] > 1e-6
+            if pack:  # the second segment (positions 7-13) sees nothing of the first
+                assert moved[7:].max() == 0.0
+
+
+def _greedy_without_cache(logits, prompt, new_tokens, width=16):
+    """Full forward passes over the growing sequence, the prompt (BOS + inputs) marked,
+    right-padded to `width` (unmarked padding is read by no earlier position)."""
+    seq, out = [0] + list(prompt), []
+    for _ in range(new_tokens):
+        tokens, marked = np.zeros((1, width), np.int32), np.zeros((1, width), np.int32)
+        tokens[0, :len(seq)] = seq
+        marked[0, :len(prompt) + 1] = 1
+        token = int(np.argmax(np.asarray(logits(tokens, marked))[0, len(seq) - 1]))
+        out.append(token)
+        if token == 1:
+            break
+        seq.append(token)
+    return out + [0] * (new_tokens - len(out))
+
+
+def test_decoding_a_bidirectional_prefix_with_the_cache_equals_full_passes():
+    from t5lite.models import features
+    model = DecoderOnlyModel(LLAMA_PREFIX)
+    params = model.init(jax.random.PRNGKey(1))
+    prompts = [ex["inputs"] for ex in EXAMPLES] + [[5, 1]]
+    batch = features.decoder_only_features(prompts, {"inputs": 6, "targets": 5})
+    tokens = np.asarray(model.predict_batch(params, batch, max_decode_length=5))
+    logits = jax.jit(lambda t, m: model.logits(params, {"decoder_input_tokens": t,
+                                                        "decoder_target_tokens": t,
+                                                        "decoder_causal_attention": m}))
+    for row, prompt in zip(tokens, prompts):
+        assert row.tolist() == _greedy_without_cache(logits, prompt, 5)

@@ -12,9 +12,10 @@ position.
 Batches carry the T5X feature-converter names (seqio.EncDecFeatureConverter,
 seqio.LMFeatureConverter, or for a decoder-only model on an inputs -> targets task
 seqio.PrefixLMFeatureConverter: prompt then answer in one sequence of inputs + targets
-tokens, loss weights on the answer only; packed or not): encoder_input_tokens,
-decoder_input_tokens, decoder_target_tokens, decoder_loss_weights (float32), and when
-packed {encoder,decoder}_segment_ids and {encoder,decoder}_positions. Tokens are int32.
+tokens, loss weights on the answer only, decoder_causal_attention 1 on the prompt;
+packed or not): encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+decoder_loss_weights (float32), and when packed {encoder,decoder}_segment_ids and
+{encoder,decoder}_positions. Tokens are int32.
 
 Sharding: process i of P reads shard i of P of the task (seqio.ShardInfo): its own files
 when the source has at least P of them, else every P-th record; the shards are disjoint
@@ -83,10 +84,6 @@ def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False
             return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True)
         return seqio.LMFeatureConverter(pack=pack)
     raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-
-
-# What the prefix-LM converter adds that no model reads yet (a bidirectional prefix)
-UNREAD_FEATURES = ("decoder_causal_attention",)
 
 
 def has_inputs(provider) -> bool:
@@ -221,8 +218,6 @@ class SeqioIterator:
         self.position += 1
         out = {}
         for k, v in batch.items():
-            if k in UNREAD_FEATURES:
-                continue
             out[k] = v.astype(np.float32) if k == "decoder_loss_weights" else \
                 v.astype(np.int32, copy=False)
         return out

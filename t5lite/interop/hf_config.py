@@ -191,6 +191,8 @@ def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
         problems.append(f"norm_type={cfg.norm_type!r} (needs 'rms')")
     if cfg.position_embedding != "rope":
         problems.append(f"position_embedding={cfg.position_embedding!r} (needs 'rope')")
+    if cfg.bidirectional_prefix:
+        problems.append("bidirectional_prefix=True (a LLaMA is causal throughout)")
     if len(acts) != 2 or acts[1] != "linear" or acts[0] not in _ACT_TO_HF:
         problems.append(f"mlp_activations={acts} (needs (ACT, 'linear'))")
     if problems:

@@ -120,6 +120,10 @@ class DecoderConfig:
     use_bias: bool = False  # biases on every projection (GPT)
     tie_embeddings: bool = False
     dropout_rate: float = 0.0
+    # prefix LM (a task's inputs then targets in one sequence): the inputs attend to each
+    # other both ways, as T5X's decoder_causal_attention does; off: causal throughout
+    # (GPT, LLaMA). Needs attention_impl 'xla'
+    bidirectional_prefix: bool = False
     # switches
     dtype: str = "bfloat16"
     fuse_qkv: bool = False
@@ -141,6 +145,10 @@ class DecoderConfig:
         if self.position_embedding not in ("rope", "learned"):
             raise ValueError(
                 f"position_embedding must be 'rope' or 'learned', got {self.position_embedding!r}")
+        if self.bidirectional_prefix and self.attention_impl != "xla":
+            raise ValueError(f"bidirectional_prefix needs attention_impl 'xla' (the fused "
+                             f"kernels take causal or padding masks only), got "
+                             f"{self.attention_impl!r}")
 
     @property
     def kv_heads(self) -> int:

@@ -90,24 +90,37 @@ class DecoderOnly(nn.Module):
                  decoder_target_tokens: Optional[Array] = None,
                  decoder_segment_ids: Optional[Array] = None,
                  decoder_positions: Optional[Array] = None,
+                 decoder_causal_attention: Optional[Array] = None,
                  deterministic: bool = True, decode: bool = False,
                  max_decode_length: Optional[int] = None) -> Array:
         """decode=True (with mutable "cache"): incremental decoding against a KV cache of
         `max_decode_length` slots; the tokens sit at `decoder_positions` (default
         0..length-1; consecutive within a row). The first call, without a cache, must
         pass length == max_decode_length: it creates the (zero) cache. Segment ids are
-        ignored when decoding."""
+        ignored when decoding. decoder_causal_attention [batch, length]: 1 on a prefix-LM
+        sequence's prompt positions (BOS and inputs), read when the config's
+        `bidirectional_prefix` is on: those positions then attend to each other both ways
+        (in decoding, pass it with the prompt block that fills the cache)."""
         del decoder_target_tokens  # no padding mask needed: see the module docstring
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
                                                  (batch, length))
+        prefix = (decoder_causal_attention > 0
+                  if c.bidirectional_prefix and decoder_causal_attention is not None else None)
         if decode:
-            mask = decode_mask(decoder_positions, max_decode_length or length)
+            slots = max_decode_length or length
+            mask = decode_mask(decoder_positions, slots)
+            if prefix is not None:  # the prompt block: its keys sit at slots 0..length-1
+                keys = jnp.pad(prefix, ((0, 0), (0, slots - length)))
+                mask = mask | (prefix[:, None, :, None] & keys[:, None, None, :])
         else:
             valid = jnp.ones((batch, length), bool)
             mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
+            if prefix is not None:
+                mask = mask | attention_mask(prefix, prefix, False, decoder_segment_ids,
+                                             decoder_segment_ids)
         x = self.token_embedder(lay.to_internal(decoder_input_tokens))
         positions = lay.to_internal(decoder_positions)
         if c.position_embedding == "learned":

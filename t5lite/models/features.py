@@ -53,7 +53,9 @@ def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str
     Without targets (predict): decoder_input_tokens [rows, inputs + 1] = BOS + prompt and
     decoder_prompt_lengths [rows]. With targets (score): decoder_target_tokens
     [rows, inputs + targets] = prompt + target, decoder_input_tokens (shifted right, BOS
-    0) and decoder_loss_weights 1 on the target tokens only."""
+    0), decoder_loss_weights 1 on the target tokens only and decoder_causal_attention 1 on
+    BOS and the prompt (seqio.PrefixLMFeatureConverter's, read by a bidirectional-prefix
+    model)."""
     keep = lengths["inputs"]
     prompts = [list(p)[-keep:] if keep > 0 else [] for p in prompts]
     if targets is None:
@@ -63,14 +65,16 @@ def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str
     width = lengths["inputs"] + lengths["targets"]
     tgt, weights = np.zeros((len(prompts), width), np.int32), np.zeros((len(prompts), width),
                                                                       np.float32)
+    prompt = np.zeros((len(prompts), width), np.int32)
     for i, (p, t) in enumerate(zip(prompts, targets)):
         t = list(t)[: lengths["targets"]]
         tgt[i, :len(p) + len(t)] = p + t
         weights[i, len(p):len(p) + len(t)] = 1.0
+        prompt[i, :len(p) + 1] = 1  # BOS and the prompt: a prefix LM's inputs
     dec_in = np.zeros_like(tgt)
     dec_in[:, 1:] = tgt[:, :-1]
     return {"decoder_target_tokens": tgt, "decoder_input_tokens": dec_in,
-            "decoder_loss_weights": weights}
+            "decoder_loss_weights": weights, "decoder_causal_attention": prompt}
 
 
 def tokenize(vocabulary, text: str, length: int) -> List[int]:

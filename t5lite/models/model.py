@@ -312,7 +312,7 @@ class DecoderOnlyModel(BaseModel):
     """GPT / LLaMA-style decoder-only language model (`DecoderConfig`)."""
 
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
-                "decoder_positions")
+                "decoder_positions", "decoder_causal_attention")
     FEATURE_CONVERTER_KIND = "decoder_only"
 
     def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
@@ -359,18 +359,21 @@ class DecoderOnlyModel(BaseModel):
         beams = spec.num_beams
         rows = decoding.repeat_beams(prompts, beams) if beams > 1 else prompts
 
-        def run(tokens, cache, positions=None):
+        def run(tokens, cache, positions=None, prompt=None):
             variables = dict(params) if cache is None else {**params, "cache": cache}
             logits, new = module.apply(variables, tokens, decoder_positions=positions,
-                                       decode=True, max_decode_length=total,
-                                       mutable=["cache"])
+                                       decoder_causal_attention=prompt, decode=True,
+                                       max_decode_length=total, mutable=["cache"])
             return logits, new["cache"]
 
         _, cache = run(jnp.zeros((rows.shape[0], total), jnp.int32), None)  # zero cache
         # Prefill: the whole padded prompt block at positions 0..P-1. Slots past a row's
         # prompt hold padding; they are masked (causal) until decoding overwrites them.
-        _, cache = run(rows, cache, jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
-                                                     rows.shape))
+        # With a bidirectional prefix the prompt's own positions see each other both ways,
+        # as in its prefix-LM training sequence.
+        block = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), rows.shape)
+        row_lengths = decoding.repeat_beams(lengths, beams) if beams > 1 else lengths
+        _, cache = run(rows, cache, block, (block < row_lengths[:, None]).astype(jnp.int32))
 
         def tokens_to_logits(tokens, cache, index):
             logits, cache = run(tokens, cache, index[:, None])
