@@ -134,6 +134,29 @@ def test_eval_mnli_metrics_match_predictions_and_predict_batch(setup, tmp_path):
     assert tb["mnli/accuracy"] == [(7, pytest.approx(acc))]
 
 
+def test_eval_perplexity_of_t5_is_exp_of_the_hand_computed_mean_target_loss(setup, tmp_path):
+    """MODE 'perplexity' on an encoder-decoder: every target token (EOS included) of the
+    split, each example's logits taken by one unpadded forward pass here."""
+    from t5lite.data import tasks
+    out = tmp_path / "out"
+    assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.MODE='perplexity'",
+                 "--gin.SPLIT='validation_matched'") == 0
+    got = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]
+    examples = list(tasks.get_provider("mnli").get_dataset(
+        LENGTHS, split="validation_matched", shuffle=False).as_numpy_iterator())
+    total, count = 0.0, 0
+    for ex in examples:
+        batch = features.encdec_features([list(ex["inputs"])], LENGTHS, [list(ex["targets"])])
+        logits = np.asarray(setup["model"].logits(setup["variables"], batch), np.float64)[0]
+        logits -= logits.max(-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        total -= sum(logp[i, t] for i, t in enumerate(ex["targets"]))
+        count += len(ex["targets"])
+    assert got["tokens"] == count and got["examples"] == DEV
+    assert got["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert got["perplexity"] == pytest.approx(np.exp(total / count), rel=1e-5)
+
+
 def test_eval_accuracy_counts_correct_rows_only(setup, tmp_path, monkeypatch):
     """A model that always answers "entailment": accuracy is the share of entailment
     pairs, whatever the padding of the last batch."""

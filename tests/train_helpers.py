@@ -125,14 +125,28 @@ def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
                timeout=timeout)
 
 
+# A Python child started through this trampoline has Ctrl-C and SIGHUP at their default
+# dispositions, as a run started from a terminal has them, whatever this test process
+# inherited (`nohup` ignores SIGHUP, a shell's `&` ignores SIGINT; ignored dispositions
+# survive exec, and the training loop rightly keeps a signal its process was started
+# ignoring). exec keeps the process id, so signals sent to the Popen reach the run.
+_DEFAULT_SIGNALS = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                    "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+
+
 def start(cmd: Sequence[str], log_path: PathLike, devices: int = 1,
           cwd: Optional[PathLike] = None, extra_env: Optional[Mapping[str, str]] = None
           ) -> subprocess.Popen:
     """Start `cmd` in the background; stdout and stderr go to `log_path` (poll it with
-    `read_log`). The caller must `finish` or `kill` it."""
+    `read_log`). The caller must `finish` or `kill` it. A Python `cmd` starts with SIGINT
+    and SIGHUP at their defaults (the signal tests send them)."""
+    cmd = list(cmd)
+    if cmd and cmd[0] == sys.executable:
+        cmd = [sys.executable, "-c", _DEFAULT_SIGNALS] + cmd[1:]
     log = open(log_path, "w")
     try:
-        return subprocess.Popen(list(cmd), env=env(devices, extra_env),
+        return subprocess.Popen(cmd, env=env(devices, extra_env),
                                 cwd=str(cwd or _outside()), stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
     finally:

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 MODES = ("decode", "perplexity")
 
 
-def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str], output_dir: str,
-             task_feature_lengths: Mapping[str, int], batch_size: int,
+def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str],
+             output_dir: str, task_feature_lengths: Mapping[str, int], batch_size: int,
              split: str = "validation", num_examples: Optional[int] = None,
              decoding: Optional[DecodingSettings] = None,
              mesh: Optional[MeshSettings] = None,
