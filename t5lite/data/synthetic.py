@@ -98,10 +98,15 @@ class SyntheticTask:
         self.targets_length = _check_positive_int("feature_lengths['targets']",
                                                   lengths["targets"])
 
+    @property
+    def feature_lengths(self) -> Dict[str, int]:
+        """The widths of its batches: {"inputs", "targets"} or {"targets"}."""
+        if self.kind == ENCODER_DECODER:
+            return {"inputs": self.inputs_length, "targets": self.targets_length}
+        return {"targets": self.targets_length}
+
     def __repr__(self) -> str:
-        lengths = ({"inputs": self.inputs_length, "targets": self.targets_length}
-                   if self.kind == ENCODER_DECODER else {"targets": self.targets_length})
-        return (f"SyntheticTask({lengths}, vocab_size={self.vocab_size}, "
+        return (f"SyntheticTask({self.feature_lengths}, vocab_size={self.vocab_size}, "
                 f"kind={self.kind!r}, seed={self.seed})")
 
     # -- shapes -------------------------------------------------------------------------
@@ -173,9 +178,7 @@ class SyntheticIterator:
         host_rows(batch_size, process_index, process_count)  # validate early
         self.task = task
         self.batch_size = batch_size
-        self.sequence_lengths = ({"inputs": task.inputs_length, "targets": task.targets_length}
-                                 if task.kind == ENCODER_DECODER
-                                 else {"targets": task.targets_length})  # the batches' widths
+        self.sequence_lengths = task.feature_lengths  # the batches' widths
         self.process_index = process_index
         self.process_count = process_count
         self.step = int(start_step)

@@ -18,6 +18,7 @@ import functools
 from typing import Optional
 
 from t5lite.data import settings
+from t5lite.data.vocab_training import EOS_ID, PAD_ID  # T5's: BOS is the padding id 0
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import VocabularyError
 
@@ -25,7 +26,6 @@ tf = import_tensorflow()
 import seqio  # noqa: E402  (after TensorFlow is set up)
 
 EXTRA_IDS = 100
-PAD_ID, EOS_ID = 0, 1  # T5's (and seqio's) convention: BOS is the padding id 0
 PUBLIC_T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FILES "
               "--vocab_size=32000 --output=spm.model`")

@@ -83,8 +83,10 @@ def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, 
         if not Path(input_file).is_file():
             raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
         from t5lite.data import vocabularies
-        batches = perplexity.file_batches(model, input_file, vocabularies.get_vocabulary(),
-                                          task_feature_lengths, batch_size)
+        vocab = vocabularies.get_vocabulary()
+        model.check_vocabulary(vocab)  # before restoring (the batches are read lazily)
+        batches = perplexity.file_batches(model, input_file, vocab, task_feature_lengths,
+                                          batch_size)
         name, split = Path(input_file).name, None
     else:
         edge.check_split(tasks, name, split)  # fail before restoring

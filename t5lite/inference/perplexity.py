@@ -59,6 +59,7 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
                                 batch_size=batch_size, model_kind=model.FEATURE_CONVERTER_KIND,
                                 pack=False, shuffle=False, seed=0, repeat=False,
                                 drop_remainder=False)
+    model.check_vocabulary(it.vocabulary)
     return _first_rows(it, num_examples)
 
 

@@ -128,7 +128,7 @@ def _count_lines_readonly(path: Path) -> int:
 # ----------------------------------------------------------------------------- inputs
 
 
-def has_text(path: Path) -> bool:
+def _has_text(path: Path) -> bool:
     """Whether the file holds anything but whitespace (read a block at a time)."""
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 16), b""):
@@ -137,7 +137,7 @@ def has_text(path: Path) -> bool:
     return False
 
 
-def file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
+def _file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
     """{"inputs": text[, "targets": text]} per record of a jsonl file (by extension
     .jsonl / .json) or per line of a text file."""
     p = Path(path)
@@ -175,7 +175,7 @@ def tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int],
                     model) -> Iterator[Dict[str, Any]]:
     """Each example with its token ids, as the model reads inference text
     (`model.inference_ids`)."""
-    for ex in file_examples(path, mode):
+    for ex in _file_examples(path, mode):
         out = dict(ex, inputs_ids=model.inference_ids(vocabulary, ex["inputs"],
                                                       lengths["inputs"]))
         if "targets" in ex:
@@ -231,7 +231,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
                           "SPLIT) to say what to run on")
     if input_file and not Path(input_file).is_file():
         raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
-    if input_file and not has_text(Path(input_file)):
+    if input_file and not _has_text(Path(input_file)):
         raise DataError(f"INPUT_FILE {input_file} is empty: there is nothing to {mode}; give "
                         f"it one input a line (text) or one JSON record a line (.jsonl)")
     # one infer per OUTPUT_DIR: two would interleave their lines in one file
@@ -243,10 +243,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
         if input_file:
             from t5lite.data import vocabularies
             vocab = vocabularies.get_vocabulary()
-            if vocab.vocab_size > model.config.vocab_size:
-                raise ConfigError(
-                    f"the vocabulary has {vocab.vocab_size} ids but the model's embedding only "
-                    f"{model.config.vocab_size}; check VOCABULARY_PATH and the model file")
+            model.check_vocabulary(vocab)
             examples = tokenized_file(input_file, mode, vocab, lengths, model)
         else:
             provider = edge.check_split(tasks, mixture_or_task_name, split)

@@ -67,7 +67,6 @@ class TaskEvaluator:
         import seqio
         from t5lite.data import stream_errors
         self.name, self.split = name, split
-        self.feature_lengths = dict(feature_lengths)
         from t5lite.data import pipeline, tasks
         if not pipeline.has_inputs(tasks.get_provider(name)):
             raise ConfigError(f"task {name!r} has no inputs to decode from (a language-"

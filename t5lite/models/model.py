@@ -24,6 +24,7 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     flops_report(...)          the FLOP figures `python -m t5lite.info` shows
     check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
     check_train_lengths(...)   whether its training batches' widths fit it (the same)
+    check_vocabulary(vocab)    whether a vocabulary's ids fit its embedding (the same)
     check_features(names)      whether its network reads batches with these features
     tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
     inference_ids(...)         text -> the token ids of one inference input or target
@@ -199,6 +200,16 @@ class BaseModel:
 
     def check_decode_lengths(self, lengths: Mapping[str, int]) -> None:
         """ConfigError when inference lengths {"inputs", "targets"} do not fit the model."""
+
+    def check_vocabulary(self, vocabulary) -> None:
+        """ConfigError when `vocabulary` (pieces + extra ids: `.vocab_size`) has ids past
+        the model's embedding."""
+        if vocabulary.vocab_size > self.config.vocab_size:
+            raise ConfigError(
+                f"the vocabulary has {vocabulary.vocab_size} ids (pieces + extra ids) but "
+                f"the model's embedding only {self.config.vocab_size}; use a smaller "
+                f"vocabulary (VOCABULARY_PATH) or set the model's vocab_size (e.g. "
+                f"--gin.{type(self.config).__name__}.vocab_size=...)")
 
     def check_train_lengths(self, widths: Mapping[str, int],
                             task_feature_lengths: Mapping[str, int]) -> None:

@@ -193,13 +193,9 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     # with several processes the signals are agreed on from here: one that reaches some
     # of them while they start up must stop them all (after their first step) too
     preempt = _Preemption() if jax.process_count() > 1 else None
+    lock = None
     try:
         lock = hold(model_dir)
-    except BaseException:
-        if preempt is not None:
-            preempt.restore()
-        raise
-    try:
         checkpointing = checkpointing or checkpoints.CheckpointSettings()
         inference_eval = inference_eval or InferenceEvalSettings()
         eval_period = inference_eval.period
@@ -318,7 +314,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     finally:
         if preempt is not None:
             preempt.restore()
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _kept(model_dir: Path) -> str:

@@ -15,7 +15,6 @@ import dataclasses
 from typing import Any, Mapping, Optional, Sequence
 
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError
 from t5lite.runtime import periods, train_step
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
@@ -47,11 +46,7 @@ def make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], bat
                                 batch_size=batch_size, model_kind=kind, pack=pack,
                                 shuffle=True, seed=seed, process_index=process_index,
                                 process_count=process_count)
-    if it.vocabulary.vocab_size > model.config.vocab_size:
-        raise ConfigError(
-            f"the task's vocabulary has {it.vocabulary.vocab_size} ids (pieces + extra ids) "
-            f"but the model's embedding only {model.config.vocab_size}; use a smaller "
-            f"vocabulary or set the model's vocab_size (e.g. --gin.T5Config.vocab_size=...)")
+    model.check_vocabulary(it.vocabulary)
     return it
 
 
