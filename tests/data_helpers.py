@@ -23,6 +23,21 @@ def vocabulary(tmp_path_factory) -> str:
     return _VOCAB["path"]
 
 
+def llama_vocabulary(tmp_path_factory) -> str:
+    """A 400-piece SentencePiece model with LLaMA's conventions (SentencePiece's
+    defaults: unk 0, BOS 1, EOS 2, no padding piece; BPE with byte fallback), trained
+    once per test session."""
+    if "llama" not in _VOCAB:
+        import sentencepiece as spm
+        directory = tmp_path_factory.mktemp("llama_vocab")
+        text = demo_corpus.write_text(str(directory / "corpus.txt"), lines=800, seed=7)
+        spm.SentencePieceTrainer.train(input=text, model_prefix=str(directory / "llama"),
+                                       vocab_size=400, model_type="bpe", byte_fallback=True,
+                                       minloglevel=2)
+        _VOCAB["llama"] = str(directory / "llama.model")
+    return _VOCAB["llama"]
+
+
 def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     """Point the settings at `dirs` (pile_dir=..., mnli_dir=...) through the environment,
     with an empty TFDS data directory unless tfds_data_dir is given; clears any
@@ -31,6 +46,7 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
              "squad_dir": "T5LITE_SQUAD_DIR", "tfds_data_dir": "TFDS_DATA_DIR"}
     for name, env in names.items():
         monkeypatch.delenv(env, raising=False)
+    monkeypatch.delenv("T5LITE_EXTRA_IDS", raising=False)
     empty_tfds = tmp_path / "empty_tfds"
     empty_tfds.mkdir(exist_ok=True)
     monkeypatch.setenv("TFDS_DATA_DIR", str(empty_tfds))

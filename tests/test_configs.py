@@ -188,3 +188,12 @@ def test_a_gin_file_left_open_names_the_line_that_opens(tmp_path, text, line, sh
         parsing.parse_gin([str(path)], finalize=False)
     assert str(e.value) == (f"gin syntax error: a bracket or quote opened here is never "
                             f"closed at {path}:{line}: {shown}")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(eos_id=0), "padding id"), (dict(eos_id=32000), "eos_id must be a token id"),
+    (dict(bos_id=-1), "bos_id must be a token id"), (dict(bos_id=True), "bos_id")])
+def test_special_ids_must_be_token_ids(kwargs, needle):
+    from t5lite.models.configs import DecoderConfig
+    with pytest.raises(ValueError, match=needle):
+        DecoderConfig(**kwargs)

@@ -1,8 +1,11 @@
-"""The Hugging Face round trip of a finetuned decoder-only model: a transformers Llama
-(random, safetensors) -> `t5lite.convert --from=hf` -> `t5lite.train` with
-configs/finetune_mnli.gin from it -> `t5lite.convert --to=hf` of the finetuned MODEL_DIR
--> transformers loads it and gives the logits t5lite gives with the finetuned training
-state (float32, max |difference| <= 1e-4 over real positions)."""
+"""The Hugging Face round trip of a finetuned decoder-only model with LLaMA's own kind of
+tokenizer: a transformers Llama (random, safetensors; BOS 1, EOS 2) -> `t5lite.convert
+--from=hf` (its model.gin carries bos_id 1 / eos_id 2) -> `t5lite.train` with
+configs/finetune_mnli.gin from it, on a LLaMA-style SentencePiece model (unk 0, BOS 1,
+EOS 2) with EXTRA_IDS=0, evaluating by decoding -> `t5lite.convert --to=hf` of the
+finetuned MODEL_DIR -> transformers loads it (BOS 1, EOS 2) and gives the logits t5lite
+gives with the finetuned training state (float32, max |difference| <= 1e-4 over real
+positions)."""
 from __future__ import annotations
 
 import logging
@@ -18,9 +21,9 @@ import jax  # noqa: E402
 from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
 
 import train_helpers as th  # noqa: E402
-from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
+from data_helpers import data_env, llama_vocabulary, reset_data_settings  # noqa: E402
 
-VOCAB = 512  # the task's 300 pieces + 100 extra ids, padded
+VOCAB = 400  # the tokenizer's pieces, no extra ids (EXTRA_IDS=0)
 TOL = 1e-4
 
 
@@ -29,13 +32,15 @@ def env(tmp_path, monkeypatch, tmp_path_factory):
     transformers.logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     demo_corpus.write_multinli(str(tmp_path / "multinli"), train=16, dev=4)
-    vocab = vocabulary(tmp_path_factory)
+    vocab = llama_vocabulary(tmp_path_factory)
     data_env(monkeypatch, tmp_path, vocab, mnli_dir=tmp_path / "multinli")
     yield dict(vocab=vocab, mnli=tmp_path / "multinli")
     reset_data_settings()
 
 
-def test_a_converted_llama_finetuned_on_mnli_exports_back_with_the_same_logits(env, tmp_path):
+def test_a_converted_llama_finetuned_on_mnli_exports_back_with_the_same_logits(env, tmp_path,
+                                                                             capsys):
+    import json
     from t5lite import convert, train
     torch.manual_seed(0)
     hf_in = tmp_path / "hf_in"
@@ -47,16 +52,23 @@ def test_a_converted_llama_finetuned_on_mnli_exports_back_with_the_same_logits(e
     ckpt, run, hf_out = tmp_path / "ckpt", tmp_path / "run", tmp_path / "hf_out"
     assert convert.main(["--from=hf", f"--input={hf_in}", f"--output={ckpt}",
                          "--dtype=float32"]) == 0
+    model_gin = (ckpt / "model.gin").read_text()
+    assert "DecoderConfig.bos_id = 1" in model_gin and "DecoderConfig.eos_id = 2" in model_gin
     assert train.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/finetune_mnli.gin",
                        f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
                        "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
-                       "--gin.BATCH_SIZE=8", "--gin.TRAIN_STEPS=3", "--gin.EVAL_PERIOD=None",
+                       "--gin.BATCH_SIZE=8", "--gin.TRAIN_STEPS=3", "--gin.EVAL_PERIOD=3",
+                       "--gin.EXTRA_IDS=0",
                        "--gin.CHECKPOINT_PERIOD=3", "--gin.CheckpointSettings.async_save=False",
                        "--gin.adafactor.learning_rate=1e-2",
                        f'--gin.VOCABULARY_PATH="{env["vocab"]}"',
                        f'--gin.MNLI_DIR="{env["mnli"]}"']) == 0
+    evals = [l for l in capsys.readouterr().err.splitlines() if "[inference_eval]" in l]
+    assert len(evals) == 1 and "mnli/accuracy" in evals[0], evals  # decoded and scored
     assert convert.main(["--to=hf", f"--input={run}", f"--output={hf_out}",
                          f"--gin_file={ckpt}/model.gin"]) == 0
+    exported = json.loads((hf_out / "config.json").read_text())
+    assert (exported["bos_token_id"], exported["eos_token_id"]) == (1, 2)
 
     theirs_model = transformers.LlamaForCausalLM.from_pretrained(str(hf_out)).eval()
     before = transformers.LlamaForCausalLM.from_pretrained(str(hf_in)).eval()

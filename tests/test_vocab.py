@@ -91,22 +91,26 @@ def test_vocab_cli_imports_no_tensorflow():
     assert imported == []
 
 
-def test_a_tokenizer_with_other_special_ids_is_refused_in_one_line(tmp_path):
-    """SentencePiece's defaults are LLaMA's (unk 0, BOS 1, EOS 2, no pad): the tasks would
-    pad and start with unk and end with BOS, and decoding would stop at BOS."""
+def test_a_tokenizer_without_eos_is_refused_in_one_line(tmp_path):
+    """Every task sequence ends in the vocabulary's EOS; one without (or with EOS at the
+    padding id 0) cannot train. Other special ids are fine (tests/test_llama_tokenizer.py)."""
     import io
     import sentencepiece as spm
     from t5lite.data import vocabularies
     from t5lite.errors import VocabularyError
     text = demo_corpus.write_text(str(tmp_path / "notes.txt"), lines=400, seed=3)
-    model = io.BytesIO()
-    with open(text) as f:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(f.read().splitlines()),
-                                       model_writer=model, vocab_size=200, minloglevel=2)
-    path = tmp_path / "llama_style.model"
-    path.write_bytes(model.getvalue())
-    with pytest.raises(VocabularyError) as e:
-        vocabularies.get_vocabulary(str(path))
-    message = str(e.value)
-    assert "\n" not in message and "pad -1, EOS 2, unk 0, BOS 1" in message, message
-    assert "not supported yet" in message
+    messages = []
+    for name, ids in (("no_eos", dict(eos_id=-1)),
+                      ("eos_0", dict(eos_id=0, unk_id=1, bos_id=2))):
+        model = io.BytesIO()
+        with open(text) as f:
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(f.read().splitlines()),
+                                           model_writer=model, vocab_size=200, minloglevel=2,
+                                           **ids)
+        path = tmp_path / f"{name}.model"
+        path.write_bytes(model.getvalue())
+        with pytest.raises(VocabularyError) as e:
+            vocabularies.get_vocabulary(str(path))
+        messages.append(str(e.value))
+    assert all("\n" not in m and "EOS above 0" in m for m in messages), messages
+    assert "no EOS piece" in messages[0] and "EOS at id 0" in messages[1], messages

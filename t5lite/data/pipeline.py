@@ -72,17 +72,19 @@ DECODER_ONLY = "decoder_only"
 MODEL_KINDS = (ENCODER_DECODER, DECODER_ONLY)
 
 
-def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False
-                      ) -> seqio.FeatureConverter:
-    """seqio's converter to T5X model features for `model_kind`. A decoder-only model
-    reads an inputs -> targets task as one sequence, prompt then answer, with the loss on
-    the answer only (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
+def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
+                      bos_id: int = 0) -> seqio.FeatureConverter:
+    """seqio's converter to T5X model features for `model_kind`, its decoder inputs
+    starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
+    task as one sequence, prompt then answer, with the loss on the answer only
+    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
     if model_kind == ENCODER_DECODER:
-        return seqio.EncDecFeatureConverter(pack=pack)
+        return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
     if model_kind == DECODER_ONLY:
         if with_inputs:
-            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True)
-        return seqio.LMFeatureConverter(pack=pack)
+            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True,
+                                                  bos_id=bos_id)
+        return seqio.LMFeatureConverter(pack=pack, bos_id=bos_id)
     raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
 
 
@@ -125,7 +127,8 @@ class SeqioIterator:
 
     def __init__(self, name: str, *, split: str, feature_lengths: Mapping[str, int],
                  batch_size: int, model_kind: str, pack: bool, shuffle: bool, seed: int,
-                 process_index: int, process_count: int, start_position: int = 0,
+                 process_index: int, process_count: int, bos_id: int = 0,
+                 start_position: int = 0,
                  repeat: bool = True, drop_remainder: bool = True,
                  shuffle_buffer_size: Optional[int] = None, use_cached: bool = False):
         if model_kind not in MODEL_KINDS:
@@ -140,7 +143,7 @@ class SeqioIterator:
         self.name, self.split = name, split
         self.feature_lengths = _check_lengths(name, self.provider, model_kind, feature_lengths)
         self.batch_size, self.rows = int(batch_size), len(rows)
-        self.model_kind, self.pack = model_kind, bool(pack)
+        self.model_kind, self.pack, self.bos_id = model_kind, bool(pack), int(bos_id)
         self.sequence_lengths = sequence_lengths(model_kind, self.feature_lengths)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.process_index, self.process_count = int(process_index), int(process_count)
@@ -169,8 +172,8 @@ class SeqioIterator:
         if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
             kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
         ds = self.provider.get_dataset(**kwargs)
-        ds = feature_converter(self.model_kind, self.pack, has_inputs(self.provider))(
-            ds, self.feature_lengths)
+        ds = feature_converter(self.model_kind, self.pack, has_inputs(self.provider),
+                               self.bos_id)(ds, self.feature_lengths)
         ds = ds.batch(self.rows, drop_remainder=self.drop_remainder)
         if skip:
             ds = ds.skip(skip)
@@ -226,7 +229,8 @@ class SeqioIterator:
     def _stream(self) -> Dict[str, Any]:
         return {"task": self.name, "split": self.split, "seed": self.seed,
                 "batch_size": self.batch_size, "process_count": self.process_count,
-                "pack": self.pack, "feature_lengths": dict(self.feature_lengths)}
+                "pack": self.pack, "feature_lengths": dict(self.feature_lengths),
+                "bos_id": self.bos_id}
 
     def inputs(self) -> Dict[str, Any]:
         """The vocabulary and data files this stream reads (fingerprinted once)."""
@@ -345,7 +349,7 @@ def make_iterator(task_or_mixture_name: str, *, split: str,
                   feature_lengths: Mapping[str, int], batch_size: int,
                   model_kind: str = ENCODER_DECODER, pack: bool = False, shuffle: bool = True,
                   seed: int = 0, process_index: int = 0, process_count: int = 1,
-                  start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
+                  bos_id: int = 0, start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
                   shuffle_buffer_size: Optional[int] = None,
                   use_cached: bool = False) -> SeqioIterator:
     """This process's iterator over `batch_size // process_count`-row batches of the
@@ -354,6 +358,7 @@ def make_iterator(task_or_mixture_name: str, *, split: str,
     return SeqioIterator(task_or_mixture_name, split=split, feature_lengths=feature_lengths,
                          batch_size=batch_size, model_kind=model_kind, pack=pack,
                          shuffle=shuffle, seed=seed, process_index=process_index,
-                         process_count=process_count, start_position=start_position,
+                         process_count=process_count, bos_id=bos_id,
+                         start_position=start_position,
                          repeat=repeat, drop_remainder=drop_remainder,
                          shuffle_buffer_size=shuffle_buffer_size, use_cached=use_cached)

@@ -8,6 +8,8 @@ dataset is built.
     mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
     tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
+    extra_ids        EXTRA_IDS          T5LITE_EXTRA_IDS (default 100: T5's sentinels;
+                                         0 keeps a tokenizer as it is, e.g. LLaMA's)
 
     demo_dir         DEMO_DATA_DIR      (none: the generated demo corpus, written there
                                          on first use, supplies every path not given)
@@ -27,8 +29,10 @@ SETTINGS: Dict[str, tuple] = {
     "mnli_dir": ("MNLI_DIR", "T5LITE_MNLI_DIR"),
     "squad_dir": ("SQUAD_DIR", "T5LITE_SQUAD_DIR"),
     "tfds_data_dir": ("TFDS_DATA_DIR", "TFDS_DATA_DIR"),
+    "extra_ids": ("EXTRA_IDS", "T5LITE_EXTRA_IDS"),
 }
 DEFAULT_TFDS_DATA_DIR = os.path.join("~", "tensorflow_datasets")
+DEFAULT_EXTRA_IDS = 100
 
 _configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
 
@@ -36,13 +40,15 @@ _configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """The data macros of a run (VOCABULARY_PATH, PILE_DIR, MNLI_DIR, SQUAD_DIR,
-    TFDS_DATA_DIR, DEMO_DATA_DIR); None: the environment variable (or nothing)."""
+    TFDS_DATA_DIR, EXTRA_IDS, DEMO_DATA_DIR); None: the environment variable (or the
+    default)."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
     mnli_dir: Optional[str] = None
     squad_dir: Optional[str] = None
     tfds_data_dir: Optional[str] = None
+    extra_ids: Optional[int] = None
     demo_dir: Optional[str] = None
 
 
@@ -52,7 +58,8 @@ def set_values(**values: Optional[str]) -> None:
     if unknown:
         raise TypeError(f"unknown data setting(s) {unknown}; known: {sorted(SETTINGS)}")
     for name, value in values.items():
-        _configured[name] = None if value in (None, "") else os.fspath(value)
+        _configured[name] = None if value in (None, "") else \
+            str(value) if isinstance(value, int) else os.fspath(value)
 
 
 def reset() -> None:
@@ -68,6 +75,25 @@ def get(name: str) -> Optional[str]:
     if value is None and name == "tfds_data_dir":
         value = DEFAULT_TFDS_DATA_DIR
     return os.path.expanduser(value) if value else None
+
+
+def extra_ids() -> int:
+    """The vocabulary's number of extra ids (sentinels added on top of its pieces);
+    ConfigError unless a whole number >= 0."""
+    value = get("extra_ids")
+    if value is None:
+        return DEFAULT_EXTRA_IDS
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0 or isinstance(value, bool):
+        from t5lite.errors import ConfigError
+        macro, env = SETTINGS["extra_ids"]
+        raise ConfigError(f"{macro} must be a whole number >= 0 (100: T5's sentinels; 0: the "
+                          f"tokenizer as it is, e.g. LLaMA's), got {value!r} "
+                          f"({source_of('extra_ids')}; environment variable {env})")
+    return number
 
 
 def snapshot() -> tuple:

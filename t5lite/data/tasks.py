@@ -12,7 +12,8 @@
                           dev-v1.1.json) or TFDS squad/v1.1
 
 Preprocessing is the t5 package's: span corruption with noise density 0.15 and mean span
-length 3 (sentinels counted down from the top of the vocabulary), `full_lm` for the
+length 3 (sentinels counted down from the top of the vocabulary: its extra ids, refused
+when EXTRA_IDS=0), `full_lm` for the
 language-modeling tasks (EOS only at document ends, documents concatenated and split to
 the targets length), T5's GLUE text format and label words for MNLI ("mnli hypothesis:
 ... premise: ..." -> "entailment" / "neutral" / "contradiction"; accuracy) and its SQuAD
@@ -33,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 from t5lite.data import settings, sources, vocabularies
 from t5lite.data.readers import MNLI_LABELS
 from t5lite.data.tf_env import import_tensorflow
-from t5lite.errors import UnknownTaskError
+from t5lite.errors import DataError, UnknownTaskError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -64,8 +65,19 @@ def _features(vocabulary, inputs: bool) -> Dict[str, seqio.Feature]:
     return out
 
 
+def _needs_sentinels(dataset, output_features):
+    """Span corruption's sentinels are the vocabulary's extra ids: refuse a vocabulary
+    without them (its top pieces would silently stand in)."""
+    if output_features["targets"].vocabulary.extra_ids == 0:
+        raise DataError("span corruption needs sentinel ids, but the vocabulary has no extra "
+                        "ids (EXTRA_IDS=0); set EXTRA_IDS to 100 (T5's), or train a "
+                        "decoder-only model on the *_lm task instead")
+    return dataset
+
+
 def _span_corruption_steps() -> List:
-    return [functools.partial(t5_preprocessors.rekey,
+    return [_needs_sentinels,
+            functools.partial(t5_preprocessors.rekey,
                               key_map={"inputs": None, "targets": "text"}),
             seqio.preprocessors.tokenize,
             seqio.CacheDatasetPlaceholder(),

@@ -1,4 +1,4 @@
-"""The tasks' vocabulary: a SentencePiece model plus 100 extra ids (T5's sentinels).
+"""The tasks' vocabulary: a SentencePiece model plus extra ids (T5's 100 sentinels).
 
 Its path is the `vocabulary_path` setting (gin macro VOCABULARY_PATH, environment variable
 T5LITE_VOCABULARY_PATH; see t5lite/data/settings.py). The public T5 vocabulary is
@@ -11,6 +11,13 @@ cannot be reached, train one from local text:
 With 100 extra ids the vocabulary has `pieces + 100` ids (32100 for 32000 pieces); the
 extra ids count down from the top (`<extra_id_0>` = 32099), which is where T5's span
 corruption takes its sentinels. Models pad the embedding to a multiple of 128 (32128).
+The `extra_ids` setting (EXTRA_IDS, T5LITE_EXTRA_IDS) changes the count: 0 keeps a
+tokenizer as it is, e.g. LLaMA's 32000 pieces for a LLaMA model's 32000-row embedding
+(span corruption then has no sentinels and refuses).
+
+Special ids come from the SentencePiece model: its EOS ends every sequence (T5's models
+use 1, LLaMA's 2); the model's `eos_id` must agree (`model.check_vocabulary`). Padding is
+always id 0 (seqio's convention), whatever piece 0 is (LLaMA's: unk).
 """
 from __future__ import annotations
 
@@ -18,14 +25,13 @@ import functools
 from typing import Optional
 
 from t5lite.data import settings
-from t5lite.data.vocab_training import EOS_ID, PAD_ID  # T5's: BOS is the padding id 0
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import VocabularyError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402  (after TensorFlow is set up)
 
-EXTRA_IDS = 100
+EXTRA_IDS = settings.DEFAULT_EXTRA_IDS
 PUBLIC_T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FILES "
               "--vocab_size=32000 --output=spm.model`")
@@ -58,33 +64,39 @@ def _check_model_file(path: str, where: str) -> None:
         raise VocabularyError(f"vocabulary file {path!r} ({where}) is not a SentencePiece "
                               f"model (it does not load as one: {type(e).__name__}); point "
                               f"VOCABULARY_PATH at a .model file, or {TRAIN_HINT}") from None
-    # The tasks, the feature converters (BOS = padding = 0) and decoding (stop at 1) use
-    # T5's special ids; another tokenizer's (LLaMA's: unk 0, BOS 1, EOS 2) would train
-    # and decode silently wrong
-    if (sp.pad_id(), sp.eos_id()) != (PAD_ID, EOS_ID):
+    # every sequence ends in the model's EOS, and id 0 is padding
+    if sp.eos_id() <= 0:
         raise VocabularyError(
-            f"vocabulary file {path!r} ({where}) uses other special ids (pad "
-            f"{sp.pad_id()}, EOS {sp.eos_id()}, unk {sp.unk_id()}, BOS {sp.bos_id()}) than "
-            f"T5's (pad 0, EOS 1), which t5lite's tasks and decoding use; LLaMA-style "
-            f"tokenizers are not supported yet — use a T5-style SentencePiece model, or "
-            f"{TRAIN_HINT}")
+            f"vocabulary file {path!r} ({where}) has "
+            + ("no EOS piece" if sp.eos_id() < 0 else "EOS at id 0, the padding id")
+            + f"; t5lite's tasks end every sequence with EOS: use a SentencePiece model "
+            f"with an EOS above 0 (T5's: 1, LLaMA's: 2), or {TRAIN_HINT}")
 
 
 class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
     """A `seqio.SentencePieceVocabulary` whose file is looked up on first use.
 
     Tasks are registered when `t5lite.data.tasks` is imported, before any gin file has
-    named a vocabulary; this one reads the `vocabulary_path` setting only when a dataset
-    is tokenized (or its size is asked), and names the missing setting if there is none.
+    named a vocabulary; this one reads the `vocabulary_path` and `extra_ids` settings
+    only when a dataset is tokenized (or its size is asked), and names the missing
+    setting if there is none.
     """
 
-    def __init__(self, path: Optional[str] = None, extra_ids: int = EXTRA_IDS):
+    def __init__(self, path: Optional[str] = None, extra_ids: Optional[int] = None):
         super().__init__(path, extra_ids=extra_ids)
+        self._extra_ids = extra_ids  # None: the setting, on first use
 
     def _resolve(self) -> str:
+        if self._extra_ids is None:
+            self._extra_ids = settings.extra_ids()
         if self._sentencepiece_model_file is None:
             self._sentencepiece_model_file = resolve_path()
         return self._sentencepiece_model_file
+
+    @property
+    def extra_ids(self) -> int:
+        self._resolve()
+        return self._extra_ids
 
     @property
     def sentencepiece_model_file(self) -> str:
@@ -96,8 +108,9 @@ class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
 
     def __str__(self) -> str:
         if self._sentencepiece_model_file is None:
+            extra = "<the extra_ids setting>" if self._extra_ids is None else self._extra_ids
             return (f"DeferredSentencePieceVocabulary(file=<the vocabulary_path setting>, "
-                    f"extra_ids={self._extra_ids})")
+                    f"extra_ids={extra})")
         return super().__str__()
 
 
@@ -107,7 +120,9 @@ def _cached(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
 
 
 def get_vocabulary(path: Optional[str] = None,
-                   extra_ids: int = EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+                   extra_ids: Optional[int] = None) -> seqio.SentencePieceVocabulary:
     """The SentencePiece vocabulary at `path` (default: the configured one) with
-    `extra_ids` sentinels; the same object for the same arguments."""
-    return _cached(resolve_path(path), int(extra_ids))
+    `extra_ids` sentinels (default: the `extra_ids` setting); the same object for the
+    same arguments."""
+    return _cached(resolve_path(path),
+                   settings.extra_ids() if extra_ids is None else int(extra_ids))

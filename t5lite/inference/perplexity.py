@@ -28,7 +28,6 @@ import numpy as np
 
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
-from t5lite.models.decoding import EOS_ID
 
 Batch = Dict[str, np.ndarray]
 
@@ -57,8 +56,8 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
     from t5lite.data import pipeline
     it = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
                                 batch_size=batch_size, model_kind=model.FEATURE_CONVERTER_KIND,
-                                pack=False, shuffle=False, seed=0, repeat=False,
-                                drop_remainder=False)
+                                bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
+                                repeat=False, drop_remainder=False)
     model.check_vocabulary(it.vocabulary)
     return _first_rows(it, num_examples)
 
@@ -86,7 +85,8 @@ def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int
     lm = {"inputs": 0, "targets": lengths["targets"]}
     with open(path, encoding="utf-8") as f:
         lines = (line.rstrip("\n") for line in f)
-        sequences = ([int(t) for t in vocabulary.encode(line)][:lm["targets"] - 1] + [EOS_ID]
+        eos = int(vocabulary.eos_id)
+        sequences = ([int(t) for t in vocabulary.encode(line)][:lm["targets"] - 1] + [eos]
                      for line in lines if line.strip())
         for chunk in _chunks(sequences, batch_size):
             yield model.inference_batch([[] for _ in chunk], lm, chunk)

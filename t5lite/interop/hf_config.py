@@ -51,6 +51,19 @@ def _act_from_hf(name: str, field: str) -> str:
     return _ACT_FROM_HF[name]
 
 
+def _token_id(hf: Mapping[str, Any], field: str, default: int) -> int:
+    """A special token id of an HF config: an int, the first of a list (decoding stops at
+    one EOS), or `default` (transformers' own) when absent or null."""
+    value = hf.get(field)
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field}: expected a token id, got {value!r}")
+    return value
+
+
 def _t5_config(hf: Mapping[str, Any]) -> T5Config:
     ffp = hf.get("feed_forward_proj", "relu")
     parts = ffp.split("-")
@@ -74,6 +87,7 @@ def _t5_config(hf: Mapping[str, Any]) -> T5Config:
         relpos_num_buckets=hf.get("relative_attention_num_buckets", 32),
         relpos_max_distance=hf.get("relative_attention_max_distance", 128),
         layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
+        eos_id=_token_id(hf, "eos_token_id", 1),
     )
 
 
@@ -127,6 +141,8 @@ def _llama_config(hf: Mapping[str, Any]) -> DecoderConfig:
         use_bias=bool(hf.get("attention_bias", False) or hf.get("mlp_bias", False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         dropout_rate=0.0,
+        bos_id=_token_id(hf, "bos_token_id", 1),
+        eos_id=_token_id(hf, "eos_token_id", 2),
     )
 
 
@@ -177,7 +193,7 @@ def t5_hf_config(cfg: T5Config) -> Dict[str, Any]:
         "tie_word_embeddings": tied,
         "scale_decoder_outputs": tied,
         "pad_token_id": 0,
-        "eos_token_id": 1,
+        "eos_token_id": cfg.eos_id,
         "decoder_start_token_id": 0,
         "use_cache": True,
         "dtype": "float32",
@@ -216,8 +232,8 @@ def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
         "attention_bias": bool(cfg.use_bias),
         "mlp_bias": bool(cfg.use_bias),
         "tie_word_embeddings": bool(cfg.tie_embeddings),
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        "bos_token_id": cfg.bos_id,
+        "eos_token_id": cfg.eos_id,
         "use_cache": True,
         "dtype": "float32",
     }

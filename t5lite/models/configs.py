@@ -76,6 +76,9 @@ class T5Config:
     relpos_num_buckets: int = 32
     relpos_max_distance: int = 128
     layer_norm_epsilon: float = 1e-6
+    # the token that ends a target (decoding stops there); the decoder starts from 0
+    # (T5's padding id). 1 is T5's SentencePiece EOS; the vocabulary must agree
+    eos_id: int = 1
     # switches
     dtype: str = "bfloat16"
     fuse_qkv: bool = False
@@ -89,6 +92,7 @@ class T5Config:
 
     def __post_init__(self):
         _check_switches(self)
+        _check_special_ids(self)
         if self.relpos_max_distance <= self.relpos_num_buckets // 2:
             raise ValueError(
                 f"relpos_max_distance={self.relpos_max_distance} must exceed relpos_num_buckets // 2 "
@@ -124,6 +128,12 @@ class DecoderConfig:
     # other both ways, as T5X's decoder_causal_attention does; off: causal throughout
     # (GPT, LLaMA). Needs attention_impl 'xla'
     bidirectional_prefix: bool = False
+    # the token every sequence starts with (the feature converters' decoder_input_tokens
+    # and every prompt) and the one that ends it (decoding stops there). 0 / 1: T5's
+    # SentencePiece convention (BOS is the padding id); LLaMA's tokenizer uses 1 / 2. The
+    # vocabulary's EOS must be eos_id (`model.check_vocabulary`)
+    bos_id: int = 0
+    eos_id: int = 1
     # switches
     dtype: str = "bfloat16"
     fuse_qkv: bool = False
@@ -137,6 +147,7 @@ class DecoderConfig:
 
     def __post_init__(self):
         _check_switches(self)
+        _check_special_ids(self)
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
@@ -153,6 +164,17 @@ class DecoderConfig:
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+
+def _check_special_ids(cfg) -> None:
+    ids = {"eos_id": cfg.eos_id, "bos_id": getattr(cfg, "bos_id", 0)}
+    for name, value in ids.items():
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not 0 <= value < cfg.vocab_size:
+            raise ValueError(f"{name} must be a token id in [0, vocab_size={cfg.vocab_size}), "
+                             f"got {value!r}")
+    if cfg.eos_id == 0:
+        raise ValueError("eos_id must not be 0: 0 is the padding id")
 
 
 def _check_switches(cfg) -> None:

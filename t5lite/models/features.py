@@ -16,7 +16,6 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from t5lite.models.decoding import EOS_ID
 
 
 def _pad(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
@@ -43,23 +42,23 @@ def encdec_features(inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],
 
 
 def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str, int],
-                          targets: Optional[Sequence[Sequence[int]]] = None
-                          ) -> Dict[str, np.ndarray]:
+                          targets: Optional[Sequence[Sequence[int]]] = None,
+                          bos_id: int = 0) -> Dict[str, np.ndarray]:
     """A decoder-only model's batch for token lists (a task's inputs and targets end in
-    EOS, a prompt file's do not). Every sequence starts with BOS 0, as the LM and
-    prefix-LM feature converters' decoder_input_tokens do in training; a prompt longer
-    than `lengths["inputs"]` tokens keeps its last tokens.
+    EOS, a prompt file's do not). Every sequence starts with `bos_id` (the model's), as
+    the LM and prefix-LM feature converters' decoder_input_tokens do in training; a
+    prompt longer than `lengths["inputs"]` tokens keeps its last tokens.
 
     Without targets (predict): decoder_input_tokens [rows, inputs + 1] = BOS + prompt and
     decoder_prompt_lengths [rows]. With targets (score): decoder_target_tokens
     [rows, inputs + targets] = prompt + target, decoder_input_tokens (shifted right, BOS
-    0), decoder_loss_weights 1 on the target tokens only and decoder_causal_attention 1 on
+    first), decoder_loss_weights 1 on the target tokens only and decoder_causal_attention 1 on
     BOS and the prompt (seqio.PrefixLMFeatureConverter's, read by a bidirectional-prefix
     model)."""
     keep = lengths["inputs"]
     prompts = [list(p)[-keep:] if keep > 0 else [] for p in prompts]
     if targets is None:
-        rows = [[0] + p for p in prompts]
+        rows = [[bos_id] + p for p in prompts]
         return {"decoder_input_tokens": _pad(rows, lengths["inputs"] + 1),
                 "decoder_prompt_lengths": np.array([len(r) for r in rows], np.int32)}
     width = lengths["inputs"] + lengths["targets"]
@@ -72,16 +71,17 @@ def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str
         weights[i, len(p):len(p) + len(t)] = 1.0
         prompt[i, :len(p) + 1] = 1  # BOS and the prompt: a prefix LM's inputs
     dec_in = np.zeros_like(tgt)
+    dec_in[:, 0] = bos_id
     dec_in[:, 1:] = tgt[:, :-1]
     return {"decoder_target_tokens": tgt, "decoder_input_tokens": dec_in,
             "decoder_loss_weights": weights, "decoder_causal_attention": prompt}
 
 
 def tokenize(vocabulary, text: str, length: int) -> List[int]:
-    """`text` encoded, trimmed to `length - 1` and EOS appended (seqio's
+    """`text` encoded, trimmed to `length - 1` and the vocabulary's EOS appended (seqio's
     append_eos_after_trim)."""
     ids = list(vocabulary.encode(text))[: length - 1]
-    return ids + [EOS_ID]
+    return ids + [int(vocabulary.eos_id)]
 
 
 def decode_tokens(vocabulary, tokens: Iterable[int]) -> str:

@@ -24,7 +24,9 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     flops_report(...)          the FLOP figures `python -m t5lite.info` shows
     check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
     check_train_lengths(...)   whether its training batches' widths fit it (the same)
-    check_vocabulary(vocab)    whether a vocabulary's ids fit its embedding (the same)
+    check_vocabulary(vocab)    whether a vocabulary's ids fit its embedding and its EOS is
+                               the model's (the same)
+    bos_id, eos_id             the tokens its sequences start and end with (its config's)
     check_features(names)      whether its network reads batches with these features
     tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
     inference_ids(...)         text -> the token ids of one inference input or target
@@ -51,6 +53,7 @@ from t5lite.models.decoder import DecoderOnly
 from t5lite.models.t5 import T5
 
 Batch = Mapping[str, jax.Array]
+MODEL_EOS = "model"  # predict_batch's default eos_id: the model's own (config.eos_id)
 
 
 class BaseModel:
@@ -183,6 +186,20 @@ class BaseModel:
     def _finish(tokens, scores, return_scores: bool):
         return (tokens, scores) if return_scores else tokens
 
+    @property
+    def bos_id(self) -> int:
+        """The token a decoder input starts with: the config's `bos_id` (decoder-only),
+        T5's decoder start 0 (encoder-decoder)."""
+        return int(getattr(self.config, "bos_id", 0))
+
+    @property
+    def eos_id(self) -> int:
+        """The token that ends a target; decoding stops there (the config's `eos_id`)."""
+        return int(self.config.eos_id)
+
+    def _eos(self, eos_id):
+        return self.eos_id if eos_id == MODEL_EOS else eos_id
+
     # -- family answers (overridden by each family) -----------------------------------
     def feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Dict[str, int]:
         """TASK_FEATURE_LENGTHS -> the lengths of this model's training batches."""
@@ -203,13 +220,22 @@ class BaseModel:
 
     def check_vocabulary(self, vocabulary) -> None:
         """ConfigError when `vocabulary` (pieces + extra ids: `.vocab_size`) has ids past
-        the model's embedding."""
+        the model's embedding, or ends its sequences with another EOS than the model."""
+        name = type(self.config).__name__
+        if vocabulary.eos_id != self.eos_id:
+            raise ConfigError(
+                f"the vocabulary ends sequences with EOS {vocabulary.eos_id} but the model "
+                f"with {self.eos_id} (its eos_id); use the vocabulary the model was trained "
+                f"with, or set the model's special ids to the vocabulary's (e.g. "
+                f"--gin.{name}.eos_id={vocabulary.eos_id}"
+                + (f" --gin.{name}.bos_id={max(vocabulary.bos_id or 0, 0)}"
+                   if hasattr(self.config, "bos_id") else "") + ")")
         if vocabulary.vocab_size > self.config.vocab_size:
             raise ConfigError(
                 f"the vocabulary has {vocabulary.vocab_size} ids (pieces + extra ids) but "
                 f"the model's embedding only {self.config.vocab_size}; use a smaller "
                 f"vocabulary (VOCABULARY_PATH) or set the model's vocab_size (e.g. "
-                f"--gin.{type(self.config).__name__}.vocab_size=...)")
+                f"--gin.{name}.vocab_size=...)")
 
     def check_train_lengths(self, widths: Mapping[str, int],
                             task_feature_lengths: Mapping[str, int]) -> None:
@@ -245,13 +271,14 @@ class EncoderDecoderModel(BaseModel):
                       decoder: decoding.DecoderSpec = "greedy",
                       max_decode_length: Optional[int] = None,
                       rng: Optional[jax.Array] = None, return_scores: bool = False,
-                      eos_id: Optional[int] = decoding.EOS_ID):
+                      eos_id: Optional[int] | str = MODEL_EOS):
         """Decode targets for `batch["encoder_input_tokens"]` [batch, enc_length].
 
         decoder: `decoding.GreedyDecoder()`, `Sampling(temperature, top_k, top_p)`,
         `BeamSearch(num_beams, alpha)` or a name ("greedy", "sample", "beam_search").
         max_decode_length: default the width of `decoder_input_tokens`. Decoding starts
-        from BOS 0. Returns tokens [batch, max_decode_length] (EOS included, 0 after);
+        from BOS 0 and stops at eos_id (default the config's; None: never early).
+        Returns tokens [batch, max_decode_length] (EOS included, 0 after);
         with return_scores also scores [batch] (summed log-probs; for beam search
         length-penalized). Jittable (decoder and lengths static)."""
         spec, module, cache_axis = self._decode_setup(decoder)
@@ -285,7 +312,7 @@ class EncoderDecoderModel(BaseModel):
 
         tokens, scores = decoding.decode(
             spec, tokens_to_logits, jnp.zeros((batch_size,), jnp.int32), 0, cache, length,
-            rng=rng, eos_id=eos_id, cache_batch_axis=cache_axis,
+            rng=rng, eos_id=self._eos(eos_id), cache_batch_axis=cache_axis,
             gather_cache=functools.partial(_gather_self_attention_cache, axis=cache_axis))
         return self._finish(tokens, scores, return_scores)
 
@@ -335,7 +362,7 @@ class DecoderOnlyModel(BaseModel):
                       decoder: decoding.DecoderSpec = "greedy",
                       max_decode_length: Optional[int] = None,
                       rng: Optional[jax.Array] = None, return_scores: bool = False,
-                      eos_id: Optional[int] = decoding.EOS_ID):
+                      eos_id: Optional[int] | str = MODEL_EOS):
         """Continue the prompts in `batch["decoder_input_tokens"]` [batch, P]: each row
         left-aligned and padded with 0 on the right. Prompt lengths come from
         `batch["decoder_prompt_lengths"]` [batch] if present, else from the last nonzero
@@ -346,8 +373,8 @@ class DecoderOnlyModel(BaseModel):
         P + max_decode_length positions, of which the network reads at most
         P + max_decode_length - 1 (the last new token is never fed back; for learned
         positions those must fit `max_length`).
-        Returns the continuations [batch, max_decode_length] (EOS included, 0 after; pass
-        eos_id=None to never stop early); with return_scores also scores [batch]
+        Returns the continuations [batch, max_decode_length] (EOS included, 0 after;
+        eos_id: default the config's, None never stops early); with return_scores also scores [batch]
         (summed log-probs of the new tokens; for beam search length-penalized)."""
         spec, module, cache_axis = self._decode_setup(decoder)
         prompts = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
@@ -394,7 +421,8 @@ class DecoderOnlyModel(BaseModel):
         # logits give the first new token.
         last_tokens = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
         tokens, scores = decoding.decode(spec, tokens_to_logits, last_tokens, lengths - 1,
-                                         cache, new_tokens, rng=rng, eos_id=eos_id,
+                                         cache, new_tokens, rng=rng,
+                                         eos_id=self._eos(eos_id),
                                          cache_batch_axis=cache_axis)
         return self._finish(tokens, scores, return_scores)
 
@@ -445,7 +473,7 @@ class DecoderOnlyModel(BaseModel):
         return [int(t) for t in vocabulary.encode(text)]
 
     def inference_batch(self, inputs, lengths, targets=None):
-        return features.decoder_only_features(inputs, lengths, targets)
+        return features.decoder_only_features(inputs, lengths, targets, bos_id=self.bos_id)
 
 
 MODEL_CLASSES = {T5Config: EncoderDecoderModel, DecoderConfig: DecoderOnlyModel}

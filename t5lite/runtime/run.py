@@ -45,7 +45,7 @@ def make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], bat
     it = pipeline.make_iterator(task_name, split="train", feature_lengths=feature_lengths,
                                 batch_size=batch_size, model_kind=kind, pack=pack,
                                 shuffle=True, seed=seed, process_index=process_index,
-                                process_count=process_count)
+                                process_count=process_count, bos_id=model.bos_id)
     model.check_vocabulary(it.vocabulary)
     return it
 
