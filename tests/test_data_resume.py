@@ -104,7 +104,7 @@ def test_the_state_is_per_process_and_names_its_stream(pile):
     assert {k: v for k, v in sa.items() if k not in ("iterator", "inputs")} == {
         "position": 1, "task": "pile_span_corruption", "split": "train", "seed": 5,
         "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS,
-        "iterator_format": pipeline.ITERATOR_FORMAT}
+        "bos_id": 0, "iterator_format": pipeline.ITERATOR_FORMAT}
 
 
 def test_an_earlier_iterator_format_is_replayed_not_restored(pile, caplog):

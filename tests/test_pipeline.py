@@ -202,7 +202,8 @@ def test_errors_for_mismatched_model_kind_lengths_and_state(pile):
 
 @pytest.mark.parametrize("change", [{"batch_size": 8}, {"process_count": 2},
                                     {"feature_lengths": {"inputs": 64, "targets": 8}},
-                                    {"task": "pile_lm"}, {"seed": 4}, {"pack": True}])
+                                    {"task": "pile_lm"}, {"seed": 4}, {"pack": True},
+                                    {"bos_id": 1}])
 def test_resume_under_changed_settings_is_refused_in_one_line(pile, change):
     it = _iterator(ENC_DEC)
     next(it)
