@@ -1,5 +1,5 @@
 """Logits of a model's switch variants on the same weights, against the model as
-configured (`t5lite.runtime.switch_check`): the proof, on a GPU, that cuDNN attention,
+configured (`t5lite.tools.switch_check`): the proof, on a GPU, that cuDNN attention,
 native FP8 and the layouts compute the function the CPU tests pin down.
 
     python scripts_gpu/check_switches.py --gin_file=configs/models/t5_1_1/large.gin \
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from t5lite.config import command, flags, parsing  # noqa: E402
 from t5lite.errors import ConfigError  # noqa: E402
-from t5lite.runtime import switch_check  # noqa: E402
+from t5lite.tools import switch_check  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """`python -m t5lite.bench`: time the train step of a gin-configured run, or a whole grid
-of them (wiring only; the libraries are `t5lite.runtime.benchmark` and
-`t5lite.config.bench_grid`).
+of them (wiring only; the libraries are `t5lite.tools.benchmark` and
+`t5lite.tools.bench_grid`).
 
     python -m t5lite.bench --gin_file=configs/models/t5_1_1/large.gin \
       --gin_file=configs/synthetic_pretrain.gin \
@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 
 import jax
 
-from t5lite.config import bench_grid, benchmarking, command, flags
+from t5lite.config import command, flags
 from t5lite.errors import ConfigError
-from t5lite.runtime import benchmark
+from t5lite.tools import bench_grid, benchmark, benchmarking
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """`python -m t5lite.info`: model facts from a gin config, without allocating the model
-(wiring only; the library is `t5lite.runtime.footprint`).
+(wiring only; the library is `t5lite.tools.footprint`).
 
     python -m t5lite.info --gin_file=configs/large_pile_pretrain.gin \\
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 
 import gin
 
-from t5lite.config import benchmarking, command, flags, parsing
+from t5lite.config import command, flags, parsing
 from t5lite.errors import ConfigError
-from t5lite.runtime import footprint, step_memory
+from t5lite.tools import benchmarking, footprint, step_memory
 
 
 def _parser() -> argparse.ArgumentParser:

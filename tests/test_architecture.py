@@ -1,16 +1,18 @@
 """The house rules of t5lite/ (docs/architecture.md), read from the source with `ast`:
 
 - imports run one way: errors <- models <- data <- runtime <- inference / interop <-
-  config <- commands; function-local imports count;
+  config <- tools <- commands; function-local imports count;
 - no import cycle between modules;
 - a command never imports another command, and is thin wiring;
 - no module passes 500 lines;
 - the model families are told apart only inside models/ (no isinstance on them elsewhere);
-- no project file sends users to the developers' shared folder (they do not have it).
+- no project file sends users to the developers' shared folder (they do not have it);
+- docs/architecture.md's map names every module in its room, and only files that exist.
 """
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
@@ -22,8 +24,8 @@ PACKAGE = REPO / "t5lite"
 COMMANDS = {"train", "eval", "infer", "bench", "data_bench", "info", "convert", "vocab", "deps",
             "demo_data"}
 LAYERS = {"errors": 0, "models": 1, "data": 2, "runtime": 3, "inference": 4, "interop": 4,
-          "config": 5}
-COMMAND_LAYER = 6
+          "config": 5, "tools": 6}
+COMMAND_LAYER = 7
 FAMILY_NAMES = {"T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel"}
 
 
@@ -99,7 +101,8 @@ def test_imports_run_one_way():
             elif _room(module).startswith("command:") and _room(target).startswith("command:"):
                 against.append(f"{module} -> {target} (a command borrows from another)")
     assert not against, "imports against errors <- models <- data <- runtime <- " \
-                        "inference / interop <- config <- commands:\n" + "\n".join(sorted(against))
+                        "inference / interop <- config <- tools <- commands:\n" + \
+        "\n".join(sorted(against))
 
 
 def _strongly_connected(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -199,3 +202,47 @@ def test_no_project_file_sends_users_to_shared():
             if needle in line and "t5lite_demo" not in line:
                 hits.append(f"{name}:{n}: {line.strip()}")
     assert not hits, "restate what users need in docs/ instead:\n" + "\n".join(hits)
+
+
+def _map() -> Dict[str, Set[str]]:
+    """docs/architecture.md's rooms block: room ('' for the top level: commands and
+    errors.py) -> the names on its lines (`x.py` and bare words)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("## The rooms", 1)[1].split("```", 2)[1]
+    rooms: Dict[str, Set[str]] = {"": set()}
+    room = ""
+    for line in block.splitlines():
+        start = re.match(r"^  (\w+)/\s", line)
+        if start:
+            room = start.group(1)
+            rooms.setdefault(room, set())
+        elif re.match(r"^  \S", line):
+            room = ""
+        # the names column: up to the first run of 3+ spaces after the room (descriptions
+        # follow it), and every name.py anywhere on the line
+        rooms[room].update(re.findall(r"[\w]+\.py", line))
+        if room == "" and not line.startswith("t5lite/"):
+            rooms[room].update(re.split(r"\s+", re.split(r"\s{3,}", line.strip())[0]))
+    return rooms
+
+
+def test_the_map_names_every_module_in_its_room():
+    rooms = _map()
+    missing = []
+    for module, path in MODULES.items():
+        room = _room(module)
+        if path.name == "__init__.py":
+            continue
+        if room.startswith("command:"):
+            if room.split(":")[1] not in rooms[""]:
+                missing.append(f"{module} (a command: name it on the commands' lines)")
+        elif path.name not in rooms.get("" if room in ("root", "errors") else room, set()):
+            missing.append(f"{path.relative_to(REPO)} (under {room}/)")
+    assert not missing, "docs/architecture.md's map lacks:\n" + "\n".join(missing)
+
+
+def test_the_map_names_only_files_that_exist():
+    stale = [f"{room}/{name}" for room, names in _map().items() for name in names
+             if name.endswith(".py") and not (PACKAGE / room / name).is_file()]
+    assert not stale, "docs/architecture.md's map names files that do not exist: " + \
+        ", ".join(stale)

@@ -8,9 +8,9 @@ import os
 import pytest
 
 import train_helpers as th
-from t5lite.config import bench_grid
+from t5lite.tools import bench_grid
 from t5lite.errors import ConfigError
-from t5lite.runtime.benchmark import StepDoesNotFit
+from t5lite.tools.benchmark import StepDoesNotFit
 
 
 def _grid_file(tmp_path, spec):

@@ -11,7 +11,7 @@ import pytest
 
 from t5lite.config import flags, parsing
 from t5lite.errors import ConfigError
-from t5lite.runtime import footprint
+from t5lite.tools import footprint
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"

@@ -1,5 +1,5 @@
 """Memory before hardware: the compiled train step's per-device memory
-(`runtime.step_memory`, `python -m t5lite.info --memory`) follows the mesh, the batch and
+(`tools.step_memory`, `python -m t5lite.info --memory`) follows the mesh, the batch and
 the remat switch as it must, `info` counts the optimizer the config binds, and its
 answer says plainly whether a step fits."""
 import json
@@ -10,9 +10,10 @@ import jax
 import pytest
 
 import train_helpers as th
-from t5lite.config import benchmarking, parsing
+from t5lite.config import parsing
 from t5lite.models import configs, model as model_lib
-from t5lite.runtime import footprint, optimizers, run, step_memory
+from t5lite.runtime import optimizers, run
+from t5lite.tools import benchmarking, footprint, step_memory
 from t5lite.runtime.partitioning import MeshSettings
 
 LENGTHS = {"inputs": 64, "targets": 32}

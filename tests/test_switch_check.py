@@ -1,4 +1,4 @@
-"""The GPU proof's logits check (`runtime.switch_check`, scripts_gpu/check_switches.py)
+"""The GPU proof's logits check (`tools.switch_check`, scripts_gpu/check_switches.py)
 on CPU: exact switches come out exact, a perturbed variant is caught, a variant the
 backend cannot run is a row (and a non-zero exit), FP8 is judged by its own tolerance."""
 import json
@@ -9,7 +9,7 @@ import pytest
 
 import train_helpers as th
 from t5lite.models import configs, model as model_lib
-from t5lite.runtime import switch_check
+from t5lite.tools import switch_check
 
 LENGTHS = {"inputs": 24, "targets": 12}
 

@@ -3,7 +3,7 @@
 `t5lite.models.flops` (the model reports them: `model.flops_report`), the bytes of
 float32 parameters plus the state of the optimizer the run uses (from `jax.eval_shape`
 of its own `init`, so any optax chain counts exactly), and optionally the per-device
-memory of the compiled train step (`runtime.step_memory`). The library behind
+memory of the compiled train step (`tools.step_memory`). The library behind
 `python -m t5lite.info`.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 
 from t5lite.errors import ConfigError
 from t5lite.models.model import BaseModel
-from t5lite.runtime import step_memory
+from t5lite.tools import step_memory
 
 FLOAT32_BYTES = 4
 

@@ -19,7 +19,8 @@ import jax
 
 from t5lite.config import parsing
 from t5lite.errors import ConfigError, PartitioningError
-from t5lite.runtime import benchmark, optimizers, run
+from t5lite.runtime import optimizers, run
+from t5lite.tools import benchmark
 
 
 def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
@@ -102,7 +103,7 @@ def provenance(the_run: run.Run, command: str) -> Dict[str, Any]:
 
 
 def timed(the_run: run.Run, steps: int, warmup: int, command: str) -> Dict[str, Any]:
-    """`runtime.benchmark.bench` of the run, with its provenance."""
+    """`tools.benchmark.bench` of the run, with its provenance."""
     result = benchmark.bench(the_run, steps, warmup,
                              fp8=bool(getattr(the_run.model.config, "fp8", False)))
     result.update(provenance(the_run, command))

@@ -20,7 +20,7 @@ times the device count, and a sweep stops at the first size that does not fit, s
 last good entry is the largest batch that fits.
 
 Each measured configuration is compiled once, warmed up and timed
-(`runtime.benchmark.bench`), and its result is written as soon as it exists:
+(`tools.benchmark.bench`), and its result is written as soon as it exists:
 `DIR/<run>_b<per-device batch>.json` (the format of `python -m t5lite.bench --json_out`,
 plus `status`), `DIR/summary.json` and the markdown table `DIR/results.md`. A call cut off
 at its time limit keeps every result written before; `time_budget_s` stops starting new
@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jax
 
 from t5lite.errors import ConfigError, PartitioningError
-from t5lite.runtime.benchmark import StepDoesNotFit
+from t5lite.tools.benchmark import StepDoesNotFit
 
 ENTRY_KEYS = {"name", "gin_files", "bindings", "per_device_batch", "precisions", "ablate"}
 GRID_KEYS = {"steps", "warmup", "common", "runs", "description"}

@@ -1,6 +1,6 @@
 """Timing the train step: compile, warm up, time steps one by one, and report median step
 time, seq/s, target tokens/s, model TFLOP/s per device, MFU, the compiled step's memory
-per device (`runtime.step_memory`) and the measured peak. The library behind
+per device (`tools.step_memory`) and the measured peak. The library behind
 `python -m t5lite.bench`. Needs only jax, flax, optax and orbax (no TensorFlow: run it on
 the synthetic task).
 
@@ -19,8 +19,9 @@ from typing import Any, Dict, List, Optional
 
 import jax
 
-from t5lite.runtime import metrics, step_memory
+from t5lite.runtime import metrics
 from t5lite.runtime.run import Run
+from t5lite.tools import step_memory
 
 
 def _device_stat(key: str) -> List[int]:
