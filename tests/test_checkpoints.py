@@ -13,7 +13,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSh
 
 from t5lite.errors import CheckpointMismatchError
 from t5lite.interop import checkpoint_format
-from t5lite.runtime.checkpoints import Checkpointer, restore_or_init, restore_params_for_finetuning
+from t5lite.runtime.checkpoints import Checkpointer, restore_or_init
+from t5lite.runtime.finetune_restore import restore_params_for_finetuning
 from t5lite.models import layouts
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel

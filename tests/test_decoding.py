@@ -270,7 +270,7 @@ def test_cross_attention_reads_its_cache():
 def test_relpos_bias_rows_for_positions():
     """The decode-time T5 bias for queries at given positions equals those rows of the
     full [q, k] bias."""
-    from t5lite.models.layers import RelativePositionBias
+    from t5lite.models.attention import RelativePositionBias
     mod = RelativePositionBias(4, 8, 12, bidirectional=False)
     variables = mod.init(jax.random.PRNGKey(0), 16, 16)
     full = mod.apply(variables, 16, 16)[0]  # [heads, q, k]

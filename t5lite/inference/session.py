@@ -26,7 +26,7 @@ import numpy as np
 
 from t5lite.errors import ConfigError
 from t5lite.models import decoding
-from t5lite.runtime import checkpoint_files, checkpoints
+from t5lite.runtime import checkpoint_files, finetune_restore
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
 DECODER_NAMES = ("greedy", "beam_search", "sample")
@@ -157,7 +157,7 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
     shardings = partitioner.tree_shardings(abstract, model.logical_axes())
     target = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    params = checkpoints.restore_params_for_finetuning(
+    params = finetune_restore.restore_params_for_finetuning(
         checkpoint_path, model, {"params": target["params"]}, what="CHECKPOINT_PATH")
     variables = dict(params)
     others = [k for k in abstract if k != "params"]

@@ -94,12 +94,12 @@ def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
     """The parameters at `checkpoint_path` (a MODEL_DIR's latest complete step, a step
     directory or a converted checkpoint), read as `model`, written as a Hugging Face
     directory (`hf.save_pretrained`). Returns the output directory."""
-    from t5lite.runtime import checkpoints
+    from t5lite.runtime import finetune_restore
     out = _new_output(output_dir)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
         model.abstract_variables()["params"])
-    params = checkpoints.restore_params_for_finetuning(checkpoint_path, model,
-                                                       {"params": abstract}, what="--input")
+    params = finetune_restore.restore_params_for_finetuning(checkpoint_path, model,
+                                                            {"params": abstract}, what="--input")
     return hf.save_pretrained(model, params, out)

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models.configs import DecoderConfig
-from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, attention_mask,
-                                  decode_mask, get_dtype, make_norm)
+from t5lite.models.attention import Attention, attention_mask, decode_mask
+from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -27,7 +27,7 @@ class DecoderOnlyLayer(nn.Module):
     cfg: DecoderConfig
     deterministic: bool = True
     scanned: bool = False
-    decode: bool = False  # KV cache in the self-attention (see layers.Attention)
+    decode: bool = False  # KV cache in the self-attention (see attention.Attention)
 
     @nn.compact
     def __call__(self, x: Array, mask: Optional[Array], positions: Array):

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models.configs import T5Config
-from t5lite.models.layers import (MLP, Attention, Dense, Embed, Layout, RelativePositionBias,
-                                  RMSNorm, attention_mask, decode_mask, get_dtype)
+from t5lite.models.attention import (Attention, RelativePositionBias, attention_mask,
+                                     decode_mask)
+from t5lite.models.layers import MLP, Dense, Embed, Layout, RMSNorm, get_dtype
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -29,7 +30,7 @@ class _T5Layer(nn.Module):
     cfg: T5Config
     deterministic: bool = True
     scanned: bool = False
-    decode: bool = False  # KV cache in the decoder's attentions (see layers.Attention)
+    decode: bool = False  # KV cache in the decoder's attentions (see attention.Attention)
 
     @property
     def layout(self) -> Layout:
@@ -135,7 +136,7 @@ class Decoder(nn.Module):
         `max_decode_length` slots; `decoder_positions` [batch, dec_length] say where the
         given tokens sit (default 0..dec_length-1). The first call, without a cache,
         must pass dec_length == max_decode_length: it creates the cache (see
-        `layers.Attention`). Segment ids and `decoder_target_tokens` are ignored."""
+        `attention.Attention`). Segment ids and `decoder_target_tokens` are ignored."""
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         batch, length = decoder_input_tokens.shape
         relpos = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,

@@ -6,7 +6,9 @@ A training step holds the items `state` (TrainState.as_dict(), StandardSave) and
 
 Restore order (`restore_or_init`): the latest complete checkpoint in MODEL_DIR (the whole
 state and data position) -> else INITIAL_CHECKPOINT_PATH (parameters only, converted to
-the model's fuse_qkv / scan_layers layout) -> else fresh initialization.
+the model's fuse_qkv / scan_layers layout: `t5lite.runtime.finetune_restore`) -> else
+fresh initialization. A failed restore's Orbax noise is dropped
+(`t5lite.runtime.restore_noise`).
 
 `CheckpointSettings` carries CHECKPOINT_PERIOD, KEEP_CHECKPOINTS and whether saves run in
 the background. Nothing here imports TensorFlow, SeqIO or t5.
@@ -15,15 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import json
 import logging
 import os
-import sys
-import tempfile
-import time
-import types
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -31,15 +28,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, OutputWriteError
-from t5lite.models import layouts
-from t5lite.runtime import background_reports, data_iterator_item, disk_space, periods
-from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, layout_str,
-                                             check_state_matches, item_metadata_tree)
+from t5lite.runtime import data_iterator_item, disk_space, periods, restore_noise
+from t5lite.runtime.checkpoint_trees import check_state_matches, item_metadata_tree
+from t5lite.runtime.finetune_restore import restore_params_for_finetuning
 from t5lite.runtime.partitioning import process_0_decides
 from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
-                                             resolve_item, set_aside_damaged,
-                                             set_aside_uncommitted)
+                                             set_aside_damaged, set_aside_uncommitted)
 from t5lite.runtime.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -205,7 +200,7 @@ class Checkpointer:
                 raise disk_space.disk_full_error(f"checkpoint {step}", self.directory,
                                                  needs) from None
             raise OutputWriteError(f"checkpoint {step} could not be written to "
-                                   f"{self.directory}: {_short_reason(e)}") from None
+                                   f"{self.directory}: {restore_noise.short_reason(e)}") from None
 
     def _remove_partial(self, step: int) -> None:
         """Remove what a failed save of `step` left (its tmp directory), freeing its room."""
@@ -291,145 +286,7 @@ class Checkpointer:
         return TrainState(**restored[STATE_ITEM]), data
 
 
-# ----------------------------------------------------------------------------- finetuning
-
-
-def _layout_cfg(model, layout: Mapping[str, bool]):
-    if model is not None and dataclasses.is_dataclass(getattr(model, "config", None)):
-        return dataclasses.replace(model.config, **layout)
-    return types.SimpleNamespace(**layout)
-
-
-def _place(x: np.ndarray, like: Any) -> Any:
-    x = np.asarray(x, dtype=like.dtype)
-    sharding = getattr(like, "sharding", None)
-    if sharding is None:
-        return x
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-
-def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
-                                  what: str = "INITIAL_CHECKPOINT_PATH") -> Dict[str, Any]:
-    """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH, or the setting
-    `what` names; see `checkpoint_files.resolve_item`), as `abstract_params`
-    (`{"params": ...}` of jax.ShapeDtypeStruct with shardings) describes them. A training
-    checkpoint gives its `params` only. A stored layout other than the model's (fused /
-    unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
-    are checked (CheckpointMismatchError)."""
-    item_dir, item = resolve_item(path, what)
-    where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
-    meta = item_metadata_tree(item_dir)
-    stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
-    if not isinstance(stored, Mapping) or "params" not in stored:
-        raise FileNotFoundError(f"{what} {path}: {item_dir} holds no 'params' collection")
-    bare = "params" not in abstract_params  # a bare params tree: return one alike
-    target = {"params": abstract_params if bare else abstract_params["params"]}
-    src_layout = layouts.detect_layout(stored)
-    if model is not None and hasattr(model, "config"):
-        dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
-                      "scan_layers": bool(model.config.scan_layers)}
-    else:
-        dst_layout = layouts.detect_layout(target)
-    head = f"checkpoint {where} does not match the model: "
-    cause = (f"{what} probably holds another model size or architecture — "
-             "point it at a checkpoint of this model (or fix the model config)")
-    mine, theirs = sorted(target["params"]), sorted(stored["params"])
-    if mine != theirs:  # another architecture altogether: say so, not a leaf's shape
-        raise CheckpointMismatchError(
-            f"checkpoint {where} holds another architecture than MODEL: its top-level modules "
-            f"are {', '.join(theirs)}, the model's {', '.join(mine)} — {what} must be a "
-            f"checkpoint of the same family (T5 for a T5 model, GPT / LLaMA for a "
-            f"decoder-only one), converted with python -m t5lite.convert if it comes from "
-            f"Hugging Face")
-
-    if src_layout == dst_layout:
-        diff = first_difference(flat_shapes(stored), flat_shapes(target))
-        if diff:
-            raise CheckpointMismatchError(head + diff + "; " + cause)
-        request = {"params": target} if item == STATE_ITEM else target
-        with ocp.PyTreeCheckpointer() as ckpt:
-            restored = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
-                item=request, restore_args=ocp.checkpoint_utils.construct_restore_args(request),
-                partial_restore=True))
-        restored = restored["params"] if item == STATE_ITEM else restored
-        return restored["params"] if bare else restored
-
-    # Another layout: read to host memory, convert there, check, then place.
-    log.info("converting %s from %s to %s", where, layout_str(src_layout), layout_str(dst_layout))
-    host = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
-    request = {"params": host} if item == STATE_ITEM else host
-    with ocp.PyTreeCheckpointer() as ckpt:
-        loaded = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
-            item=request, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(
-                restore_type=np.ndarray), request), partial_restore=True))
-    loaded = loaded["params"] if item == STATE_ITEM else loaded
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        converted = layouts.convert_params({"params": loaded["params"]},
-                                           _layout_cfg(model, src_layout),
-                                           _layout_cfg(model, dst_layout))
-        converted = jax.tree.map(np.asarray, converted)
-    diff = first_difference(flat_shapes(converted), flat_shapes(target))
-    if diff:
-        raise CheckpointMismatchError(
-            head + diff + f" (after converting from {layout_str(src_layout)} to "
-            f"{layout_str(dst_layout)}); " + cause)
-    placed = jax.tree.map(_place, converted, target)
-    return placed["params"] if bare else placed
-
-
 # ----------------------------------------------------------------------------- order
-
-
-_ABANDONED_READ_MARKS = ("read_array_index", "Encountered error while reading array",
-                         "Event loop is closed")
-
-
-def _abandoned_read(exc: Optional[BaseException], text: str) -> bool:
-    """An array read Orbax abandoned when another read of the same restore failed: its
-    coroutine (or the closed event loop it reports to) complains when collected, later,
-    and asyncio reports it unretrieved (background_reports rule)."""
-    return any(mark in text for mark in _ABANDONED_READ_MARKS)
-
-
-@contextlib.contextmanager
-def _failure_output_dropped():
-    """A restore whose stderr is kept only if it succeeds. A damaged checkpoint makes
-    Orbax and TensorStore print hundreds of lines (a traceback per array, asyncio's
-    "Event loop is closed" from their reader threads) besides raising; the raised error
-    is what the user gets, in one line."""
-    sys.stderr.flush()
-    saved_fd = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        quiet = logging.root.manager.disable
-        logging.disable(logging.ERROR)
-        failed = True
-        try:
-            yield
-            failed = False
-        finally:
-            if failed:
-                background_reports.drop(_abandoned_read)
-                gc.collect()      # abandoned reads report now, into the capture
-                time.sleep(0.2)
-            sys.stderr.flush()
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-            logging.disable(quiet)
-            if not failed:
-                captured.seek(0)
-                sys.stderr.write(captured.read().decode(errors="replace"))
-
-
-def _short_reason(e: BaseException) -> str:
-    """The first sentence of an error, on one line (TensorStore appends its whole spec)."""
-    def first(x):
-        return " ".join(str(x).split()).split(". See full TensorStore")[0].split(" [source")[0]
-    text = first(e)
-    cause = e.__cause__ or e.__context__
-    if cause is not None and first(cause) and first(cause) not in text:
-        text += f": {first(cause)}"
-    return f"{type(e).__name__}: {text}"[:300]
 
 
 def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
@@ -446,12 +303,12 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     damaged: List[Tuple[int, str]] = []
     for step in reversed(checkpointer.all_steps()):
         try:
-            with _failure_output_dropped():
+            with restore_noise.failure_output_dropped():
                 state, data = checkpointer.restore(step, abstract_state)
         except CheckpointMismatchError:
             raise  # another model or setting: every step would say the same
         except Exception as e:  # noqa: BLE001 - unreadable metadata, missing or cut files
-            damaged.append((step, _short_reason(e)))
+            damaged.append((step, restore_noise.short_reason(e)))
             continue
         for bad, reason in damaged:  # kept, out of the way of Orbax and retention
             name = set_aside_damaged(checkpointer.directory, bad)

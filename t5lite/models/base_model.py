@@ -1,0 +1,252 @@
+"""Model wrappers: a network plus its batch features, loss and scoring.
+
+`params` everywhere below means the variables dict returned by `init`: `{"params": ...}`,
+plus the FP8 collection (`precision.FP8_COLLECTION`) when FP8 is on. Batches use T5X
+feature names, each [batch, length] int32 (weights float):
+
+- encoder-decoder: encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+  decoder_loss_weights, optional encoder/decoder_segment_ids and _positions;
+- decoder-only: decoder_input_tokens, decoder_target_tokens, decoder_loss_weights,
+  optional decoder_segment_ids and decoder_positions.
+
+`predict_batch` decodes with a KV cache (`t5lite.models.decoding`; docs/decoding.md):
+encoder-decoder from encoder_input_tokens; decoder-only continues the prompts in
+decoder_input_tokens (left-aligned, 0-padded on the right; `decoder_prompt_lengths`
+[batch] when a prompt may end in token 0).
+
+A model answers every question that differs between the families, so that no caller
+branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
+
+    FEATURE_CONVERTER_KIND     "encoder_decoder" / "decoder_only": the feature converter
+                               (and synthetic batches) its training data need
+    feature_lengths(...)       the feature lengths of its training batches
+    train_flops_per_example    model FLOPs of one training example (MFU convention)
+    flops_report(...)          the FLOP figures `python -m t5lite.info` shows
+    check_decode_lengths(...)  whether inference lengths fit it (ConfigError if not)
+    check_train_lengths(...)   whether its training batches' widths fit it (the same)
+    check_vocabulary(vocab)    whether a vocabulary's ids fit its embedding and its EOS is
+                               the model's (the same)
+    bos_id, eos_id             the tokens its sequences start and end with (its config's)
+    check_features(names)      whether its network reads batches with these features
+    tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
+    inference_ids(...)         text -> the token ids of one inference input or target
+    inference_batch(...)       token lists -> the batch predict_batch / score_batch read
+
+The families: `t5lite.models.encoder_decoder_model.EncoderDecoderModel` and
+`t5lite.models.decoder_only_model.DecoderOnlyModel`; `t5lite.models.model` names both
+and `model_for_config(cfg)` builds the wrapper of a config's family.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5lite.errors import ConfigError
+from t5lite.models import decoding, losses, te_backend
+
+Batch = Mapping[str, jax.Array]
+MODEL_EOS = "model"  # predict_batch's default eos_id: the model's own (config.eos_id)
+
+
+class BaseModel:
+    """Shared logic; subclasses set `module`, `FEATURES`, `dummy_batch` and the family
+    answers listed in the module docstring."""
+
+    FEATURES: Tuple[str, ...] = ()
+    FEATURE_CONVERTER_KIND: str = ""
+    module: nn.Module
+
+    def __init__(self, config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
+                 loss_normalizing_factor: losses.NormalizingFactor = None):
+        self.config = config
+        if config.fp8 and config.fp8_backend == "te":
+            te_backend.require("FP8_BACKEND='te'", "FP8_BACKEND='native'")
+        if config.attention_impl == "te":
+            te_backend.require("ATTENTION_IMPL='te'", "ATTENTION_IMPL='cudnn'")
+        self.z_loss = z_loss
+        self.label_smoothing = label_smoothing
+        self.loss_normalizing_factor = loss_normalizing_factor
+
+    # -- construction ---------------------------------------------------------------
+    def dummy_batch(self, batch_size: int = 1,
+                    lengths: Optional[Mapping[str, int]] = None) -> Dict[str, jax.Array]:
+        raise NotImplementedError
+
+    def _network_inputs(self, batch: Batch) -> Dict[str, jax.Array]:
+        self.check_features(batch)
+        return {k: batch[k] for k in self.FEATURES if k in batch}
+
+    def check_features(self, names) -> None:
+        """ConfigError (one line) when the network cannot read batches with these feature
+        names: Transformer Engine's fused attention takes no packed segments."""
+        if self.config.attention_impl == "te" and any(n.endswith("_segment_ids") for n in names):
+            raise ConfigError(
+                "ATTENTION_IMPL='te' cannot keep packed sequences apart (Transformer Engine's "
+                "fused attention takes padding masks here, not segment ids): set PACK=False, "
+                "or keep packing with ATTENTION_IMPL='cudnn'")
+
+    def tracing_context(self, axes: Mapping[str, str]):
+        """A context to trace this model's code in, given the mesh axis names {"data",
+        "fsdp", "tensor"} -> name: Transformer Engine's mesh resource when it is used."""
+        if (self.config.fp8 and self.config.fp8_backend == "te") or \
+                self.config.attention_impl == "te":
+            return te_backend.tracing_context(axes)
+        return contextlib.nullcontext()
+
+    def init_boxed(self, rng: jax.Array, batch_size: int = 1,
+                   lengths: Optional[Mapping[str, int]] = None):
+        """Variables with their logical-axis metadata (flax `Partitioned` boxes)."""
+        return self.module.init({"params": rng}, **self.dummy_batch(batch_size, lengths))
+
+    def init(self, rng: jax.Array, batch_size: int = 1,
+             lengths: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
+        """Freshly initialized variables (plain arrays)."""
+        return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
+
+    def abstract_variables(self, batch_size: int = 1,
+                           lengths: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
+        """ShapeDtypeStruct tree of the variables; nothing is allocated."""
+        boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0), batch_size,
+                                                       lengths))
+        return nn.meta.unbox(boxed)
+
+    def logical_axes(self) -> Dict[str, Any]:
+        """Tree of logical axis-name tuples (PartitionSpec of names), one per variable."""
+        boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0)))
+        return nn.get_partition_spec(boxed)
+
+    # -- forward --------------------------------------------------------------------
+    def logits(self, params, batch: Batch, rng: Optional[jax.Array] = None) -> jax.Array:
+        """float32 [batch, length, vocab]; dropout is on iff `rng` is given."""
+        rngs = {"dropout": rng} if rng is not None else {}
+        return self.module.apply(params, **self._network_inputs(batch),
+                                 deterministic=rng is None, rngs=rngs)
+
+    def loss_sums(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """Token sums, before normalization: (loss_sum, {"z_loss", "correct",
+        "weight_sum", "nonpadding"}). Sums add across microbatches, so accumulated
+        gradients equal the whole batch's."""
+        logits = self.logits(params, batch, rng)
+        targets = batch["decoder_target_tokens"]
+        weights = self._weights(batch)
+        tok_loss, tok_z = losses.cross_entropy_with_logits(logits, targets, self.z_loss,
+                                                           self.label_smoothing)
+        sums = {"z_loss": jnp.sum(tok_z * weights),
+                "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights),
+                "weight_sum": jnp.sum(weights),
+                "nonpadding": jnp.sum(targets > 0).astype(jnp.float32)}
+        return jnp.sum(tok_loss * weights), sums
+
+    def normalizer(self, batch: Batch) -> jax.Array:
+        """What the loss sums of `batch` are divided by (LOSS_NORMALIZING_FACTOR)."""
+        return losses.normalizer(self._weights(batch), self.loss_normalizing_factor)
+
+    def loss_fn(self, params, batch: Batch, rng: Optional[jax.Array] = None):
+        """Scalar loss (cross entropy + z-loss, normalized) and metrics:
+        (loss, {"loss", "z_loss", "weight_sum", "correct", "nonpadding"})."""
+        loss_sum, sums = self.loss_sums(params, batch, rng)
+        norm = self.normalizer(batch)
+        loss = loss_sum / norm
+        return loss, {**sums, "loss": loss, "z_loss": sums["z_loss"] / norm}
+
+    @staticmethod
+    def _weights(batch: Batch) -> jax.Array:
+        weights = batch.get("decoder_loss_weights")
+        if weights is None:
+            weights = batch["decoder_target_tokens"] > 0
+        return jnp.asarray(weights, jnp.float32)
+
+    def score_batch(self, params, batch: Batch) -> jax.Array:
+        """Sum over target tokens of log p(target) with the loss weights: [batch]."""
+        logits = self.logits(params, batch)
+        targets = batch["decoder_target_tokens"]
+        weights = self._weights(batch)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return jnp.sum(tok * weights, axis=-1)
+
+    # -- decoding -------------------------------------------------------------------
+    def _decode_setup(self, decoder: decoding.DecoderSpec):
+        """(decoder config, network for decoding, cache batch axis). Decoding never
+        differentiates, so the network runs without remat (same parameters)."""
+        spec = decoding.get_decoder(decoder)
+        module = type(self.module)(dataclasses.replace(self.config, remat_policy="none"))
+        cfg = self.config
+        return spec, module, int(cfg.transpose_bs) + int(cfg.scan_layers)
+
+    @staticmethod
+    def _finish(tokens, scores, return_scores: bool):
+        return (tokens, scores) if return_scores else tokens
+
+    @property
+    def bos_id(self) -> int:
+        """The token a decoder input starts with: the config's `bos_id` (decoder-only),
+        T5's decoder start 0 (encoder-decoder)."""
+        return int(getattr(self.config, "bos_id", 0))
+
+    @property
+    def eos_id(self) -> int:
+        """The token that ends a target; decoding stops there (the config's `eos_id`)."""
+        return int(self.config.eos_id)
+
+    def _eos(self, eos_id):
+        return self.eos_id if eos_id == MODEL_EOS else eos_id
+
+    # -- family answers (overridden by each family) -----------------------------------
+    def feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Dict[str, int]:
+        """TASK_FEATURE_LENGTHS -> the lengths of this model's training batches."""
+        raise NotImplementedError
+
+    def train_flops_per_example(self, task_feature_lengths: Mapping[str, int]) -> float:
+        """Training (fwd + bwd) model FLOPs of one example of TASK_FEATURE_LENGTHS."""
+        raise NotImplementedError
+
+    def flops_report(self, *, inputs_length: int = 512, targets_length: int = 128,
+                     seq_length: int = 2048) -> Dict[str, Any]:
+        """The lengths this family uses (also as `task_feature_lengths`) and its training
+        FLOPs at them."""
+        raise NotImplementedError
+
+    def check_decode_lengths(self, lengths: Mapping[str, int]) -> None:
+        """ConfigError when inference lengths {"inputs", "targets"} do not fit the model."""
+
+    def check_vocabulary(self, vocabulary) -> None:
+        """ConfigError when `vocabulary` (pieces + extra ids: `.vocab_size`) has ids past
+        the model's embedding, or ends its sequences with another EOS than the model."""
+        name = type(self.config).__name__
+        if vocabulary.eos_id != self.eos_id:
+            raise ConfigError(
+                f"the vocabulary ends sequences with EOS {vocabulary.eos_id} but the model "
+                f"with {self.eos_id} (its eos_id); use the vocabulary the model was trained "
+                f"with, or set the model's special ids to the vocabulary's (e.g. "
+                f"--gin.{name}.eos_id={vocabulary.eos_id}"
+                + (f" --gin.{name}.bos_id={max(vocabulary.bos_id or 0, 0)}"
+                   if hasattr(self.config, "bos_id") else "") + ")")
+        if vocabulary.vocab_size > self.config.vocab_size:
+            raise ConfigError(
+                f"the vocabulary has {vocabulary.vocab_size} ids (pieces + extra ids) but "
+                f"the model's embedding only {self.config.vocab_size}; use a smaller "
+                f"vocabulary (VOCABULARY_PATH) or set the model's vocab_size (e.g. "
+                f"--gin.{name}.vocab_size=...)")
+
+    def check_train_lengths(self, widths: Mapping[str, int],
+                            task_feature_lengths: Mapping[str, int]) -> None:
+        """ConfigError when its training batches (`widths`, made from TASK_FEATURE_LENGTHS)
+        do not fit the model."""
+
+    def inference_ids(self, vocabulary, text: str, length: int) -> List[int]:
+        """Token ids of one inference input (or target) text of at most `length`."""
+        raise NotImplementedError
+
+    def inference_batch(self, inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],
+                        targets: Optional[Sequence[Sequence[int]]] = None
+                        ) -> Dict[str, np.ndarray]:
+        """Token lists -> the numpy batch `predict_batch` (no targets) or `score_batch`
+        (with targets) reads (`t5lite.models.features`)."""
+        raise NotImplementedError

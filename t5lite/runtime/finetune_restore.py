@@ -1,0 +1,108 @@
+"""The finetuning restore: the parameters of a checkpoint (INITIAL_CHECKPOINT_PATH, a
+converted checkpoint, or CHECKPOINT_PATH for eval / infer / export) as the model wants
+them. A training checkpoint gives its `params` only; a stored layout other than the
+model's (fused / unfused QKV, scanned / unscanned layers) is converted on the host; a
+checkpoint of another architecture or size is refused in one line
+(CheckpointMismatchError).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+from typing import Any, Dict, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from t5lite.errors import CheckpointMismatchError
+from t5lite.models import layouts
+from t5lite.runtime.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike, resolve_item
+from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
+                                             layout_str)
+
+log = logging.getLogger(__name__)
+
+
+def _layout_cfg(model, layout: Mapping[str, bool]):
+    if model is not None and dataclasses.is_dataclass(getattr(model, "config", None)):
+        return dataclasses.replace(model.config, **layout)
+    return types.SimpleNamespace(**layout)
+
+
+def _place(x: np.ndarray, like: Any) -> Any:
+    x = np.asarray(x, dtype=like.dtype)
+    sharding = getattr(like, "sharding", None)
+    if sharding is None:
+        return x
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
+                                  what: str = "INITIAL_CHECKPOINT_PATH") -> Dict[str, Any]:
+    """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH, or the setting
+    `what` names; see `checkpoint_files.resolve_item`), as `abstract_params`
+    (`{"params": ...}` of jax.ShapeDtypeStruct with shardings) describes them. A training
+    checkpoint gives its `params` only. A stored layout other than the model's (fused /
+    unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
+    are checked (CheckpointMismatchError)."""
+    item_dir, item = resolve_item(path, what)
+    where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
+    meta = item_metadata_tree(item_dir)
+    stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
+    if not isinstance(stored, Mapping) or "params" not in stored:
+        raise FileNotFoundError(f"{what} {path}: {item_dir} holds no 'params' collection")
+    bare = "params" not in abstract_params  # a bare params tree: return one alike
+    target = {"params": abstract_params if bare else abstract_params["params"]}
+    src_layout = layouts.detect_layout(stored)
+    if model is not None and hasattr(model, "config"):
+        dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
+                      "scan_layers": bool(model.config.scan_layers)}
+    else:
+        dst_layout = layouts.detect_layout(target)
+    head = f"checkpoint {where} does not match the model: "
+    cause = (f"{what} probably holds another model size or architecture — "
+             "point it at a checkpoint of this model (or fix the model config)")
+    mine, theirs = sorted(target["params"]), sorted(stored["params"])
+    if mine != theirs:  # another architecture altogether: say so, not a leaf's shape
+        raise CheckpointMismatchError(
+            f"checkpoint {where} holds another architecture than MODEL: its top-level modules "
+            f"are {', '.join(theirs)}, the model's {', '.join(mine)} — {what} must be a "
+            f"checkpoint of the same family (T5 for a T5 model, GPT / LLaMA for a "
+            f"decoder-only one), converted with python -m t5lite.convert if it comes from "
+            f"Hugging Face")
+
+    if src_layout == dst_layout:
+        diff = first_difference(flat_shapes(stored), flat_shapes(target))
+        if diff:
+            raise CheckpointMismatchError(head + diff + "; " + cause)
+        request = {"params": target} if item == STATE_ITEM else target
+        with ocp.PyTreeCheckpointer() as ckpt:
+            restored = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
+                item=request, restore_args=ocp.checkpoint_utils.construct_restore_args(request),
+                partial_restore=True))
+        restored = restored["params"] if item == STATE_ITEM else restored
+        return restored["params"] if bare else restored
+
+    # Another layout: read to host memory, convert there, check, then place.
+    log.info("converting %s from %s to %s", where, layout_str(src_layout), layout_str(dst_layout))
+    host = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
+    request = {"params": host} if item == STATE_ITEM else host
+    with ocp.PyTreeCheckpointer() as ckpt:
+        loaded = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
+            item=request, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(
+                restore_type=np.ndarray), request), partial_restore=True))
+    loaded = loaded["params"] if item == STATE_ITEM else loaded
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        converted = layouts.convert_params({"params": loaded["params"]},
+                                           _layout_cfg(model, src_layout),
+                                           _layout_cfg(model, dst_layout))
+        converted = jax.tree.map(np.asarray, converted)
+    diff = first_difference(flat_shapes(converted), flat_shapes(target))
+    if diff:
+        raise CheckpointMismatchError(
+            head + diff + f" (after converting from {layout_str(src_layout)} to "
+            f"{layout_str(dst_layout)}); " + cause)
+    placed = jax.tree.map(_place, converted, target)
+    return placed["params"] if bare else placed

@@ -1,0 +1,70 @@
+"""Keeping a failed restore's noise off the terminal. A damaged checkpoint makes Orbax
+and TensorStore print hundreds of lines (a traceback per array, asyncio's "Event loop is
+closed" from their reader threads) besides raising; `failure_output_dropped` keeps a
+restore's stderr only if it succeeds, and `short_reason` turns the raised error into the
+one line the user gets.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from t5lite.runtime import background_reports
+
+
+_ABANDONED_READ_MARKS = ("read_array_index", "Encountered error while reading array",
+                         "Event loop is closed")
+
+
+def _abandoned_read(exc: Optional[BaseException], text: str) -> bool:
+    """An array read Orbax abandoned when another read of the same restore failed: its
+    coroutine (or the closed event loop it reports to) complains when collected, later,
+    and asyncio reports it unretrieved (background_reports rule)."""
+    return any(mark in text for mark in _ABANDONED_READ_MARKS)
+
+
+@contextlib.contextmanager
+def failure_output_dropped():
+    """A restore whose stderr is kept only if it succeeds. A damaged checkpoint makes
+    Orbax and TensorStore print hundreds of lines (a traceback per array, asyncio's
+    "Event loop is closed" from their reader threads) besides raising; the raised error
+    is what the user gets, in one line."""
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        quiet = logging.root.manager.disable
+        logging.disable(logging.ERROR)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            if failed:
+                background_reports.drop(_abandoned_read)
+                gc.collect()      # abandoned reads report now, into the capture
+                time.sleep(0.2)
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            logging.disable(quiet)
+            if not failed:
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode(errors="replace"))
+
+
+def short_reason(e: BaseException) -> str:
+    """The first sentence of an error, on one line (TensorStore appends its whole spec)."""
+    def first(x):
+        return " ".join(str(x).split()).split(". See full TensorStore")[0].split(" [source")[0]
+    text = first(e)
+    cause = e.__cause__ or e.__context__
+    if cause is not None and first(cause) and first(cause) not in text:
+        text += f": {first(cause)}"
+    return f"{type(e).__name__}: {text}"[:300]
