@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from t5lite.data import demo_corpus
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 
 from data_helpers import data_env, pile_tfds, reset_data_settings, vocabulary
 
@@ -34,11 +35,13 @@ def pile(tmp_path, monkeypatch, tmp_path_factory):
     return directory
 
 
-def _make(task="pile_span_corruption", **kwargs):
-    args = dict(split="train", feature_lengths=LENGTHS, batch_size=4, pack=False,
+def _make(task="pile_span_corruption", batch_size=4, process_index=0, process_count=1,
+          **kwargs):
+    args = dict(split="train", feature_lengths=LENGTHS, pack=False,
                 shuffle=True, seed=5, shuffle_buffer_size=16)
     args.update(kwargs)
-    return pipeline.make_iterator(task, **args)
+    return pipeline.make_iterator(
+        task, layout=DataLayout(batch_size, process_index, process_count), **args)
 
 
 def _same(a, b):

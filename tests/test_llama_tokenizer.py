@@ -13,6 +13,7 @@ import pytest
 import jax  # noqa: E402
 
 from t5lite.data import demo_corpus, pipeline, settings, tasks  # noqa: E402,F401
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.errors import ConfigError  # noqa: E402
 from t5lite.models import features  # noqa: E402
 from t5lite.models.configs import DecoderConfig  # noqa: E402
@@ -39,9 +40,9 @@ def env(tmp_path, monkeypatch, tmp_path_factory):
 
 
 def _mnli(pack: bool, bos_id: int = 1):
-    it = pipeline.make_iterator("mnli", split="train", feature_lengths=LENGTHS, batch_size=4,
-                                model_kind="decoder_only", bos_id=bos_id, pack=pack,
-                                shuffle=False, repeat=False)
+    it = pipeline.make_iterator("mnli", split="train", feature_lengths=LENGTHS,
+                                layout=DataLayout(4), model_kind="decoder_only", bos_id=bos_id,
+                                pack=pack, shuffle=False, repeat=False)
     return it, next(it)
 
 

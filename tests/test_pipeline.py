@@ -12,6 +12,7 @@ from data_helpers import data_env, reset_data_settings, vocabulary
 pytest.importorskip("seqio")
 
 from t5lite.data import pipeline, tasks  # noqa: E402,F401 (importing tasks registers them)
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.errors import DataError  # noqa: E402
 
 ENC_DEC = ("pile_span_corruption", "encoder_decoder", {"inputs": 32, "targets": 8})
@@ -32,12 +33,13 @@ def pile(tmp_path, monkeypatch, tmp_path_factory):
     return directory
 
 
-def _iterator(spec, **kwargs):
+def _iterator(spec, batch_size=4, process_index=0, process_count=1, **kwargs):
     task, kind, lengths = spec
-    args = dict(split="train", feature_lengths=lengths, batch_size=4, model_kind=kind,
+    args = dict(split="train", feature_lengths=lengths, model_kind=kind,
                 pack=False, shuffle=True, seed=3, shuffle_buffer_size=32)
     args.update(kwargs)
-    return pipeline.make_iterator(task, **args)
+    return pipeline.make_iterator(
+        task, layout=DataLayout(batch_size, process_index, process_count), **args)
 
 
 def _same(a, b):
@@ -194,7 +196,7 @@ def test_errors_for_mismatched_model_kind_lengths_and_state(pile):
         _iterator(("pile_lm", "encoder_decoder", {"inputs": 16, "targets": 16}))
     with pytest.raises(DataError, match="feature lengths for 'inputs' and 'targets'"):
         _iterator(("pile_span_corruption", "encoder_decoder", {"targets": 16}))
-    with pytest.raises(ValueError, match="not divisible by the process count"):
+    with pytest.raises(ValueError, match="not divisible by the data shard count"):
         _iterator(ENC_DEC, batch_size=5, process_count=2)
     with pytest.raises(DataError, match="needs a 'position'"):
         _iterator(ENC_DEC).set_state({"step": 3})
@@ -225,7 +227,7 @@ def test_reader_chunking_leaves_the_stream_unchanged(pile, monkeypatch, pack):
         monkeypatch.setattr(sources, "TEXTS_PER_CALL", per_call)
         it = pipeline.make_iterator("pile_span_corruption", split="train",
                                     feature_lengths={"inputs": 64, "targets": 16},
-                                    batch_size=4, pack=pack, shuffle=True, seed=2)
+                                    layout=DataLayout(4), pack=pack, shuffle=True, seed=2)
         return [next(it) for _ in range(8)]
 
     for a, b in zip(batches(1), batches(3)):

@@ -19,6 +19,7 @@ tf = import_tensorflow()
 import jax  # noqa: E402
 
 from t5lite.data import demo_corpus, pipeline  # noqa: E402
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.models.configs import DecoderConfig  # noqa: E402
 from t5lite.models.model import DecoderOnlyModel  # noqa: E402
 
@@ -110,8 +111,9 @@ def mnli(tmp_path, monkeypatch, tmp_path_factory):
 def test_a_decoder_only_iterator_reads_mnli_as_prompt_then_label(mnli, pack):
     from t5lite.data import tasks
     lengths = {"inputs": 64, "targets": 8}
-    it = pipeline.make_iterator("mnli", split="train", feature_lengths=lengths, batch_size=6,
-                                model_kind="decoder_only", pack=pack, shuffle=False, seed=0)
+    it = pipeline.make_iterator("mnli", split="train", feature_lengths=lengths,
+                                layout=DataLayout(6), model_kind="decoder_only", pack=pack,
+                                shuffle=False, seed=0)
     assert it.sequence_lengths == {"targets": 72}
     batch = next(it)
     expected = {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",

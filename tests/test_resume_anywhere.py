@@ -32,6 +32,7 @@ import seqio  # noqa: E402
 
 from t5lite.data import (demo_corpus, jsonl_cursor, pipeline, readers, sources,  # noqa: E402
                          stream_errors)
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 
 WORDS = ("red green blue black white stone river cloud field light house garden "
          "winter summer").split()
@@ -255,9 +256,8 @@ def test_the_pipeline_resumes_exactly_from_every_batch(task, monkeypatch, pack, 
                                                        processes):
     def make():
         return pipeline.make_iterator(task, split="train", feature_lengths=LENGTHS,
-                                      batch_size=8, pack=pack, seed=1,
-                                      shuffle_buffer_size=4, process_index=process,
-                                      process_count=processes)
+                                      layout=DataLayout(8, process, processes), pack=pack,
+                                      seed=1, shuffle_buffer_size=4)
     _check_every_batch(make, monkeypatch, 4 // processes)
 
 
@@ -270,7 +270,7 @@ def test_a_mixture_resumes_exactly_from_every_batch(task, tmp_path, monkeypatch,
     try:
         def make():
             return pipeline.make_iterator(name, split="train", feature_lengths=LENGTHS,
-                                          batch_size=8, seed=1, shuffle_buffer_size=4)
+                                          layout=DataLayout(8), seed=1, shuffle_buffer_size=4)
         _check_every_batch(make, monkeypatch, 4)
     finally:
         seqio.MixtureRegistry.remove(name)
@@ -286,7 +286,7 @@ def test_a_pipeline_restored_inside_its_files_reads_on_past_their_ends(
     _register(name, large_shards)
     try:
         def make():
-            return pipeline.make_iterator(name, split="train", batch_size=8, seed=1,
+            return pipeline.make_iterator(name, split="train", layout=DataLayout(8), seed=1,
                                           feature_lengths={"inputs": 128, "targets": 32},
                                           shuffle_buffer_size=4)
         log = _ReadLog(monkeypatch)

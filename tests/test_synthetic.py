@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from t5lite.data.data_layout import DataLayout
 from t5lite.data.synthetic import SyntheticIterator, SyntheticTask
 
 import train_helpers as th
@@ -36,7 +37,7 @@ def test_deterministic_across_instances_and_differs_by_step_and_seed(spec):
 def test_host_slices_concatenate_to_global_batch(spec, process_count):
     task = SyntheticTask(**spec, seed=1)
     whole = task.global_batch(5, 8)
-    parts = [task.host_batch(5, 8, i, process_count) for i in range(process_count)]
+    parts = [task.host_batch(5, DataLayout(8, i, process_count)) for i in range(process_count)]
     for p in parts:
         assert all(v.shape[0] == 8 // process_count for v in p.values())
     _assert_same({k: np.concatenate([p[k] for p in parts]) for k in whole}, whole)
@@ -44,12 +45,13 @@ def test_host_slices_concatenate_to_global_batch(spec, process_count):
 
 def test_batch_not_divisible_by_processes_is_a_clear_error():
     task = SyntheticTask(**ENC_DEC)
-    with pytest.raises(ValueError, match="batch size 6 is not divisible by the process count 4"):
-        task.host_batch(0, 6, 0, 4)
+    with pytest.raises(ValueError,
+                       match="batch size 6 is not divisible by the data shard count 4"):
+        task.host_batch(0, DataLayout(6, 0, 4))
     with pytest.raises(ValueError, match="not divisible"):
-        SyntheticIterator(task, 6, 1, 4)
+        SyntheticIterator(task, DataLayout(6, 1, 4))
     with pytest.raises(ValueError, match="out of range"):
-        task.host_batch(0, 8, 4, 4)
+        task.host_batch(0, DataLayout(8, 4, 4))
 
 
 def test_encoder_decoder_features():
@@ -95,7 +97,7 @@ def test_decoder_only_features():
 def test_feature_specs_match_batches():
     for spec in (ENC_DEC, DEC_ONLY):
         task = SyntheticTask(**spec)
-        b = task.host_batch(0, 8, 1, 2)
+        b = task.host_batch(0, DataLayout(8, 1, 2))
         assert {k: (v.shape, v.dtype) for k, v in b.items()} == task.feature_specs(4)
 
 
@@ -114,19 +116,19 @@ def test_bad_feature_lengths_are_clear_errors():
 @pytest.mark.parametrize("spec", [ENC_DEC, DEC_ONLY], ids=["enc_dec", "dec_only"])
 def test_iterator_state_round_trip_continues_exactly(spec):
     task = SyntheticTask(**spec, seed=9)
-    it = SyntheticIterator(task, 8, process_index=1, process_count=2)
+    it = SyntheticIterator(task, DataLayout(8, 1, 2))
     for _ in range(3):
         next(it)
     state = it.get_state()
     assert state == {"step": 3}
     expected = [next(it) for _ in range(2)]
 
-    resumed = SyntheticIterator(task, 8, process_index=1, process_count=2)
+    resumed = SyntheticIterator(task, DataLayout(8, 1, 2))
     resumed.set_state(json.loads(json.dumps(state)))  # survives a JSON checkpoint
     for want in expected:
         _assert_same(next(resumed), want)
-    _assert_same(expected[0], task.host_batch(3, 8, 1, 2))
-    assert SyntheticIterator(task, 8, start_step=5).get_state() == {"step": 5}
+    _assert_same(expected[0], task.host_batch(3, DataLayout(8, 1, 2)))
+    assert SyntheticIterator(task, DataLayout(8), start_step=5).get_state() == {"step": 5}
 
 
 def test_import_pulls_in_no_tensorflow_or_seqio():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from t5lite.data import demo_corpus
+from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
                                 VocabularyError)
 
@@ -285,7 +286,7 @@ def test_bad_line_in_the_middle_of_a_file_is_reported_by_the_iterator(tmp_path, 
     (pile / "00.jsonl").write_text("\n".join(lines + ["not json at all"]) + "\n")
     data_env(monkeypatch, tmp_path, vocab_path, pile_dir=tmp_path / "pile")
     it = pipeline.make_iterator("pile_lm", split="train", feature_lengths={"targets": 16},
-                                batch_size=2, model_kind="decoder_only", shuffle=False)
+                                layout=DataLayout(2), model_kind="decoder_only", shuffle=False)
     with pytest.raises(DataFormatError, match=r"00.jsonl:4: not JSON"):
         for _ in range(100):
             next(it)
@@ -298,7 +299,7 @@ def test_unknown_task_and_split(tmp_path, monkeypatch, vocab_path):
         tasks.get_provider("pile_span_corupption")
     with pytest.raises(Exception, match="no split 'validation'.*validation_matched"):
         pipeline.make_iterator("mnli", split="validation", feature_lengths=LENGTHS,
-                               batch_size=2)
+                               layout=DataLayout(2))
 
 
 def test_importing_tasks_registers_them_with_no_data_and_hides_gpus_from_tensorflow(

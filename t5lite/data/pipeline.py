@@ -2,10 +2,10 @@
 position.
 
     it = make_iterator("pile_span_corruption", split="train",
-                       feature_lengths={"inputs": 512, "targets": 128}, batch_size=2048,
-                       model_kind="encoder_decoder", pack=False, shuffle=True, seed=0,
-                       process_index=jax.process_index(), process_count=jax.process_count())
-    batch = next(it)          # this process's 2048 / process_count rows
+                       feature_lengths={"inputs": 512, "targets": 128},
+                       layout=partitioner.data_layout(2048), model_kind="encoder_decoder",
+                       pack=False, shuffle=True, seed=0)
+    batch = next(it)          # this process's rows: layout.rows of the 2048
     it.get_state()            # {"position": 1, ...}: batches consumed so far
     it.set_state(state)       # the next batch is batch number state["position"]
 
@@ -17,11 +17,12 @@ packed or not): encoder_input_tokens, decoder_input_tokens, decoder_target_token
 decoder_loss_weights (float32), and when packed {encoder,decoder}_segment_ids and
 {encoder,decoder}_positions. Tokens are int32.
 
-Sharding: process i of P reads shard i of P of the task (seqio.ShardInfo): its own files
-when the source has at least P of them, else every P-th record; the shards are disjoint
-and together cover the data.
+Sharding: the process that feeds data shard i of P (`DataLayout`, t5lite/data/data_layout.py)
+reads shard i of P of the task (seqio.ShardInfo): its own files when the source has at
+least P of them, else every P-th record; the shards are disjoint and together cover the
+data.
 
-Order: for a given (task, split, feature lengths, batch size, process count, seed, pack)
+Order: for a given (task, split, feature lengths, batch size, shard count, seed, pack)
 the stream of batches is fixed: file order, shuffle buffer and the random choices of
 span corruption all derive from the seed.
 
@@ -56,7 +57,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from t5lite.data.synthetic import host_rows
+from t5lite.data.data_layout import DataLayout
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
 
@@ -126,14 +127,16 @@ class SeqioIterator:
     """This process's batches of a SeqIO task; `get_state()` / `set_state()` resume it."""
 
     def __init__(self, name: str, *, split: str, feature_lengths: Mapping[str, int],
-                 batch_size: int, model_kind: str, pack: bool, shuffle: bool, seed: int,
-                 process_index: int, process_count: int, bos_id: int = 0,
-                 start_position: int = 0,
-                 repeat: bool = True, drop_remainder: bool = True,
+                 layout: DataLayout, model_kind: str = ENCODER_DECODER, pack: bool = False,
+                 shuffle: bool = True, seed: int = 0, bos_id: int = 0,
+                 start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
                  shuffle_buffer_size: Optional[int] = None, use_cached: bool = False):
+        """`layout`: the rows of each global batch this process reads. `repeat=False` ends
+        after one epoch; `drop_remainder=False` then also yields the last, shorter batch."""
         if model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-        rows = host_rows(batch_size, process_index, process_count)
+        if not isinstance(layout, DataLayout):
+            raise TypeError(f"layout must be a DataLayout, got {layout!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer (the order depends on it), got {seed!r}")
         self.provider = tasks.get_provider(name)
@@ -142,11 +145,11 @@ class SeqioIterator:
                             f"{', '.join(self.provider.splits)}")
         self.name, self.split = name, split
         self.feature_lengths = _check_lengths(name, self.provider, model_kind, feature_lengths)
-        self.batch_size, self.rows = int(batch_size), len(rows)
+        self.layout = layout
+        self.batch_size, self.rows = layout.batch_size, layout.rows
         self.model_kind, self.pack, self.bos_id = model_kind, bool(pack), int(bos_id)
         self.sequence_lengths = sequence_lengths(model_kind, self.feature_lengths)
         self.shuffle, self.seed = bool(shuffle), int(seed)
-        self.process_index, self.process_count = int(process_index), int(process_count)
         self.repeat, self.drop_remainder = repeat, drop_remainder
         self.shuffle_buffer_size, self.use_cached = shuffle_buffer_size, use_cached
         self.position = self._check_position(start_position)
@@ -168,7 +171,8 @@ class SeqioIterator:
         kwargs: Dict[str, Any] = dict(
             sequence_length=self.feature_lengths, split=self.split, shuffle=self.shuffle,
             seed=self.seed, num_epochs=None if self.repeat else 1, use_cached=self.use_cached,
-            shard_info=seqio.ShardInfo(index=self.process_index, num_shards=self.process_count))
+            shard_info=seqio.ShardInfo(index=self.layout.shard_index,
+                                       num_shards=self.layout.shard_count))
         if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
             kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
         ds = self.provider.get_dataset(**kwargs)
@@ -228,7 +232,8 @@ class SeqioIterator:
     # -- state --------------------------------------------------------------------------
     def _stream(self) -> Dict[str, Any]:
         return {"task": self.name, "split": self.split, "seed": self.seed,
-                "batch_size": self.batch_size, "process_count": self.process_count,
+                # the shard count, under the key states have always had
+                "batch_size": self.batch_size, "process_count": self.layout.shard_count,
                 "pack": self.pack, "feature_lengths": dict(self.feature_lengths),
                 "bos_id": self.bos_id}
 
@@ -345,20 +350,5 @@ def _first_line(e: Exception) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(e).__name__
 
 
-def make_iterator(task_or_mixture_name: str, *, split: str,
-                  feature_lengths: Mapping[str, int], batch_size: int,
-                  model_kind: str = ENCODER_DECODER, pack: bool = False, shuffle: bool = True,
-                  seed: int = 0, process_index: int = 0, process_count: int = 1,
-                  bos_id: int = 0, start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
-                  shuffle_buffer_size: Optional[int] = None,
-                  use_cached: bool = False) -> SeqioIterator:
-    """This process's iterator over `batch_size // process_count`-row batches of the
-    task or mixture (see the module docstring). `repeat=False` ends after one epoch;
-    `drop_remainder=False` then also yields the last, shorter batch."""
-    return SeqioIterator(task_or_mixture_name, split=split, feature_lengths=feature_lengths,
-                         batch_size=batch_size, model_kind=model_kind, pack=pack,
-                         shuffle=shuffle, seed=seed, process_index=process_index,
-                         process_count=process_count, bos_id=bos_id,
-                         start_position=start_position,
-                         repeat=repeat, drop_remainder=drop_remainder,
-                         shuffle_buffer_size=shuffle_buffer_size, use_cached=use_cached)
+# The name callers use (T5X's get_dataset / MaxText's create_data_iterator role).
+make_iterator = SeqioIterator

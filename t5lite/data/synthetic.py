@@ -22,9 +22,8 @@ padding. The streams are stable for a given numpy version.
 
     task = SyntheticTask({"inputs": 512, "targets": 128}, vocab_size=32128,
                          kind="encoder_decoder", seed=0)
-    it = SyntheticIterator(task, batch_size=256, process_index=jax.process_index(),
-                           process_count=jax.process_count())
-    batch = next(it)                  # this host's 256 / process_count rows of step 0
+    it = SyntheticIterator(task, partitioner.data_layout(256))
+    batch = next(it)                  # this process's rows of step 0 (its data shard)
     state = it.get_state()            # {"step": 1}: the next unseen batch
 """
 from __future__ import annotations
@@ -33,33 +32,14 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
+from t5lite.data.data_layout import DataLayout, positive_int
+
 ENCODER_DECODER = "encoder_decoder"
 DECODER_ONLY = "decoder_only"
 KINDS = (ENCODER_DECODER, DECODER_ONLY)
 PAD_ID = 0
 EOS_ID = 1
 FIRST_TOKEN_ID = 2  # tokens are drawn from [FIRST_TOKEN_ID, vocab_size)
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def host_rows(batch_size: int, process_index: int, process_count: int) -> range:
-    """Rows [i*B/P, (i+1)*B/P) of the global batch that process i of P feeds."""
-    batch_size = _check_positive_int("batch_size", batch_size)
-    process_count = _check_positive_int("process_count", process_count)
-    if not 0 <= process_index < process_count:
-        raise ValueError(
-            f"process_index {process_index} is out of range for process_count {process_count}")
-    if batch_size % process_count:
-        raise ValueError(
-            f"batch size {batch_size} is not divisible by the process count {process_count}: "
-            f"choose a global BATCH_SIZE that is a multiple of {process_count}")
-    per_host = batch_size // process_count
-    return range(process_index * per_host, (process_index + 1) * per_host)
 
 
 class SyntheticTask:
@@ -74,7 +54,7 @@ class SyntheticTask:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
-        self.vocab_size = _check_positive_int("vocab_size", vocab_size)
+        self.vocab_size = positive_int("vocab_size", vocab_size)
         if self.vocab_size <= FIRST_TOKEN_ID:
             raise ValueError(f"vocab_size must be at least {FIRST_TOKEN_ID + 1} (0 = pad, "
                              f"1 = EOS, then real tokens), got {vocab_size}")
@@ -87,7 +67,7 @@ class SyntheticTask:
             if set(lengths) != wanted:
                 raise ValueError(f"an encoder_decoder task needs feature_lengths with keys "
                                  f"'inputs' and 'targets', got {sorted(lengths)}")
-            self.inputs_length = _check_positive_int("feature_lengths['inputs']",
+            self.inputs_length = positive_int("feature_lengths['inputs']",
                                                      lengths["inputs"])
         else:
             extra = set(lengths) - {"targets", "inputs"}
@@ -95,7 +75,7 @@ class SyntheticTask:
                 raise ValueError(f"a decoder_only task needs feature_lengths "
                                  f"{{'targets': seq_length}}, got {lengths}")
             self.inputs_length = None
-        self.targets_length = _check_positive_int("feature_lengths['targets']",
+        self.targets_length = positive_int("feature_lengths['targets']",
                                                   lengths["targets"])
 
     @property
@@ -147,12 +127,12 @@ class SyntheticTask:
             batch["decoder_target_tokens"][i] = seq[1:]
 
     # -- batches ------------------------------------------------------------------------
-    def host_batch(self, step: int, batch_size: int, process_index: int = 0,
-                   process_count: int = 1) -> Dict[str, np.ndarray]:
-        """Rows [i*B/P, (i+1)*B/P) of `global_batch(step, B)`, computing only those rows."""
+    def host_batch(self, step: int, layout: DataLayout) -> Dict[str, np.ndarray]:
+        """Rows [layout.start, layout.stop) of `global_batch(step, layout.batch_size)`,
+        computing only those rows."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        rows = host_rows(batch_size, process_index, process_count)
+        rows = range(layout.start, layout.stop)
         batch = {name: np.zeros(shape, dtype) for name, (shape, dtype)
                  in self.feature_specs(len(rows)).items()}
         for i, row in enumerate(rows):
@@ -167,28 +147,24 @@ class SyntheticTask:
 
     def global_batch(self, step: int, batch_size: int) -> Dict[str, np.ndarray]:
         """The whole global batch of `step`: a function of (seed, step, batch_size) only."""
-        return self.host_batch(step, batch_size, 0, 1)
+        return self.host_batch(step, DataLayout(batch_size))
 
 
 class SyntheticIterator:
-    """This host's batches of steps start_step, start_step+1, ...; state = next step."""
+    """This process's rows (`layout`) of the batches of steps start_step, start_step+1,
+    ...; state = next step."""
 
-    def __init__(self, task: SyntheticTask, batch_size: int, process_index: int = 0,
-                 process_count: int = 1, start_step: int = 0):
-        host_rows(batch_size, process_index, process_count)  # validate early
+    def __init__(self, task: SyntheticTask, layout: DataLayout, start_step: int = 0):
         self.task = task
-        self.batch_size = batch_size
+        self.layout = layout
         self.sequence_lengths = task.feature_lengths  # the batches' widths
-        self.process_index = process_index
-        self.process_count = process_count
         self.step = int(start_step)
 
     def __iter__(self) -> "SyntheticIterator":
         return self
 
     def __next__(self) -> Dict[str, np.ndarray]:
-        batch = self.task.host_batch(self.step, self.batch_size, self.process_index,
-                                     self.process_count)
+        batch = self.task.host_batch(self.step, self.layout)
         self.step += 1
         return batch
 

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from t5lite.data import demo_corpus, pipeline, tasks
+from t5lite.data.data_layout import DataLayout
 from t5lite.data.tf_env import import_tensorflow
 
 tf = import_tensorflow()
@@ -112,8 +113,9 @@ def plain_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
 def our_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
                 seed: int = 0) -> Iterator[Dict[str, Any]]:
     return pipeline.make_iterator("pile_span_corruption", split="train",
-                                  feature_lengths=dict(lengths), batch_size=batch_size,
-                                  pack=pack, shuffle=True, seed=seed)
+                                  feature_lengths=dict(lengths),
+                                  layout=DataLayout(batch_size), pack=pack, shuffle=True,
+                                  seed=seed)
 
 
 def _cpu_seconds() -> float:
@@ -177,7 +179,7 @@ def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: in
 
     def make():
         return pipeline.make_iterator("pile_span_corruption", split="train",
-                                      feature_lengths=dict(lengths), batch_size=rows,
+                                      feature_lengths=dict(lengths), layout=DataLayout(rows),
                                       pack=pack, shuffle=True, seed=0)
     it, states, t0 = make(), {}, time.perf_counter()
     next(it)

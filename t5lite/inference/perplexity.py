@@ -54,8 +54,11 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
     """The task's (or mixture's) `split` as the training pipeline builds it for `model`,
     unshuffled and unpacked, one epoch; at most `num_examples` rows."""
     from t5lite.data import pipeline
+    from t5lite.data.data_layout import DataLayout
+    # every process reads the whole split (one shard) and feeds its rows to the session
     it = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
-                                batch_size=batch_size, model_kind=model.FEATURE_CONVERTER_KIND,
+                                layout=DataLayout(batch_size),
+                                model_kind=model.FEATURE_CONVERTER_KIND,
                                 bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
                                 repeat=False, drop_remainder=False)
     model.check_vocabulary(it.vocabulary)

@@ -117,8 +117,8 @@ class Session:
             v = np.asarray(v)
             pad = np.zeros((self.batch_size - rows,) + v.shape[1:], v.dtype)
             padded[k] = np.concatenate([v, pad], axis=0)
-        start, stop = self.partitioner.host_rows(self.batch_size)
-        local = {k: v[start:stop] for k, v in padded.items()}
+        layout = self.partitioner.data_layout(self.batch_size)
+        local = {k: v[layout.start:layout.stop] for k, v in padded.items()}
         return self.partitioner.host_to_global(local, self.batch_size), rows
 
     def predict(self, batch: Mapping[str, np.ndarray], index: int = 0) -> np.ndarray:

@@ -29,6 +29,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from t5lite.data.data_layout import DataLayout
 from t5lite.errors import PartitioningError
 
 log = logging.getLogger(__name__)
@@ -275,14 +276,17 @@ class Partitioner:
                 f"(mesh data x fsdp = {self.mesh.shape['data']} x {self.mesh.shape['fsdp']}); "
                 f"use a multiple of {self.data_shards}")
 
-    def host_rows(self, global_batch_size: int) -> Tuple[int, int]:
-        """[start, stop) rows of the global batch that this process must supply."""
+    def data_layout(self, global_batch_size: int) -> DataLayout:
+        """The rows of each global batch this process must supply, as its data shard
+        (T5X's get_data_layout): read off the batch sharding, so processes that hold the
+        same rows (a model-parallel axis across hosts) share a shard."""
         sharding = self.batch_sharding(1)
         index_map = sharding.addressable_devices_indices_map((global_batch_size,))
-        starts = [idx[0].start or 0 for idx in index_map.values()]
-        stops = [global_batch_size if idx[0].stop is None else idx[0].stop
-                 for idx in index_map.values()]
-        return min(starts), max(stops)
+        start = min(idx[0].start or 0 for idx in index_map.values())
+        stop = max(global_batch_size if idx[0].stop is None else idx[0].stop
+                   for idx in index_map.values())
+        rows = stop - start
+        return DataLayout(global_batch_size, start // rows, global_batch_size // rows)
 
     def host_to_global(self, host_batch: dict, global_batch_size: int) -> dict:
         """This process's rows (numpy) -> global jax.Arrays sharded on the batch axes."""

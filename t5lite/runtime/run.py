@@ -30,22 +30,18 @@ def make_iterator(task_name: str, model, feature_lengths: Mapping[str, int], bat
     reads an inputs -> targets task as prompt + answer). Its `sequence_lengths` are the
     widths of its batches."""
     kind = model.FEATURE_CONVERTER_KIND
-    start, stop = partitioner.host_rows(batch_size)
-    rows = stop - start
-    process_index, process_count = start // rows, batch_size // rows
+    layout = partitioner.data_layout(batch_size)
     if task_name == SYNTHETIC_TASK:
         from t5lite.data import synthetic
         task = synthetic.SyntheticTask(model.feature_lengths(feature_lengths),
                                        model.config.vocab_size, kind, seed)
-        return synthetic.SyntheticIterator(task, batch_size, process_index=process_index,
-                                           process_count=process_count)
+        return synthetic.SyntheticIterator(task, layout)
     from t5lite.data import edge
     edge.import_tasks(data_settings or DataSettings())  # the data edge: TensorFlow, SeqIO
     from t5lite.data import pipeline
     it = pipeline.make_iterator(task_name, split="train", feature_lengths=feature_lengths,
-                                batch_size=batch_size, model_kind=kind, pack=pack,
-                                shuffle=True, seed=seed, process_index=process_index,
-                                process_count=process_count, bos_id=model.bos_id)
+                                layout=layout, model_kind=kind, pack=pack, shuffle=True,
+                                seed=seed, bos_id=model.bos_id)
     model.check_vocabulary(it.vocabulary)
     return it
 
