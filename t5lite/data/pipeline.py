@@ -60,6 +60,7 @@ import numpy as np
 from t5lite.data.data_layout import DataLayout
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
+from t5lite.models.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -68,9 +69,6 @@ from t5lite.data import input_identity, stream_errors, tasks  # noqa: E402  (reg
 
 log = logging.getLogger(__name__)
 
-ENCODER_DECODER = "encoder_decoder"
-DECODER_ONLY = "decoder_only"
-MODEL_KINDS = (ENCODER_DECODER, DECODER_ONLY)
 
 
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,

@@ -33,10 +33,9 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 
 from t5lite.data.data_layout import DataLayout, positive_int
+from t5lite.models.model_kinds import ENCODER_DECODER, MODEL_KINDS
 
-ENCODER_DECODER = "encoder_decoder"
-DECODER_ONLY = "decoder_only"
-KINDS = (ENCODER_DECODER, DECODER_ONLY)
+KINDS = MODEL_KINDS
 PAD_ID = 0
 EOS_ID = 1
 FIRST_TOKEN_ID = 2  # tokens are drawn from [FIRST_TOKEN_ID, vocab_size)

@@ -28,6 +28,7 @@ import numpy as np
 
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
+from t5lite.models import model_kinds
 
 Batch = Dict[str, np.ndarray]
 
@@ -79,7 +80,7 @@ def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int
             yield model.inference_batch([ex["inputs_ids"] for ex in chunk], lengths,
                                         [ex["targets_ids"] for ex in chunk])
         return
-    if model.FEATURE_CONVERTER_KIND != "decoder_only":
+    if model.FEATURE_CONVERTER_KIND != model_kinds.DECODER_ONLY:
         raise ConfigError(f"INPUT_FILE {path} is plain text: an encoder-decoder model needs "
                           f"inputs and targets, give a .jsonl file with both fields")
     if "targets" not in lengths:

@@ -60,6 +60,8 @@ class BaseModel:
 
     FEATURES: Tuple[str, ...] = ()
     FEATURE_CONVERTER_KIND: str = ""
+    # the token sums `loss_sums` returns beside the loss (summed over microbatches)
+    METRIC_SUMS: Tuple[str, ...] = ("z_loss", "correct", "weight_sum", "nonpadding")
     module: nn.Module
 
     def __init__(self, config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
@@ -129,9 +131,9 @@ class BaseModel:
                                  deterministic=rng is None, rngs=rngs)
 
     def loss_sums(self, params, batch: Batch, rng: Optional[jax.Array] = None):
-        """Token sums, before normalization: (loss_sum, {"z_loss", "correct",
-        "weight_sum", "nonpadding"}). Sums add across microbatches, so accumulated
-        gradients equal the whole batch's."""
+        """Token sums, before normalization: (loss_sum, {name: sum} for the names in
+        METRIC_SUMS). Sums add across microbatches, so accumulated gradients equal the
+        whole batch's."""
         logits = self.logits(params, batch, rng)
         targets = batch["decoder_target_tokens"]
         weights = self._weights(batch)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, features, flops, losses
+from t5lite.models import decoding, features, flops, losses, model_kinds
 from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.decoder import DecoderOnly
@@ -21,7 +21,7 @@ class DecoderOnlyModel(BaseModel):
 
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
                 "decoder_positions", "decoder_causal_attention")
-    FEATURE_CONVERTER_KIND = "decoder_only"
+    FEATURE_CONVERTER_KIND = model_kinds.DECODER_ONLY
 
     def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):

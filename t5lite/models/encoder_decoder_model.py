@@ -9,7 +9,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from t5lite.models import decoding, features, flops, losses
+from t5lite.models import decoding, features, flops, losses, model_kinds
 from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
 from t5lite.models.configs import T5Config
 from t5lite.models.t5 import T5
@@ -21,7 +21,7 @@ class EncoderDecoderModel(BaseModel):
     FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                 "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
                 "decoder_positions")
-    FEATURE_CONVERTER_KIND = "encoder_decoder"
+    FEATURE_CONVERTER_KIND = model_kinds.ENCODER_DECODER
 
     def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
                  loss_normalizing_factor: losses.NormalizingFactor = None):

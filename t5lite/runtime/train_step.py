@@ -102,8 +102,7 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
     params, fp8 = _split_variables(variables)
     zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     low_fp8 = precision.fp8_identity(fp8)
-    zero_sums = {k: jnp.zeros((), jnp.float32)
-                 for k in ("z_loss", "correct", "weight_sum", "nonpadding")}
+    zero_sums = {k: jnp.zeros((), jnp.float32) for k in model.METRIC_SUMS}
     (loss_sum, sums, grads, new_fp8), _ = jax.lax.scan(
         body, (jnp.zeros((), jnp.float32), zero_sums, zero_g, low_fp8),
         (jnp.arange(num_microbatches), mbs))
