@@ -135,9 +135,9 @@ def test_a_file_gone_since_listing_is_named(tmp_path):
 
 def test_a_missing_pile_shard_is_named(tmp_path):
     pytest.importorskip("seqio")
-    from t5lite.data import sources
+    from t5lite.data import source_resolvers
     names = [str(tmp_path / f"{i:02d}.jsonl.zst") for i in (0, 1, 3, 4)]
     with pytest.raises(DataNotFoundError, match=r"shard 02.jsonl.zst is missing"):
-        sources.check_numbered_shards(names)
-    sources.check_numbered_shards(names[:2])  # a prefix 00-01 is a valid subset
-    sources.check_numbered_shards([str(tmp_path / "val.jsonl.zst")])
+        source_resolvers.check_numbered_shards(names)
+    source_resolvers.check_numbered_shards(names[:2])  # a prefix 00-01 is a valid subset
+    source_resolvers.check_numbered_shards([str(tmp_path / "val.jsonl.zst")])

@@ -30,8 +30,8 @@ pytest.importorskip("seqio")
 
 import seqio  # noqa: E402
 
-from t5lite.data import (demo_corpus, jsonl_cursor, pipeline, readers, sources,  # noqa: E402
-                         stream_errors)
+from t5lite.data import (demo_corpus, jsonl_cursor, pipeline, readers,  # noqa: E402
+                         source_resolvers, sources, stream_errors)
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 
 WORDS = ("red green blue black white stone river cloud field light house garden "
@@ -164,7 +164,7 @@ def test_the_pile_reader_resumes_exactly_from_every_element(shards, monkeypatch,
 def test_the_in_memory_source_resumes_exactly_from_every_element(tmp_path):
     files = demo_corpus.write_multinli(str(tmp_path / "mnli"), train=11, dev=3)
     source = sources.ExamplesSource({"train": files["train"]}, readers.read_mnli,
-                                    sources.MNLI_SIGNATURE)
+                                    source_resolvers.MNLI_SIGNATURE)
     for shard, count in ((0, 1), (1, 2)):
         info = seqio.ShardInfo(index=shard, num_shards=count)
         per_pass = len(source.get_dataset("train", seed=2, shard_info=info))

@@ -31,7 +31,7 @@ import functools
 import types
 from typing import Dict, List, Optional, Tuple
 
-from t5lite.data import settings, sources, vocabularies
+from t5lite.data import settings, source_resolvers, sources, vocabularies
 from t5lite.data.readers import MNLI_LABELS
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, UnknownTaskError
@@ -103,10 +103,11 @@ def register_tasks() -> None:
     """(Re-)register every t5lite task with a vocabulary that reads the current
     `vocabulary_path` setting on first use."""
     vocab = vocabularies.DeferredSentencePieceVocabulary()
-    pile = sources.DeferredSource(PILE_SPLITS, lambda: sources.resolve_pile(PILE_SPLITS),
+    pile = sources.DeferredSource(PILE_SPLITS,
+                                  lambda: source_resolvers.resolve_pile(PILE_SPLITS),
                                   "the Pile (PILE_DIR or TFDS the_pile)")
     c4 = sources.DeferredSource(C4_SPLITS,
-                                lambda: sources.resolve_tfds_only("c4/en", C4_SPLITS),
+                                lambda: source_resolvers.resolve_tfds_only("c4/en", C4_SPLITS),
                                 "C4 (TFDS c4/en)")
     for prefix, source in (("pile", pile), ("c4", c4)):
         _add(f"{prefix}_span_corruption", source=source,
@@ -116,7 +117,8 @@ def register_tasks() -> None:
              output_features=_features(vocab, inputs=False), metric_fns=[])
 
     _add("mnli",
-         source=sources.DeferredSource(MNLI_SPLITS, lambda: sources.resolve_mnli(MNLI_SPLITS),
+         source=sources.DeferredSource(MNLI_SPLITS,
+                                       lambda: source_resolvers.resolve_mnli(MNLI_SPLITS),
                                        "MNLI (MNLI_DIR or TFDS glue/mnli)"),
          preprocessors=[glue_utils.get_glue_text_preprocessor(_MNLI_GLUE_CONFIG),
                         seqio.preprocessors.tokenize,
@@ -128,7 +130,7 @@ def register_tasks() -> None:
 
     _add("squad_v1_1",
          source=sources.DeferredSource(SQUAD_SPLITS,
-                                       lambda: sources.resolve_squad(SQUAD_SPLITS),
+                                       lambda: source_resolvers.resolve_squad(SQUAD_SPLITS),
                                        "SQuAD v1.1 (SQUAD_DIR or TFDS squad/v1.1)"),
          preprocessors=[t5_preprocessors.squad,
                         seqio.preprocessors.tokenize,

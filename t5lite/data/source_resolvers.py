@@ -1,0 +1,181 @@
+"""Which source a task reads, decided when its dataset is built (`DeferredSource` asks
+these): a setting's local directory in the dataset's own layout (the Pile, MNLI, SQuAD),
+else a prepared TFDS dataset in the local TFDS data directory, else one line naming both
+and how to set them.
+
+    resolve_pile / resolve_mnli / resolve_squad / resolve_tfds_only(name)
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping, Sequence
+
+from t5lite.data import readers, settings
+from t5lite.data.sources import (ExamplesSource, JsonlTextSource, TfdsDirSource,
+                                 find_tfds_dir)
+from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import DataNotFoundError
+
+tf = import_tensorflow()
+import seqio  # noqa: E402
+
+# Local layouts: split -> glob patterns under the directory; the first that matches wins.
+PILE_LAYOUT = {
+    "train": ("train/*.jsonl.zst", "train/*.jsonl", "[0-9][0-9].jsonl.zst", "[0-9][0-9].jsonl"),
+    "validation": ("val.jsonl.zst", "val.jsonl", "validation/*.jsonl.zst",
+                   "validation/*.jsonl", "val/*.jsonl.zst", "val/*.jsonl"),
+    "test": ("test.jsonl.zst", "test.jsonl", "test/*.jsonl.zst", "test/*.jsonl"),
+}
+MNLI_LAYOUT = {
+    "train": ("multinli_1.0_train.jsonl", "multinli_1.0/multinli_1.0_train.jsonl",
+              "train.tsv", "MNLI/train.tsv"),
+    "validation_matched": ("multinli_1.0_dev_matched.jsonl",
+                           "multinli_1.0/multinli_1.0_dev_matched.jsonl",
+                           "dev_matched.tsv", "MNLI/dev_matched.tsv"),
+    "validation_mismatched": ("multinli_1.0_dev_mismatched.jsonl",
+                              "multinli_1.0/multinli_1.0_dev_mismatched.jsonl",
+                              "dev_mismatched.tsv", "MNLI/dev_mismatched.tsv"),
+}
+PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/29.jsonl.zst, "
+                 "val.jsonl.zst, test.jsonl.zst (uncompressed .jsonl also read), one "
+                 "{\"text\": ..., \"meta\": ...} record a line")
+SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
+
+
+def _tfds_where(name: str) -> str:
+    return (f"a prepared TFDS {name} under the TFDS data directory "
+            f"{settings.get('tfds_data_dir')!r} ({settings.how_to_set('tfds_data_dir')})")
+
+
+def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
+    """The Pile from the `pile_dir` setting if set, else TFDS the_pile, else an error."""
+    directory = settings.get("pile_dir")
+    if directory:
+        readers.require_dir(directory, "Pile", f"{settings.source_of('pile_dir')}; "
+                                               f"{settings.how_to_set('pile_dir')}")
+        files = {s: readers.glob_files(directory, PILE_LAYOUT[s]) for s in splits}
+        files = {s: f for s, f in files.items() if f}
+        for split_files in files.values():
+            check_numbered_shards(split_files)
+        if not files:
+            raise DataNotFoundError(
+                f"no Pile files in {directory!r} ({settings.source_of('pile_dir')}): "
+                f"expected {PILE_EXPECTED}")
+        return _PartialSplits(JsonlTextSource(files), PILE_LAYOUT, directory, "Pile")
+    tfds_dir = find_tfds_dir("the_pile")
+    if tfds_dir:
+        return TfdsDirSource(tfds_dir, splits)
+    raise DataNotFoundError(
+        f"no Pile data: {settings.how_to_set('pile_dir')} to a directory holding "
+        f"{PILE_EXPECTED}, or provide {_tfds_where('the_pile')}")
+
+
+def check_numbered_shards(files: Sequence[str]) -> None:
+    """Files named by number (the Pile's 00.jsonl.zst ... 29.jsonl.zst) must run from 00
+    without a gap: a missing one (a download cut short) is named, not silently skipped."""
+    numbered = {}
+    for path in files:
+        m = re.fullmatch(r"(\d+)(\..*)", os.path.basename(path))
+        if m:
+            numbered[int(m.group(1))] = (len(m.group(1)), m.group(2), os.path.dirname(path))
+    if not numbered:
+        return
+    missing = sorted(set(range(max(numbered) + 1)) - set(numbered))
+    if missing:
+        width, suffix, where = numbered[max(numbered)]
+        names = ", ".join(f"{n:0{width}d}{suffix}" for n in missing)
+        raise DataNotFoundError(
+            f"{where}: shard {names} is missing (the shards present run to "
+            f"{max(numbered):0{width}d}{suffix}); restore it, or keep shards numbered "
+            f"from 00 without gaps")
+
+
+def resolve_tfds_only(name: str, splits: Sequence[str]) -> seqio.DataSource:
+    tfds_dir = find_tfds_dir(name)
+    if tfds_dir:
+        return TfdsDirSource(tfds_dir, splits)
+    raise DataNotFoundError(f"no {name} data: expected {_tfds_where(name)}, i.e. "
+                            f"{name}/<version>/dataset_info.json and its tfrecord files")
+
+
+def _resolve_files(setting: str, what: str, layout: Mapping[str, Sequence[str]],
+                   tfds_name: str, splits: Sequence[str], reader, signature,
+                   expected: str) -> seqio.DataSource:
+    directory = settings.get(setting)
+    if not directory:
+        tfds_dir = find_tfds_dir(tfds_name)
+        if tfds_dir:
+            return TfdsDirSource(tfds_dir, splits)
+        raise DataNotFoundError(
+            f"no {what} data: {settings.how_to_set(setting)} to a directory holding "
+            f"{expected}, or provide {_tfds_where(tfds_name)}")
+    readers.require_dir(directory, what, f"{settings.source_of(setting)}; "
+                                         f"{settings.how_to_set(setting)}")
+    files = {}
+    for split in splits:
+        path = readers.find_first(directory, layout[split])
+        if path:
+            files[split] = path
+    if not files:
+        raise DataNotFoundError(f"no {what} files in {directory!r} "
+                                f"({settings.source_of(setting)}): expected {expected}")
+    return _PartialSplits(ExamplesSource(files, reader, signature), layout, directory, what)
+
+
+class _PartialSplits(seqio.DataSource):
+    """A local-files source that names the missing file when asked for a split it lacks."""
+
+    def __init__(self, inner: seqio.DataSource, layout, directory: str, what: str):
+        self._inner, self._layout, self._directory, self._what = inner, layout, directory, what
+        super().__init__(splits=tuple(layout))
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return self._inner.supports_arbitrary_sharding
+
+    def _check(self, split: str) -> None:
+        if split not in self._inner.splits:
+            raise DataNotFoundError(f"no {self._what} file for split {split!r} in "
+                                    f"{self._directory!r}: expected "
+                                    f"{' or '.join(self._layout[split])}")
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        self._check(split)
+        return self._inner.list_shards(split)
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
+                    shard_info=None, *, sequence_length=None, use_cached=False, num_epochs=1):
+        self._check(split)
+        return self._inner.get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                       shard_info=shard_info)
+
+
+MNLI_SIGNATURE = {"premise": tf.TensorSpec([], tf.string),
+                  "hypothesis": tf.TensorSpec([], tf.string),
+                  "label": tf.TensorSpec([], tf.int64),
+                  "idx": tf.TensorSpec([], tf.int32)}
+SQUAD_SIGNATURE = {"id": tf.TensorSpec([], tf.string), "title": tf.TensorSpec([], tf.string),
+                   "context": tf.TensorSpec([], tf.string),
+                   "question": tf.TensorSpec([], tf.string),
+                   "answers": {"text": tf.TensorSpec([None], tf.string),
+                               "answer_start": tf.TensorSpec([None], tf.int32)}}
+
+
+def resolve_mnli(splits: Sequence[str]) -> seqio.DataSource:
+    """MNLI from the `mnli_dir` setting (MultiNLI jsonl or GLUE TSVs) if set, else TFDS
+    glue/mnli, else an error."""
+    return _resolve_files(
+        "mnli_dir", "MNLI", MNLI_LAYOUT, "glue/mnli", splits, readers.read_mnli,
+        MNLI_SIGNATURE,
+        "the MultiNLI files multinli_1.0_train.jsonl, multinli_1.0_dev_matched.jsonl, "
+        "multinli_1.0_dev_mismatched.jsonl or the GLUE files train.tsv, dev_matched.tsv, "
+        "dev_mismatched.tsv (at its top or in multinli_1.0/ or MNLI/)")
+
+
+def resolve_squad(splits: Sequence[str]) -> seqio.DataSource:
+    """SQuAD v1.1 from the `squad_dir` setting if set, else TFDS squad/v1.1, else an
+    error."""
+    return _resolve_files("squad_dir", "SQuAD", SQUAD_LAYOUT, "squad/v1.1", splits,
+                          readers.read_squad, SQUAD_SIGNATURE,
+                          "the official train-v1.1.json and dev-v1.1.json")
