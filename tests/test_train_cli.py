@@ -281,6 +281,11 @@ def test_a_second_ctrl_c_stops_at_once_and_keeps_the_saved_checkpoints(tmp_path)
     try:
         th.wait_for(lambda: max(th.logged_steps(th.read_log(log)) or [0]) >= period + 2,
                     f"step {period + 2}", proc=proc, log_path=log)
+        # the step-`period` checkpoint saves in the background: wait until it is
+        # committed, so that it is one "saved before" the Ctrl-Cs (a save still in
+        # flight is abandoned by the second Ctrl-C, as docs/checkpoints.md says)
+        th.wait_for(lambda: period in th.complete_steps(model_dir),
+                    f"checkpoint {period} committed", proc=proc, log_path=log)
         proc.send_signal(signal.SIGINT)
         th.wait_for(lambda: "Ctrl-C: saving this step" in th.read_log(log),
                     "the first Ctrl-C's line", proc=proc, log_path=log, poll=0.005)
