@@ -87,7 +87,7 @@ def extra_ids() -> int:
         number = int(value)
     except ValueError:
         number = -1
-    if number < 0 or isinstance(value, bool):
+    if number < 0:
         from t5lite.errors import ConfigError
         macro, env = SETTINGS["extra_ids"]
         raise ConfigError(f"{macro} must be a whole number >= 0 (100: T5's sentinels; 0: the "

@@ -31,7 +31,6 @@ from t5lite.errors import VocabularyError
 tf = import_tensorflow()
 import seqio  # noqa: E402  (after TensorFlow is set up)
 
-EXTRA_IDS = settings.DEFAULT_EXTRA_IDS
 PUBLIC_T5_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FILES "
               "--vocab_size=32000 --output=spm.model`")

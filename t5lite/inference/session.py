@@ -106,6 +106,7 @@ class Session:
         self._predict = make_predict_fn(self.model, self.partitioner, decoder=self.decoder,
                                         max_decode_length=self.feature_lengths["targets"])
         self._score = self.partitioner.partition(self.model.score_batch)
+        self._layout = self.partitioner.data_layout(self.batch_size)  # this process's rows
 
     # -- batches ----------------------------------------------------------------------
     def _global(self, batch: Mapping[str, np.ndarray]) -> Tuple[Dict[str, jax.Array], int]:
@@ -117,8 +118,7 @@ class Session:
             v = np.asarray(v)
             pad = np.zeros((self.batch_size - rows,) + v.shape[1:], v.dtype)
             padded[k] = np.concatenate([v, pad], axis=0)
-        layout = self.partitioner.data_layout(self.batch_size)
-        local = {k: v[layout.start:layout.stop] for k, v in padded.items()}
+        local = {k: v[self._layout.start:self._layout.stop] for k, v in padded.items()}
         return self.partitioner.host_to_global(local, self.batch_size), rows
 
     def predict(self, batch: Mapping[str, np.ndarray], index: int = 0) -> np.ndarray:

@@ -62,6 +62,7 @@ class BaseModel:
     FEATURE_CONVERTER_KIND: str = ""
     # the token sums `loss_sums` returns beside the loss (summed over microbatches)
     METRIC_SUMS: Tuple[str, ...] = ("z_loss", "correct", "weight_sum", "nonpadding")
+    NETWORK: type  # the family's flax network, built from the config
     module: nn.Module
 
     def __init__(self, config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
@@ -74,6 +75,7 @@ class BaseModel:
         self.z_loss = z_loss
         self.label_smoothing = label_smoothing
         self.loss_normalizing_factor = loss_normalizing_factor
+        self.module = self.NETWORK(config)
 
     # -- construction ---------------------------------------------------------------
     def dummy_batch(self, batch_size: int = 1,

@@ -10,9 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, features, flops, losses, model_kinds
+from t5lite.models import decoding, features, flops, model_kinds
 from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
-from t5lite.models.configs import DecoderConfig
 from t5lite.models.decoder import DecoderOnly
 
 
@@ -22,11 +21,7 @@ class DecoderOnlyModel(BaseModel):
     FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_segment_ids",
                 "decoder_positions", "decoder_causal_attention")
     FEATURE_CONVERTER_KIND = model_kinds.DECODER_ONLY
-
-    def __init__(self, config: DecoderConfig, z_loss: float = 1e-4, label_smoothing: float = 0.0,
-                 loss_normalizing_factor: losses.NormalizingFactor = None):
-        super().__init__(config, z_loss, label_smoothing, loss_normalizing_factor)
-        self.module = DecoderOnly(config)
+    NETWORK = DecoderOnly
 
     def predict_batch(self, params, batch: Batch, *,
                       decoder: decoding.DecoderSpec = "greedy",

@@ -9,9 +9,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from t5lite.models import decoding, features, flops, losses, model_kinds
+from t5lite.models import decoding, features, flops, model_kinds
 from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
-from t5lite.models.configs import T5Config
 from t5lite.models.t5 import T5
 
 
@@ -22,11 +21,7 @@ class EncoderDecoderModel(BaseModel):
                 "encoder_segment_ids", "decoder_segment_ids", "encoder_positions",
                 "decoder_positions")
     FEATURE_CONVERTER_KIND = model_kinds.ENCODER_DECODER
-
-    def __init__(self, config: T5Config, z_loss: float = 1e-4, label_smoothing: float = 0.0,
-                 loss_normalizing_factor: losses.NormalizingFactor = None):
-        super().__init__(config, z_loss, label_smoothing, loss_normalizing_factor)
-        self.module = T5(config)
+    NETWORK = T5
 
     def predict_batch(self, params, batch: Batch, *,
                       decoder: decoding.DecoderSpec = "greedy",
