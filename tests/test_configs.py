@@ -1,6 +1,7 @@
 """Shipped gin configs, flag parsing, and one-line configuration errors."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import pytest
 
 from t5lite.config import flags, parsing
 from t5lite.errors import ConfigError
+from t5lite.models import configs
 from t5lite.tools import footprint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,9 +30,8 @@ EXPECTED_PARAMS = {
     "models/llama2/13b.gin": 13_015_864_320,
     "models/llama2/70b.gin": 68_976_648_192,
 }
-SWITCH_DEFAULTS = {"FUSE_QKV": False, "TRANSPOSE_BS": False, "FP8": False,
-                   "REMAT_POLICY": "none", "SCAN_LAYERS": False, "DROPOUT_RATE": 0.0,
-                   "ACTIVATION_DTYPE": "bfloat16", "ATTENTION_IMPL": "xla"}
+SWITCH_DEFAULTS = {macro: configs.Switches.__dataclass_fields__[field].default
+                   for field, macro in configs.switch_macros().items()}
 
 
 def _model(gin_file, *bindings):
@@ -51,7 +52,26 @@ def test_model_configs_bind_model_and_switches(path):
     for name, default in SWITCH_DEFAULTS.items():
         value = parsing.gin.query_parameter(f"{name}/gin.macro.value")
         if not (path.name == "5b.gin" and name == "SCAN_LAYERS"):
-            assert value == default, (path, name)
+            assert value == default, (path, name)  # the macro's value is the Python default
+    for field, macro in configs.switch_macros().items():  # and the binding reaches the config
+        assert getattr(model.config, field) == parsing.gin.query_parameter(
+            f"{macro}/gin.macro.value"), (path, field)
+
+
+def test_switch_bindings_have_one_home():
+    """configs/models/_switches.gin binds every switch of both config classes to its macro;
+    no other config binds a switch field (it sets the macro)."""
+    binding = re.compile(r"^(?:t5lite\.)?(T5Config|DecoderConfig)\.(\w+)\s*=\s*(.*)$", re.M)
+    switches = configs.switch_macros()
+    home = CONFIGS / "models" / "_switches.gin"
+    found = set()
+    for path in CONFIGS.rglob("*.gin"):
+        for cls, field, value in binding.findall(path.read_text()):
+            if field in switches:
+                assert path == home, f"{path.relative_to(CONFIGS)} binds {cls}.{field}"
+                assert value.split("#")[0].strip() == f"%{switches[field]}"
+                found.add((cls, field))
+    assert found == {(cls, f) for cls in ("T5Config", "DecoderConfig") for f in switches}
 
 
 @pytest.mark.parametrize("gin_file", list(EXPECTED_PARAMS))

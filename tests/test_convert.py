@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 import t5lite.config.registry  # noqa: E402,F401  (gin registrations)
 from t5lite.config import parsing  # noqa: E402
 from t5lite.interop import checkpoint_format, convert, hf  # noqa: E402
+from t5lite.models.configs import switch_macros  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,10 +44,10 @@ def assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(la[k]), np.asarray(lb[k]), err_msg=k)
 
 
-def model_from_gin(path):
+def model_from_gin(path, *bindings):
     gin.clear_config()
     try:
-        gin.parse_config_file(str(path))
+        gin.parse_config_files_and_bindings([str(path)], list(bindings))
         return parsing.resolve_macro("MODEL", str(path))
     finally:
         gin.clear_config()
@@ -113,6 +114,10 @@ def test_convert_in_process_matches_gin_text(hf_t5, tmp_path):
     assert "MODEL = @EncoderDecoderModel()" in text
     assert "EncoderDecoderModel.config = @T5Config()" in text
     assert "T5Config.emb_dim = 32" in text and "FUSE_QKV = False" in text
+    for field, macro in switch_macros().items():  # every switch stays a macro (FP8_BACKEND too)
+        assert f"T5Config.{field} = %{macro}" in text
+    built = model_from_gin(out / "model.gin", "FP8_RECIPE = 'current'")
+    assert built.config.fp8_recipe == "current"  # was written as a plain value before
     assert set(t5lite.config.registry.REGISTERED) >= {"EncoderDecoderModel", "T5Config"}
 
 

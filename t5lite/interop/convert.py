@@ -30,21 +30,13 @@ from typing import Optional
 import jax
 
 from t5lite.interop import checkpoint_format, hf
+from t5lite.models.configs import switch_macros
 from t5lite.models.model import model_for_config
 
 GIN_NAME = "model.gin"
 # Config fields bound through the shared switch macros (configs/models/_switches.gin), so
 # `--gin.FUSE_QKV=...` and friends keep working with a converted model.gin.
-SWITCH_MACROS = {
-    "dropout_rate": "DROPOUT_RATE",
-    "dtype": "ACTIVATION_DTYPE",
-    "fuse_qkv": "FUSE_QKV",
-    "transpose_bs": "TRANSPOSE_BS",
-    "fp8": "FP8",
-    "remat_policy": "REMAT_POLICY",
-    "scan_layers": "SCAN_LAYERS",
-    "attention_impl": "ATTENTION_IMPL",
-}
+SWITCH_MACROS = switch_macros()
 
 
 def model_gin(cfg, source: str = "") -> str:

@@ -58,9 +58,41 @@ FP8_RECIPES = ("delayed", "current")
 PRECISIONS = ("bf16", "fp8")
 
 
+def _switch(default, macro: str):
+    """A switch field: its default and the gin macro that sets it in every model config
+    (configs/models/_switches.gin binds it; `t5lite.convert` writes it)."""
+    return dataclasses.field(default=default, metadata={"macro": macro})
+
+
 @dataclasses.dataclass(frozen=True)
-class T5Config:
-    """T5 v1.1 (and original T5) encoder-decoder architecture and switches."""
+class Switches:
+    """The settings both families take, each set by one macro for any model: precision,
+    layouts, rematerialization, attention kernel and dropout. The same weights give the
+    same function under every switch but dropout (layouts convert on load)."""
+
+    dropout_rate: float = _switch(0.0, "DROPOUT_RATE")
+    dtype: str = _switch("bfloat16", "ACTIVATION_DTYPE")  # activations; parameters stay float32
+    fuse_qkv: bool = _switch(False, "FUSE_QKV")
+    transpose_bs: bool = _switch(False, "TRANSPOSE_BS")
+    fp8: bool = _switch(False, "FP8")
+    fp8_backend: str = _switch("native", "FP8_BACKEND")  # native (flax fp8 ops) | te
+    fp8_recipe: str = _switch("delayed", "FP8_RECIPE")  # TE only: delayed (T5X's) | current
+    remat_policy: str = _switch("none", "REMAT_POLICY")
+    scan_layers: bool = _switch(False, "SCAN_LAYERS")
+    attention_impl: str = _switch("xla", "ATTENTION_IMPL")
+
+    def __post_init__(self):
+        _check_switches(self)
+
+
+def switch_macros() -> dict:
+    """{switch field: the gin macro that sets it}."""
+    return {f.name: f.metadata["macro"] for f in dataclasses.fields(Switches)}
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config(Switches):
+    """T5 v1.1 (and original T5) encoder-decoder architecture, and the switches."""
 
     HF_MODEL_TYPE: ClassVar[str] = "t5"
     vocab_size: int = 32128
@@ -71,7 +103,6 @@ class T5Config:
     num_decoder_layers: int = 8
     mlp_dim: int = 1024
     mlp_activations: Tuple[str, ...] = ("gelu", "linear")
-    dropout_rate: float = 0.0
     logits_via_embedding: bool = False
     relpos_num_buckets: int = 32
     relpos_max_distance: int = 128
@@ -79,19 +110,9 @@ class T5Config:
     # the token that ends a target (decoding stops there); the decoder starts from 0
     # (T5's padding id). 1 is T5's SentencePiece EOS; the vocabulary must agree
     eos_id: int = 1
-    # switches
-    dtype: str = "bfloat16"
-    fuse_qkv: bool = False
-    transpose_bs: bool = False
-    fp8: bool = False
-    fp8_backend: str = "native"  # "native" (flax fp8 ops) or "te" (Transformer Engine)
-    fp8_recipe: str = "delayed"  # TE only: "delayed" (T5X's) or "current" scaling
-    remat_policy: str = "none"
-    scan_layers: bool = False
-    attention_impl: str = "xla"
 
     def __post_init__(self):
-        _check_switches(self)
+        super().__post_init__()
         _check_special_ids(self)
         if self.relpos_max_distance <= self.relpos_num_buckets // 2:
             raise ValueError(
@@ -104,8 +125,8 @@ class T5Config:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
-    """Decoder-only architecture (GPT and LLaMA) and switches."""
+class DecoderConfig(Switches):
+    """Decoder-only architecture (GPT and LLaMA), and the switches."""
 
     HF_MODEL_TYPE: ClassVar[str] = "llama"  # GPT-style settings have no HF mapping
     vocab_size: int = 32000
@@ -123,7 +144,6 @@ class DecoderConfig:
     rope_theta: float = 10000.0
     use_bias: bool = False  # biases on every projection (GPT)
     tie_embeddings: bool = False
-    dropout_rate: float = 0.0
     # prefix LM (a task's inputs then targets in one sequence): the inputs attend to each
     # other both ways, as T5X's decoder_causal_attention does; off: causal throughout
     # (GPT, LLaMA). Needs attention_impl 'xla'
@@ -134,19 +154,9 @@ class DecoderConfig:
     # vocabulary's EOS must be eos_id (`model.check_vocabulary`)
     bos_id: int = 0
     eos_id: int = 1
-    # switches
-    dtype: str = "bfloat16"
-    fuse_qkv: bool = False
-    transpose_bs: bool = False
-    fp8: bool = False
-    fp8_backend: str = "native"  # "native" (flax fp8 ops) or "te" (Transformer Engine)
-    fp8_recipe: str = "delayed"  # TE only: "delayed" (T5X's) or "current" scaling
-    remat_policy: str = "none"
-    scan_layers: bool = False
-    attention_impl: str = "xla"
 
     def __post_init__(self):
-        _check_switches(self)
+        super().__post_init__()
         _check_special_ids(self)
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             raise ValueError(
