@@ -1,4 +1,5 @@
-"""The error types every layer raises (a leaf: this module imports nothing of t5lite's).
+"""The error types every layer raises, and `check_positive_int` for the settings that must be
+positive integers (a leaf: this module imports nothing of t5lite's).
 
 Each carries a one-line message that names the problem and the fix. The commands turn
 them into a single `error: ...` line and an exit status (t5lite/config/command.py):
@@ -16,6 +17,8 @@ them into a single `error: ...` line and an exit status (t5lite/config/command.p
       DiskFullError             a write that found no room on its disk
 """
 from __future__ import annotations
+
+from typing import Optional
 
 
 class ConfigError(Exception):
@@ -66,3 +69,14 @@ class OutputWriteError(RuntimeError):
 class DiskFullError(OutputWriteError):
     """A write (a checkpoint, TensorBoard events, predictions) that found no room on its
     disk; the message is one line: what, where, how much it needs and how much is free."""
+
+
+def check_positive_int(setting: str, value, optional: bool = False) -> Optional[int]:
+    """`value` if it is a positive integer (or None when `optional`); else ConfigError
+    naming the setting (BATCH_SIZE, TRAIN_STEPS, LOG_PERIOD, ...)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        allowed = " (or None)" if optional else ""
+        raise ConfigError(f"{setting} must be a positive integer{allowed}, got {value!r}")
+    return value

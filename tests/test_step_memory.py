@@ -27,10 +27,10 @@ def _tiny_t5(**switches):
 
 
 def _memory(model, batch, mesh_shape, optimizer=None, devices=8):
-    the_run = run.build_run(model=model, batch_size=batch, task_feature_lengths=LENGTHS,
-                            mixture_or_task_name="synthetic",
-                            optimizer=optimizer or optimizers.adamw(1e-3),
-                            mesh=MeshSettings(ici_mesh_shape=mesh_shape),
+    data = run.TrainData("synthetic", LENGTHS, batch_size=batch, seed=0, pack=False)
+    the_run = run.build_run(model=model, data=data, optimizer=optimizer or optimizers.adamw(1e-3),
+                            mesh=MeshSettings(ici_mesh_shape=mesh_shape, dcn_mesh_shape=(1, 1, 1),
+                                              partition_rules=()),
                             devices=jax.devices()[:devices])
     compiled = step_memory.compile_train_step(the_run, step_memory.abstract_batch(the_run,
                                                                                   LENGTHS))

@@ -82,9 +82,10 @@ def test_packed_batches_with_te_attention_are_refused(monkeypatch):
     assert "ATTENTION_IMPL='cudnn'" in str(err.value) and "\n" not in str(err.value)
     from t5lite.runtime import optimizers, run
     with pytest.raises(ConfigError, match="packed"):
-        run.build_run(model=model, batch_size=2, task_feature_lengths={"inputs": 8, "targets": 4},
-                      mixture_or_task_name="synthetic", optimizer=optimizers.adamw(1e-3),
-                      pack=True, devices=jax.devices()[:1])
+        data = run.TrainData("synthetic", {"inputs": 8, "targets": 4}, batch_size=2, seed=0,
+                             pack=True)
+        run.build_run(model=model, data=data, optimizer=optimizers.adamw(1e-3),
+                      devices=jax.devices()[:1])
 
 
 def test_microbatches_combine_te_scales_with_min_and_the_rest_with_max():
@@ -159,13 +160,13 @@ def test_fp8_microbatches_give_the_same_update(backend):
     sgd = optimizers.Optimizer(optax.sgd(1.0), lambda step: 1.0, "sgd")  # update = -grad
     states = []
     for k in (1, 4):
-        the_run = run.build_run(model=model_for_config(cfg), batch_size=8,
-                                task_feature_lengths={"inputs": 64, "targets": 32},
-                                mixture_or_task_name="synthetic",
+        data = run.TrainData("synthetic", {"inputs": 64, "targets": 32}, batch_size=8,
+                             seed=0, pack=False)
+        the_run = run.build_run(model=model_for_config(cfg), data=data,
                                 optimizer=sgd, num_microbatches=k,
-                                mesh=MeshSettings(), devices=jax.devices()[:1])
-        state = the_run.fns.init(jax.random.PRNGKey(0))
-        state, _ = the_run.fns.train_step(state, the_run.next_batch())
+                                mesh=MeshSettings.data_parallel(), devices=jax.devices()[:1])
+        state = the_run.step_fns.init(jax.random.PRNGKey(0))
+        state, _ = the_run.step_fns.train_step(state, the_run.next_batch())
         states.append(jax.device_get(state))
     for a, b in zip(jax.tree_util.tree_leaves(states[0].params),
                     jax.tree_util.tree_leaves(states[1].params)):

@@ -1,13 +1,13 @@
 """SeqIO task or mixture -> this process's batches of numpy arrays, with a resumable
 position.
 
-    it = make_iterator("pile_span_corruption", split="train",
+    iterator = make_iterator("pile_span_corruption", split="train",
                        feature_lengths={"inputs": 512, "targets": 128},
                        layout=partitioner.data_layout(2048), model_kind="encoder_decoder",
                        pack=False, shuffle=True, seed=0)
-    batch = next(it)          # this process's rows: layout.rows of the 2048
-    it.get_state()            # {"position": 1, ...}: batches consumed so far
-    it.set_state(state)       # the next batch is batch number state["position"]
+    batch = next(iterator)          # this process's rows: layout.rows of the 2048
+    iterator.get_state()            # {"position": 1, ...}: batches consumed so far
+    iterator.set_state(state)       # the next batch is batch number state["position"]
 
 Batches carry the T5X feature-converter names (seqio.EncDecFeatureConverter,
 seqio.LMFeatureConverter, or for a decoder-only model on an inputs -> targets task

@@ -22,9 +22,9 @@ padding. The streams are stable for a given numpy version.
 
     task = SyntheticTask({"inputs": 512, "targets": 128}, vocab_size=32128,
                          kind="encoder_decoder", seed=0)
-    it = SyntheticIterator(task, partitioner.data_layout(256))
-    batch = next(it)                  # this process's rows of step 0 (its data shard)
-    state = it.get_state()            # {"step": 1}: the next unseen batch
+    iterator = SyntheticIterator(task, partitioner.data_layout(256))
+    batch = next(iterator)                  # this process's rows of step 0 (its data shard)
+    state = iterator.get_state()            # {"step": 1}: the next unseen batch
 """
 from __future__ import annotations
 

@@ -127,12 +127,12 @@ def measure(batches: Callable[[], Iterator[Dict[str, Any]]], n_batches: int,
             warmup: int = 2) -> Dict[str, float]:
     """Examples read in `n_batches` after `warmup`: rows, or in packed rows the examples
     packed into them (their segments)."""
-    it = batches()
+    iterator = batches()
     for _ in range(warmup):
-        next(it)
+        next(iterator)
     wall, cpu, examples = time.perf_counter(), _cpu_seconds(), 0
     for _ in range(n_batches):
-        batch = next(it)
+        batch = next(iterator)
         segments = batch.get("decoder_segment_ids")
         examples += (int(segments.max(axis=1).sum()) if segments is not None
                      else len(batch["decoder_target_tokens"]))
@@ -181,14 +181,14 @@ def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: in
         return pipeline.make_iterator("pile_span_corruption", split="train",
                                       feature_lengths=dict(lengths), layout=DataLayout(rows),
                                       pack=pack, shuffle=True, seed=0)
-    it, states, t0 = make(), {}, time.perf_counter()
-    next(it)
+    iterator, states, t0 = make(), {}, time.perf_counter()
+    next(iterator)
     t1 = time.perf_counter()
     for position in range(2, late + 1):
-        next(it)
+        next(iterator)
         if position in (early, late):
             t = time.perf_counter()
-            state = it.get_state()
+            state = iterator.get_state()
             states[position] = (state, time.perf_counter() - t)
     per_batch = (time.perf_counter() - t1) / (late - 1)
     out: Dict[str, Any] = {"rows": rows, "inputs": lengths["inputs"],

@@ -33,14 +33,13 @@ MODES = ("decode", "perplexity")
 
 def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str],
              output_dir: str, task_feature_lengths: Mapping[str, int], batch_size: int,
-             split: str = "validation", num_examples: Optional[int] = None,
-             decoding: Optional[DecodingSettings] = None,
-             mesh: Optional[MeshSettings] = None,
-             data_settings: Optional[DataSettings] = None, mode: str = "decode",
-             input_file: Optional[str] = None) -> Dict[str, Dict[str, float]]:
+             split: str, num_examples: Optional[int], decoding: DecodingSettings,
+             mesh: MeshSettings, data_settings: DataSettings, mode: str,
+             input_file: Optional[str]) -> Dict[str, Dict[str, float]]:
     """Decode `split` of the task or mixture, compute its metrics, write them (MODE
     'decode'), or measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given).
-    Returns {task: {metric: value}}."""
+    Returns {task: {metric: value}}. Every keyword is bound by configs/runs/eval.gin, the
+    one home of their defaults."""
     if not output_dir:
         raise ConfigError("OUTPUT_DIR is not set")
     if mode not in MODES:
@@ -55,8 +54,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
     if input_file:
         raise ConfigError("INPUT_FILE is read by MODE 'perplexity' (decoding reads a task "
                           "split); set MODE='perplexity' or drop INPUT_FILE")
-    decoding = decoding or DecodingSettings()
-    tasks = edge.import_tasks(data_settings or DataSettings())
+    tasks = edge.import_tasks(data_settings)
     edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
     session = load_session(model, checkpoint_path, batch_size=batch_size,
                            feature_lengths=task_feature_lengths, decoding_settings=decoding,
@@ -78,7 +76,7 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
 def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, batch_size,
                 split, num_examples, mesh, data_settings, input_file):
     """MODE 'perplexity' (see the module docstring)."""
-    tasks = edge.import_tasks(data_settings or DataSettings())
+    tasks = edge.import_tasks(data_settings)
     if input_file:
         if not Path(input_file).is_file():
             raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")

@@ -57,13 +57,13 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
     from t5lite.data import pipeline
     from t5lite.data.data_layout import DataLayout
     # every process reads the whole split (one shard) and feeds its rows to the session
-    it = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
-                                layout=DataLayout(batch_size),
-                                model_kind=model.FEATURE_CONVERTER_KIND,
-                                bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
-                                repeat=False, drop_remainder=False)
-    model.check_vocabulary(it.vocabulary)
-    return _first_rows(it, num_examples)
+    iterator = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
+                                      layout=DataLayout(batch_size),
+                                      model_kind=model.FEATURE_CONVERTER_KIND,
+                                      bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
+                                      repeat=False, drop_remainder=False)
+    model.check_vocabulary(iterator.vocabulary)
+    return _first_rows(iterator, num_examples)
 
 
 def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int],
@@ -97,8 +97,8 @@ def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    it = iter(items)
-    while chunk := list(itertools.islice(it, size)):
+    remaining = iter(items)
+    while chunk := list(itertools.islice(remaining, size)):
         yield chunk
 
 

@@ -45,7 +45,7 @@ JOB_FILE = "predictions.job.json"
 
 def job_record(*, checkpoint_path: str, step: int, mode: str, input_file: Optional[str],
                task: Optional[str], split: str, lengths: Mapping[str, int],
-               decoding: Optional[DecodingSettings]) -> Dict[str, Any]:
+               decoding: DecodingSettings) -> Dict[str, Any]:
     """What makes the lines of predictions.jsonl: the checkpoint, the inputs (a file's
     path, size and modification time, or the task split), the mode, lengths and decoding."""
     if input_file:
@@ -56,7 +56,7 @@ def job_record(*, checkpoint_path: str, step: int, mode: str, input_file: Option
         source = {"task": task, "split": split}
     return {"checkpoint": str(Path(checkpoint_path).resolve()), "step": int(step),
             "mode": mode, **source, "feature_lengths": dict(lengths),
-            "decoding": dataclasses.asdict(decoding or DecodingSettings())}
+            "decoding": dataclasses.asdict(decoding)}
 
 
 def check_same_job(output_dir: Path, record: Dict[str, Any], done: int) -> None:
@@ -214,14 +214,13 @@ def _batches(it: Iterator, size: int) -> Iterator[List]:
 
 
 def infer(*, model, checkpoint_path: str, output_dir: str,
-          task_feature_lengths: Mapping[str, int], batch_size: int, mode: str = "predict",
-          mixture_or_task_name: Optional[str] = None, split: str = "validation",
-          input_file: Optional[str] = None, decoding: Optional[DecodingSettings] = None,
-          mesh: Optional[MeshSettings] = None,
-          data_settings: Optional[DataSettings] = None) -> int:
+          task_feature_lengths: Mapping[str, int], batch_size: int, mode: str,
+          mixture_or_task_name: Optional[str], split: str, input_file: Optional[str],
+          decoding: DecodingSettings, mesh: MeshSettings, data_settings: DataSettings) -> int:
     """Predict or score every example of INPUT_FILE (else of the task split) into
     OUTPUT_DIR/predictions.jsonl, resuming after the lines already there. Returns the
-    number of lines written by this call."""
+    number of lines written by this call. Every keyword is bound by configs/runs/infer.gin,
+    the one home of their defaults."""
     if mode not in MODES:
         raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
     if not output_dir:
@@ -237,7 +236,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     # one infer per OUTPUT_DIR: two would interleave their lines in one file
     lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
     try:
-        tasks = edge.import_tasks(data_settings or DataSettings())
+        tasks = edge.import_tasks(data_settings)
         lengths = {"inputs": int(task_feature_lengths["inputs"]),
                    "targets": int(task_feature_lengths["targets"])}
         if input_file:

@@ -2,7 +2,8 @@
 `t5lite.eval`, `t5lite.infer` and the evaluation during training decode with.
 
     session = load_session(model, "/runs/mnli", batch_size=32,
-                           feature_lengths={"inputs": 256, "targets": 8})
+                           feature_lengths={"inputs": 256, "targets": 8},
+                           mesh=MeshSettings.data_parallel())
     tokens = session.predict(batch_numpy)       # [rows, targets] on the host
     scores = session.score(batch_numpy)         # [rows]
 
@@ -38,13 +39,13 @@ class DecodingSettings:
     or 'sample' with TEMPERATURE, TOP_K, TOP_P) and SEED (sampling: batch i draws with
     fold_in(PRNGKey(SEED), index of its first example)). Checked when built."""
 
-    method: str = "greedy"
-    beam_size: int = 4
-    alpha: float = 0.6
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    method: str
+    beam_size: int
+    alpha: float
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
 
     def __post_init__(self):
         self.decoder()
@@ -170,9 +171,10 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
 
 def load_session(model, checkpoint_path: str, *, batch_size: int,
                  feature_lengths: Mapping[str, int],
-                 decoding_settings: Optional[DecodingSettings] = None,
-                 mesh: Optional[MeshSettings] = None, decodes: bool = True) -> Session:
-    """Mesh, parameters restored onto it, jitted functions. For a decoder-only model,
+                 mesh: MeshSettings, decoding_settings: Optional[DecodingSettings] = None,
+                 decodes: bool = True) -> Session:
+    """Mesh, parameters restored onto it, jitted functions (decoding as
+    `decoding_settings` say; None, as a scoring session takes: greedy). For a decoder-only model,
     `inputs` is the prompt length and `targets` the number of new tokens (the model says
     whether they fit: `model.check_decode_lengths`). A session that only scores
     (`decodes=False`) takes the lengths as they are."""
@@ -185,9 +187,10 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
     if decodes:
         lengths = {k: lengths[k] for k in keys}
         model.check_decode_lengths(lengths)
-    settings = decoding_settings or DecodingSettings()
-    part = (mesh or MeshSettings()).partitioner(model=model)
-    part.check_batch_size(batch_size)
-    params = restore_params(model, checkpoint_path, part)
-    return Session(model, part, params, int(batch_size), lengths, settings.decoder(),
-                   checkpoint_files.checkpoint_step(checkpoint_path), int(settings.seed))
+    decoder, seed = ((decoding_settings.decoder(), int(decoding_settings.seed))
+                     if decoding_settings else (decoding.GreedyDecoder(), 0))
+    partitioner = mesh.partitioner(model=model)
+    partitioner.check_batch_size(batch_size)
+    params = restore_params(model, checkpoint_path, partitioner)
+    return Session(model, partitioner, params, int(batch_size), lengths, decoder,
+                   checkpoint_files.checkpoint_step(checkpoint_path), seed)

@@ -27,7 +27,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, OutputWriteError
+from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, OutputWriteError,
+                           check_positive_int)
 from t5lite.runtime import data_iterator_item, disk_space, periods, restore_noise
 from t5lite.runtime.checkpoint_trees import check_state_matches, item_metadata_tree
 from t5lite.runtime.finetune_restore import restore_params_for_finetuning
@@ -46,13 +47,13 @@ class CheckpointSettings:
     save), KEEP_CHECKPOINTS (how many complete checkpoints to keep, None: all) and
     async_save (write in the background while training goes on)."""
 
-    period: Optional[int] = 1000
-    keep: Optional[int] = 2
+    period: Optional[int]
+    keep: Optional[int]
     async_save: bool = True
 
     def __post_init__(self):
-        periods.check_positive("CHECKPOINT_PERIOD", self.period, optional=True)
-        periods.check_positive("KEEP_CHECKPOINTS", self.keep, optional=True)
+        check_positive_int("CHECKPOINT_PERIOD", self.period, optional=True)
+        check_positive_int("KEEP_CHECKPOINTS", self.keep, optional=True)
 
 
 def _local_size(directory: epath.Path) -> int:

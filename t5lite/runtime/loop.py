@@ -32,11 +32,11 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, OutputWriteError, TrainingError
+from t5lite.errors import ConfigError, OutputWriteError, TrainingError, check_positive_int
 from t5lite.runtime import checkpoints, disk_space, metrics, periods
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.partitioning import MeshSettings
-from t5lite.runtime.run import SYNTHETIC_TASK, build_run
+from t5lite.runtime.run import SYNTHETIC_TASK, TrainData, build_run
 from t5lite.runtime.run_lock import hold
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class InferenceEvalSettings:
     """Evaluation during training (T5X's infer_eval): EVAL_PERIOD (None or 0: never),
     EVAL_SPLIT, EVAL_BATCH_SIZE (None: BATCH_SIZE) and EVAL_NUM_EXAMPLES (None: all)."""
 
+    split: str
     period: Optional[int] = None
-    split: Optional[str] = "validation"
     batch_size: Optional[int] = None
     num_examples: Optional[int] = None
 
@@ -173,21 +173,19 @@ def _finite(values: Mapping[str, Any]) -> bool:
 
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
-          num_microbatches: int = 1, initial_checkpoint_path: Optional[str] = None,
-          random_seed: int = 0, pack: bool = False, log_period: int = 10,
-          mesh: Optional[MeshSettings] = None,
-          checkpointing: Optional[checkpoints.CheckpointSettings] = None,
-          data_settings: Optional[DataSettings] = None,
-          inference_eval: Optional[InferenceEvalSettings] = None,
-          inference_evaluator: Optional[Callable] = None,
-          allow_changed_inputs: bool = False) -> Dict[str, float]:
+          num_microbatches: int, initial_checkpoint_path: Optional[str], random_seed: int,
+          pack: bool, log_period: int, mesh: MeshSettings,
+          checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
+          inference_eval: InferenceEvalSettings, inference_evaluator: Optional[Callable],
+          allow_changed_inputs: bool) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
     many steps and after the last. A resume whose vocabulary or data files differ from
     the checkpoint's refuses (DataError) unless `allow_changed_inputs`. Returns the last
-    logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`)."""
-    periods.check_positive("TRAIN_STEPS", train_steps)
-    periods.check_positive("LOG_PERIOD", log_period)
+    logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`). Every
+    keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
+    check_positive_int("TRAIN_STEPS", train_steps)
+    check_positive_int("LOG_PERIOD", log_period)
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     # with several processes the signals are agreed on from here: one that reaches some
@@ -196,8 +194,6 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     lock = None
     try:
         lock = hold(model_dir)
-        checkpointing = checkpointing or checkpoints.CheckpointSettings()
-        inference_eval = inference_eval or InferenceEvalSettings()
         eval_period = inference_eval.period
         if eval_period and mixture_or_task_name == SYNTHETIC_TASK:
             raise ConfigError("EVAL_PERIOD: the 'synthetic' task has no metrics to evaluate; set "
@@ -206,30 +202,29 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
             raise ConfigError("EVAL_PERIOD is set but no inference evaluator is bound: set "
                               "train.inference_evaluator = @InferenceEvaluation (runs/pretrain.gin "
                               "does)")
-        run = build_run(model=model, batch_size=batch_size,
-                        task_feature_lengths=task_feature_lengths,
-                        mixture_or_task_name=mixture_or_task_name, optimizer=optimizer,
-                        num_microbatches=num_microbatches, random_seed=random_seed, mesh=mesh,
-                        pack=pack, data_settings=data_settings)
-        part, fns, it = run.partitioner, run.fns, run.iterator
+        data = TrainData(mixture_or_task_name, task_feature_lengths, batch_size,
+                         seed=random_seed, pack=pack, data_settings=data_settings)
+        run = build_run(model=model, data=data, optimizer=optimizer,
+                        num_microbatches=num_microbatches, mesh=mesh)
+        step_fns = run.step_fns
         abstract = jax.tree_util.tree_map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            fns.abstract_state, fns.state_shardings)
+            step_fns.abstract_state, step_fns.state_shardings)
         ckpt = checkpoints.Checkpointer(model_dir, keep=checkpointing.keep,
                                         period=checkpointing.period,
                                         async_save=checkpointing.async_save)
         evaluator = None
         try:
             state, data_state, source = checkpoints.restore_or_init(
-                ckpt, abstract, lambda: fns.init(jax.random.PRNGKey(random_seed)),
+                ckpt, abstract, lambda: step_fns.init(jax.random.PRNGKey(random_seed)),
                 initial_checkpoint_path=initial_checkpoint_path, model=model)
             if eval_period:
                 evaluator = inference_evaluator(
-                    model, part, task_name=mixture_or_task_name,
-                    feature_lengths=task_feature_lengths, batch_size=batch_size,
+                    model, run.partitioner, task_name=data.mixture_or_task_name,
+                    feature_lengths=data.task_feature_lengths, batch_size=data.batch_size,
                     output_dir=str(model_dir), settings=inference_eval)
             if data_state:
-                it.set_state(data_state, allow_changed_inputs=allow_changed_inputs)
+                run.iterator.set_state(data_state, allow_changed_inputs=allow_changed_inputs)
         except BaseException:
             _close_all(ckpt.close, evaluator.close if evaluator is not None else None)
             raise
@@ -247,7 +242,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         if config_written:
             _write_config(model_dir)
         log.info("start: %s at step %d; mesh %s; %d process(es)", source, step,
-                 dict(part.mesh.shape), jax.process_count())
+                 dict(run.partitioner.mesh.shape), jax.process_count())
 
         writer = metrics.MetricWriter(str(model_dir), jax.process_index(), log_every=log_period,
                                       total_steps=train_steps, subdir="train")
@@ -259,7 +254,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         t_start, start_step = t_last, step
         try:
             while step < train_steps:
-                state, step_metrics = fns.train_step(state, run.next_batch())
+                state, step_metrics = step_fns.train_step(state, run.next_batch())
                 step += 1
                 steps_since += 1
                 report = periods.due(step, log_period, train_steps)
@@ -280,7 +275,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     now = time.perf_counter()
                     step_time = (now - t_last) / steps_since
                     t_last, steps_since = now, 0
-                    values.update(metrics.throughput(step_time, batch_size, run.target_tokens,
+                    values.update(metrics.throughput(step_time, data.batch_size, run.target_tokens,
                                                      run.flops_per_example, jax.device_count(),
                                                      device_kind))
                     writer.write_scalars(step, values)
@@ -292,7 +287,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     if not config_written:
                         _write_config(model_dir)
                         config_written = True
-                    ckpt.save(step, state, it.get_state(), force=True)
+                    ckpt.save(step, state, run.iterator.get_state(), force=True)
                 if evaluator is not None and periods.due(step, eval_period, train_steps):
                     last = {**last, **evaluator(step, state.variables)}
                 if stopping:

@@ -10,8 +10,8 @@ joined_kv / mlp / vocab -> tensor, everything else replicated. Extra rules, the 
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
-    part = MeshSettings(ici_mesh_shape=(-1, 1, 1)).partitioner()
-    step = part.partition(step_fn, in_shardings=..., out_shardings=..., donate_argnums=(0,))
+    partitioner = MeshSettings.data_parallel().partitioner()
+    step = partitioner.partition(step_fn, in_shardings=..., out_shardings=..., donate_argnums=(0,))
     new_state, metrics = step(state, batch)     # under the mesh and the axis rules
 """
 from __future__ import annotations
@@ -320,9 +320,15 @@ class MeshSettings:
     (one -1 entry in each fills the devices), and PARTITION_RULES, extra
     (logical name, mesh axes) rules tried before `DEFAULT_RULES`."""
 
-    ici_mesh_shape: Sequence[int] = (-1, 1, 1)
-    dcn_mesh_shape: Sequence[int] = (1, 1, 1)
-    partition_rules: Sequence[Tuple[str, Any]] = ()
+    ici_mesh_shape: Sequence[int]
+    dcn_mesh_shape: Sequence[int]
+    partition_rules: Sequence[Tuple[str, Any]]
+
+    @classmethod
+    def data_parallel(cls) -> "MeshSettings":
+        """Every device on the data axis, no extra rules: the mesh of a library caller that
+        names none (a run's comes from configs/runs/_shared.gin)."""
+        return cls(ici_mesh_shape=(-1, 1, 1), dcn_mesh_shape=(1, 1, 1), partition_rules=())
 
     def partitioner(self, devices: Optional[Sequence[Any]] = None,
                     model: Any = None) -> Partitioner:

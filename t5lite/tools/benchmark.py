@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import jax
 
 from t5lite.runtime import metrics
-from t5lite.runtime.run import Run
+from t5lite.runtime.run import TrainingRun
 from t5lite.tools import step_memory
 
 
@@ -51,7 +51,7 @@ def device_memory_limit() -> Optional[int]:
     return min(_device_stat("bytes_limit"), default=None)
 
 
-def bench(run: Run, steps: int, warmup: int, fp8: bool = False,
+def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
           memory_limit_bytes: Optional[int] = None) -> Dict[str, Any]:
     """Compile, warm up and time `steps` train steps of `run`.
 
@@ -68,7 +68,7 @@ def bench(run: Run, steps: int, warmup: int, fp8: bool = False,
     if memory is not None and limit is not None and memory.peak_bytes > limit:
         raise StepDoesNotFit(f"the compiled step needs {memory.peak_bytes / 2**30:.2f} GiB "
                              f"per device, more than the {limit / 2**30:.2f} GiB available")
-    state = run.fns.init(jax.random.PRNGKey(0))
+    state = run.step_fns.init(jax.random.PRNGKey(0))
     t0 = time.perf_counter()
     state, m = step(state, batch)
     jax.block_until_ready(m)

@@ -10,7 +10,6 @@ same step.
 """
 from __future__ import annotations
 
-import inspect
 import platform
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
@@ -24,7 +23,7 @@ from t5lite.tools import benchmark
 
 
 def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
-                    search_paths: Iterable[str] = ()) -> run.Run:
+                    search_paths: Iterable[str] = ()) -> run.TrainingRun:
     """Parse the config (unset run macros get placeholders: a benchmark has no MODEL_DIR)
     and build its step run (`step_run`). Raises ConfigError / PartitioningError."""
     parsing.parse_gin(gin_files, bindings, search_paths, placeholders=parsing.RUN_PLACEHOLDERS)
@@ -34,25 +33,27 @@ def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
 def step_run(model, *, batch_size: Optional[int] = None,
              devices: Optional[Sequence[Any]] = None,
              task_feature_lengths: Optional[Mapping[str, int]] = None,
-             optimizer: Any = None) -> run.Run:
+             optimizer: Any = None) -> run.TrainingRun:
     """The parsed config's train step (model, optimizer, mesh, batch size, microbatches,
     lengths: the `train` bindings that `build_run` takes; arguments given here win) fed
     random batches of the same shapes: a step's speed and memory do not depend on the
     text, and random batches need no TensorFlow, even for a recipe naming a real task.
     Raises ConfigError in one line (a batch that does not divide over the mesh, say)."""
-    wanted = set(inspect.signature(run.build_run).parameters) - {"model", "devices"}
-    settings = {k: v for k, v in gin.get_bindings("train").items() if k in wanted}
-    settings["mixture_or_task_name"] = run.SYNTHETIC_TASK
-    settings.setdefault("optimizer", default_optimizer())
-    given = {"batch_size": batch_size, "task_feature_lengths": task_feature_lengths,
-             "optimizer": optimizer}
-    settings.update({k: v for k, v in given.items() if v is not None})
-    missing = sorted({"batch_size", "task_feature_lengths"} - set(settings))
+    bound = gin.get_bindings("train")
+    given = {"batch_size": batch_size, "task_feature_lengths": task_feature_lengths}
+    settings = {k: v if v is not None else bound.get(k) for k, v in given.items()}
+    missing = [k.upper() for k, v in settings.items() if v is None]
     if missing:
-        raise ConfigError(f"the config sets no {' or '.join(m.upper() for m in missing)}; "
-                          f"include a run config (e.g. runs/pretrain.gin) or bind it")
+        raise ConfigError(f"the config sets no {' or '.join(missing)}; include a run config "
+                          f"(e.g. runs/pretrain.gin) or bind it")
+    data = run.TrainData(run.SYNTHETIC_TASK, settings["task_feature_lengths"],
+                         settings["batch_size"], seed=bound.get("random_seed", 0),
+                         pack=bound.get("pack", False))
     try:
-        return run.build_run(model=model, devices=devices, **settings)
+        return run.build_run(model=model, data=data,
+                             optimizer=optimizer or bound.get("optimizer") or default_optimizer(),
+                             num_microbatches=bound.get("num_microbatches", 1),
+                             mesh=bound.get("mesh"), devices=devices)
     except PartitioningError as e:
         raise ConfigError(str(e)) from None
 
@@ -92,7 +93,7 @@ def global_batch(per_device_batch: Optional[int], devices: int) -> int:
     return per_device_batch * devices
 
 
-def provenance(the_run: run.Run, command: str) -> Dict[str, Any]:
+def provenance(the_run: run.TrainingRun, command: str) -> Dict[str, Any]:
     """What a benchmark number needs to be traced to its run."""
     import flax
     return dict(device_kind=jax.devices()[0].device_kind, device_count=jax.device_count(),
@@ -102,7 +103,7 @@ def provenance(the_run: run.Run, command: str) -> Dict[str, Any]:
                 flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size)
 
 
-def timed(the_run: run.Run, steps: int, warmup: int, command: str) -> Dict[str, Any]:
+def timed(the_run: run.TrainingRun, steps: int, warmup: int, command: str) -> Dict[str, Any]:
     """`tools.benchmark.bench` of the run, with its provenance."""
     result = benchmark.bench(the_run, steps, warmup,
                              fp8=bool(getattr(the_run.model.config, "fp8", False)))

@@ -27,7 +27,7 @@ import numpy as np
 
 from t5lite.data import synthetic
 from t5lite.errors import ConfigError
-from t5lite.runtime.run import Run
+from t5lite.runtime.run import TrainingRun
 
 GiB = 2 ** 30
 HEADROOM = 0.9
@@ -75,7 +75,7 @@ def batch_specs(model, task_feature_lengths: Mapping[str, int], batch_size: int,
     return specs
 
 
-def abstract_batch(run: Run, task_feature_lengths: Mapping[str, int],
+def abstract_batch(run: TrainingRun, task_feature_lengths: Mapping[str, int],
                    pack: bool = False) -> Dict[str, jax.ShapeDtypeStruct]:
     """The run's global batch as sharded ShapeDtypeStructs (nothing allocated)."""
     specs = batch_specs(run.model, task_feature_lengths, run.batch_size, pack)
@@ -84,19 +84,19 @@ def abstract_batch(run: Run, task_feature_lengths: Mapping[str, int],
             for k, (shape, dtype) in specs.items()}
 
 
-def abstract_state(run: Run):
+def abstract_state(run: TrainingRun):
     """The run's train state as sharded ShapeDtypeStructs (nothing allocated)."""
     return jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        run.fns.abstract_state, run.fns.state_shardings)
+        run.step_fns.abstract_state, run.step_fns.state_shardings)
 
 
-def compile_train_step(run: Run, batch: Mapping[str, Any], state: Any = None):
+def compile_train_step(run: TrainingRun, batch: Mapping[str, Any], state: Any = None):
     """The run's train step compiled for `batch` (arrays or ShapeDtypeStructs) and `state`
     (default: the abstract state): a `jax.stages.Compiled`, callable as
     `compiled(state, batch)`."""
     state = abstract_state(run) if state is None else state
-    return run.fns.train_step.lower(state, dict(batch)).compile()
+    return run.step_fns.train_step.lower(state, dict(batch)).compile()
 
 
 def compiled_memory(compiled) -> Optional[StepMemory]:
