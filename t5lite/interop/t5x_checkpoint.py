@@ -1,0 +1,163 @@
+"""Read a T5X checkpoint as it lies on disk: T5X's own (pre-Orbax) layout.
+
+    checkpoint_<step>/
+      checkpoint                       flax msgpack: {"version": 3, "optimizer": state}
+      target.encoder.layers_0.attention.query.kernel/   one zarr v2 array per
+        .zarray, 0.0, 1.0, ...                           partitioned leaf
+
+`state` is `{"target": params, "state": {"step": int32, "param_states": {...}}}` (and
+`flax_mutables` when the model has them). A leaf is either an array stored in the msgpack
+(flax's ext types: small arrays, Adafactor's factored rows and columns, the step) or a
+TensorStore spec `{"driver": "zarr", "kvstore": {"path": "target.x.y/"}, ...}` whose path
+is relative to the checkpoint directory. T5X writes bfloat16 natively since version 3;
+version 2 stored it as uint16 bit patterns, read back here as bfloat16. Version 0 (a bare
+flax state dict) and 1 are refused, as T5X refuses them.
+
+    tree = read_checkpoint("/ckpt/checkpoint_1000000")   # {"target": ..., "state": ...}
+
+Every leaf comes back as a numpy array. Nothing here unpickles: msgpack and zarr only.
+The zarr arrays are read with TensorStore (installed with orbax-checkpoint). T5X's later
+Orbax layout (`_METADATA` beside the state) is recognised and refused in one line.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+
+from t5lite.errors import CheckpointDamagedError, ConfigError
+
+MSGPACK_NAME = "checkpoint"
+SUPPORTED_VERSIONS = (2, 3)
+
+
+def is_t5x_checkpoint(path) -> bool:
+    """Whether `path` is a T5X checkpoint directory (or its `checkpoint` file) in T5X's
+    own layout: a flax msgpack whose top-level keys are `version` and `optimizer`."""
+    file = _msgpack_file(Path(path))
+    if file is None or (file.parent / "_METADATA").exists():
+        return False
+    return _top_level_keys(file) == {"version", "optimizer"}
+
+
+def _top_level_keys(file: Path) -> set:
+    """The msgpack's top-level map keys, read without decoding the values (empty when the
+    file is not a msgpack map)."""
+    import msgpack
+    try:
+        with open(file, "rb") as f:
+            unpacker = msgpack.Unpacker(f, raw=False)
+            keys = set()
+            for _ in range(unpacker.read_map_header()):
+                keys.add(unpacker.unpack())
+                unpacker.skip()
+            return keys
+    except Exception:  # noqa: BLE001 - not a msgpack map: not a T5X checkpoint
+        return set()
+
+
+def read_checkpoint(path) -> Dict[str, Any]:
+    """The state dict at `path` (a `checkpoint_<step>` directory or its `checkpoint`
+    file), every leaf a numpy array. ConfigError when it is not a T5X checkpoint,
+    CheckpointDamagedError when a part is missing or unreadable; each names the path."""
+    path = Path(path)
+    file = _msgpack_file(path)
+    if file is None:
+        raise ConfigError(f"{path} is not a T5X checkpoint: no '{MSGPACK_NAME}' file in it "
+                          f"(point at a checkpoint_<step> directory)")
+    if (file.parent / "_METADATA").exists():
+        raise ConfigError(f"{file.parent} is a T5X checkpoint in the Orbax layout, which "
+                          f"t5lite does not read yet; use a checkpoint T5X wrote with "
+                          f"use_orbax=False")
+    from flax import serialization
+    try:
+        raw = serialization.msgpack_restore(file.read_bytes())
+    except Exception as e:  # noqa: BLE001 - any decode failure is one kind of fault
+        raise CheckpointDamagedError(f"{file} is not a readable T5X checkpoint file "
+                                     f"({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict) or "optimizer" not in raw or "version" not in raw:
+        raise ConfigError(f"{file} is not a T5X checkpoint: its msgpack has no 'version' and "
+                          f"'optimizer' keys (a bare flax state dict, version 0, is not read)")
+    version = int(raw["version"])
+    if version not in SUPPORTED_VERSIONS:
+        raise ConfigError(f"{file} is a T5X checkpoint of version {version}; t5lite reads "
+                          f"versions {', '.join(map(str, SUPPORTED_VERSIONS))}")
+    return _resolve(raw["optimizer"], file.parent, version, "")
+
+
+def _msgpack_file(path: Path):
+    if path.is_file() and path.name == MSGPACK_NAME:
+        return path
+    if (path / MSGPACK_NAME).is_file():
+        return path / MSGPACK_NAME
+    if (path / "state" / MSGPACK_NAME).is_file():  # T5X also saves under state/
+        return path / "state" / MSGPACK_NAME
+    return None
+
+
+def _is_tensorstore_spec(node) -> bool:
+    return isinstance(node, dict) and "driver" in node and "metadata" in node and \
+        ("kvstore" in node or "path" in node)
+
+
+def _resolve(node, directory: Path, version: int, name: str):
+    if _is_tensorstore_spec(node):
+        return _read_zarr(node, directory, version, name)
+    if isinstance(node, dict):
+        return {k: _resolve(v, directory, version, f"{name}/{k}" if name else k)
+                for k, v in node.items()}
+    if node is None:
+        return None
+    array = np.asarray(node)
+    if version == 2 and array.dtype == np.uint16:
+        array = _bf16_from_bits(array)
+    return array
+
+
+def _relative_path(spec) -> str:
+    kvstore = spec.get("kvstore")
+    if isinstance(kvstore, dict) and kvstore.get("path"):
+        return kvstore["path"]
+    return spec.get("path") or ""
+
+
+def _read_zarr(spec, directory: Path, version: int, name: str) -> np.ndarray:
+    """One partitioned leaf: its zarr directory, read whole (the on-disk `.zarray` is the
+    authority for chunks and compressor, as in T5X)."""
+    relative = _relative_path(spec)
+    array_dir = (directory / relative.rstrip("/")) if relative else None
+    if array_dir is None or not (array_dir / ".zarray").is_file():
+        raise CheckpointDamagedError(
+            f"T5X checkpoint {directory}: the array of parameter {name!r} is missing "
+            f"(no {array_dir or relative!s}/.zarray); copy the whole checkpoint directory")
+    import tensorstore as ts
+    try:
+        store = ts.open({"driver": "zarr",
+                         "kvstore": {"driver": "file", "path": os.fspath(array_dir) + "/"}},
+                        open=True, read=True).result()
+        array = np.asarray(store.read().result())
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointDamagedError(f"T5X checkpoint {directory}: cannot read the array of "
+                                     f"parameter {name!r} in {array_dir} ({e})") from None
+    expected = _as_list(spec.get("metadata", {}).get("shape"))
+    if expected is not None and list(array.shape) != expected:
+        raise CheckpointDamagedError(
+            f"T5X checkpoint {directory}: parameter {name!r} has shape {list(array.shape)} "
+            f"on disk but {list(expected)} in the checkpoint file")
+    if array.dtype == np.uint16 and (version == 2 or spec.get("dtype") == "bfloat16"):
+        array = _bf16_from_bits(array)
+    return array
+
+
+def _as_list(value):
+    """A shape as written: a list, or flax's state-dict form of one ({"0": .., "1": ..})."""
+    if isinstance(value, dict):
+        return [int(value[k]) for k in sorted(value, key=int)]
+    return None if value is None else [int(v) for v in value]
+
+
+def _bf16_from_bits(array: np.ndarray) -> np.ndarray:
+    import ml_dtypes
+    return np.ascontiguousarray(array).view(ml_dtypes.bfloat16)

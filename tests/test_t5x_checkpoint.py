@@ -1,0 +1,197 @@
+"""Reading T5X checkpoints in T5X's own layout (issue 27, part 1). The fixtures are written
+here in that layout: a flax msgpack `checkpoint` file, zarr v2 arrays beside it, one of
+them by hand (gzip chunks, bfloat16, a padded edge chunk) and one through TensorStore, as
+T5X writes them."""
+import gzip
+import json
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import serialization
+
+from t5lite.errors import CheckpointDamagedError, ConfigError
+from t5lite.interop import t5x_checkpoint
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _spec(relative, dtype, shape, chunks):
+    """The TensorStore spec T5X stores in the msgpack for a partitioned leaf."""
+    return {"driver": "zarr", "dtype": dtype,
+            "kvstore": {"driver": "file", "path": relative + "/"},
+            "metadata": {"chunks": list(chunks), "compressor": {"id": "gzip", "level": 1},
+                         "shape": list(shape)}}
+
+
+def _write_zarr_by_hand(directory, array, chunks, dtype_name):
+    """zarr v2 with gzip chunks, C order; the edge chunks padded to full size."""
+    directory.mkdir(parents=True)
+    (directory / ".zarray").write_text(json.dumps({
+        "chunks": list(chunks), "compressor": {"id": "gzip", "level": 1},
+        "dimension_separator": ".", "dtype": dtype_name, "fill_value": None,
+        "filters": None, "order": "C", "shape": list(array.shape), "zarr_format": 2}))
+    grid = [-(-n // c) for n, c in zip(array.shape, chunks)]
+    for index in np.ndindex(*grid):
+        block = np.zeros(chunks, array.dtype)
+        part = array[tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, chunks))]
+        block[tuple(slice(0, n) for n in part.shape)] = part
+        (directory / ".".join(map(str, index))).write_bytes(gzip.compress(block.tobytes("C")))
+
+
+def _write_zarr_with_tensorstore(directory, array, chunks):
+    import tensorstore as ts
+    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(directory) + "/"},
+                     "metadata": {"shape": list(array.shape), "chunks": list(chunks),
+                                  "dtype": array.dtype.str, "compressor": {"id": "gzip"}}},
+                    create=True).result()
+    store.write(array).result()
+
+
+@pytest.fixture()
+def t5x_ckpt(tmp_path):
+    """(msgpack_serialize, as T5X's registered TensorStore specs leave lists as lists.)
+    A small T5 v1.1-shaped state: embedding (hand-written zarr, bf16), a query kernel
+    (TensorStore zarr, float32), an inline relpos table and Adafactor state."""
+    rng = np.random.default_rng(0)
+    values = {
+        "embedding": rng.normal(size=(5, 4)).astype(BF16),
+        "query": rng.normal(size=(4, 6)).astype(np.float32),
+        "rel_embedding": rng.normal(size=(2, 8)).astype(np.float32),
+        "v_row": rng.random(4).astype(np.float32),
+        "v_col": rng.random(6).astype(np.float32),
+    }
+    ckpt = tmp_path / "checkpoint_7"
+    _write_zarr_by_hand(ckpt / "target.token_embedder.embedding", values["embedding"], (3, 4),
+                        "bfloat16")
+    _write_zarr_with_tensorstore(ckpt / "target.encoder.layers_0.attention.query.kernel",
+                                 values["query"], (2, 6))
+    placeholder = np.zeros((1,), np.float32)
+    state = {
+        "version": 3,
+        "optimizer": {
+            "target": {
+                "token_embedder": {"embedding": _spec("target.token_embedder.embedding",
+                                                      "bfloat16", (5, 4), (3, 4))},
+                "encoder": {
+                    "relpos_bias": {"rel_embedding": values["rel_embedding"]},
+                    "layers_0": {"attention": {"query": {"kernel": _spec(
+                        "target.encoder.layers_0.attention.query.kernel", "float32", (4, 6),
+                        (2, 6))}}}}},
+            "state": {
+                "step": np.int32(7),
+                "param_states": {"encoder": {"layers_0": {"attention": {"query": {"kernel": {
+                    "m": placeholder, "v": placeholder, "v_row": values["v_row"],
+                    "v_col": values["v_col"]}}}}}}}}}
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "checkpoint").write_bytes(serialization.msgpack_serialize(state))
+    return ckpt, values
+
+
+def test_reads_every_leaf_with_its_dtype(t5x_ckpt):
+    ckpt, values = t5x_ckpt
+    tree = t5x_checkpoint.read_checkpoint(ckpt)
+    target = tree["target"]
+    embedding = target["token_embedder"]["embedding"]
+    assert embedding.dtype == BF16 and embedding.shape == (5, 4)
+    np.testing.assert_array_equal(embedding.view(np.uint16), values["embedding"].view(np.uint16))
+    query = target["encoder"]["layers_0"]["attention"]["query"]["kernel"]
+    assert query.dtype == np.float32
+    np.testing.assert_array_equal(query, values["query"])
+    np.testing.assert_array_equal(target["encoder"]["relpos_bias"]["rel_embedding"],
+                                  values["rel_embedding"])
+    state = tree["state"]
+    assert int(state["step"]) == 7 and state["step"].dtype == np.int32
+    adafactor = state["param_states"]["encoder"]["layers_0"]["attention"]["query"]["kernel"]
+    np.testing.assert_array_equal(adafactor["v_row"], values["v_row"])
+    np.testing.assert_array_equal(adafactor["v_col"], values["v_col"])
+    assert adafactor["v"].shape == (1,) and adafactor["m"].shape == (1,)
+    # the checkpoint file itself is accepted too
+    again = t5x_checkpoint.read_checkpoint(ckpt / "checkpoint")
+    np.testing.assert_array_equal(again["target"]["encoder"]["layers_0"]["attention"]["query"]
+                                  ["kernel"], values["query"])
+
+
+def test_version_2_bfloat16_bits_read_back_as_bfloat16(tmp_path):
+    bits = np.arange(12, dtype=np.float32).reshape(3, 4).astype(BF16)
+    ckpt = tmp_path / "checkpoint_1"
+    _write_zarr_by_hand(ckpt / "target.w", bits.view(np.uint16), (2, 4), "<u2")
+    (ckpt / "checkpoint").write_bytes(serialization.msgpack_serialize(
+        {"version": 2, "optimizer": {"target": {"w": _spec("target.w", "uint16", (3, 4), (2, 4)),
+                                                "b": bits[0].view(np.uint16)},
+                                     "state": {"step": np.int32(1), "param_states": {}}}}))
+    tree = t5x_checkpoint.read_checkpoint(ckpt)
+    assert tree["target"]["w"].dtype == BF16 and tree["target"]["b"].dtype == BF16
+    np.testing.assert_array_equal(tree["target"]["w"].astype(np.float32), bits.astype(np.float32))
+
+
+def test_tells_t5x_checkpoints_apart(t5x_ckpt, tmp_path):
+    ckpt, _ = t5x_ckpt
+    assert t5x_checkpoint.is_t5x_checkpoint(ckpt)
+    assert t5x_checkpoint.is_t5x_checkpoint(ckpt / "checkpoint")
+    assert not t5x_checkpoint.is_t5x_checkpoint(tmp_path / "nothing")
+    other = tmp_path / "t5lite_run" / "checkpoints" / "10"
+    other.mkdir(parents=True)
+    assert not t5x_checkpoint.is_t5x_checkpoint(other.parent.parent)
+
+
+def _one_line(error):
+    message = str(error.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_bad_input_is_one_line_naming_the_path_or_parameter(t5x_ckpt, tmp_path):
+    ckpt, _ = t5x_ckpt
+    with pytest.raises(ConfigError) as e:  # not a checkpoint directory
+        t5x_checkpoint.read_checkpoint(tmp_path)
+    assert str(tmp_path) in _one_line(e) and "checkpoint_<step>" in str(e.value)
+
+    orbax = tmp_path / "orbax_7"
+    shutil.copytree(ckpt, orbax)
+    (orbax / "_METADATA").write_text("{}")
+    with pytest.raises(ConfigError, match="Orbax layout") as e:
+        t5x_checkpoint.read_checkpoint(orbax)
+    _one_line(e)
+    assert not t5x_checkpoint.is_t5x_checkpoint(orbax)
+
+    missing = tmp_path / "missing_7"
+    shutil.copytree(ckpt, missing)
+    shutil.rmtree(missing / "target.encoder.layers_0.attention.query.kernel")
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(missing)
+    assert "encoder/layers_0/attention/query/kernel" in _one_line(e)
+
+    chunk = tmp_path / "chunk_7"
+    shutil.copytree(ckpt, chunk)
+    (chunk / "target.token_embedder.embedding" / "1.0").write_bytes(b"not gzip")
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(chunk)
+    assert "token_embedder/embedding" in _one_line(e)
+
+    shape = tmp_path / "shape_7"
+    shutil.copytree(ckpt, shape)
+    zarray = shape / "target.token_embedder.embedding" / ".zarray"
+    meta = json.loads(zarray.read_text())
+    meta["shape"] = [6, 4]
+    zarray.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointDamagedError, match=r"\[6, 4\] on disk but \[5, 4\]") as e:
+        t5x_checkpoint.read_checkpoint(shape)
+    _one_line(e)
+
+    garbage = tmp_path / "garbage_7"
+    garbage.mkdir()
+    (garbage / "checkpoint").write_bytes(b"\xc1\xc1 not msgpack")
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(garbage)
+    assert str(garbage) in _one_line(e)
+
+    for version, content in ((1, {"version": 1, "optimizer": {}}),
+                             (0, {"target": {"w": np.zeros(2, np.float32)}})):
+        old = tmp_path / f"v{version}"
+        old.mkdir()
+        (old / "checkpoint").write_bytes(serialization.msgpack_serialize(content))
+        with pytest.raises(ConfigError) as e:
+            t5x_checkpoint.read_checkpoint(old)
+        assert str(old) in _one_line(e)
