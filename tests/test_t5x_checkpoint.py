@@ -195,3 +195,101 @@ def test_bad_input_is_one_line_naming_the_path_or_parameter(t5x_ckpt, tmp_path):
         with pytest.raises(ConfigError) as e:
             t5x_checkpoint.read_checkpoint(old)
         assert str(old) in _one_line(e)
+
+
+# --------------------------------------------------------------- the parameter tree
+
+
+def _t5x_tree_from_hf(state, num_layers):
+    """T5X's examples/t5 tree from a Hugging Face T5 state dict, by the correspondence of
+    transformers' own T5X conversion script (kernel = weight.T, heads joined)."""
+    w = {k: v.detach().numpy().T.copy() for k, v in state.items()}
+    tree = {"token_embedder": {"embedding": state["shared.weight"].detach().numpy().copy()},
+            "encoder": {"relpos_bias": {"rel_embedding":
+                        w["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
+                        "encoder_norm": {"scale": w["encoder.final_layer_norm.weight"]}},
+            "decoder": {"relpos_bias": {"rel_embedding":
+                        w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
+                        "decoder_norm": {"scale": w["decoder.final_layer_norm.weight"]},
+                        "logits_dense": {"kernel": w["lm_head.weight"]}}}
+
+    def attention(prefix):
+        return {t5x: {"kernel": w[f"{prefix}.{hf}.weight"]}
+                for hf, t5x in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))}
+
+    def mlp(prefix):
+        return {name: {"kernel": w[f"{prefix}.{name}.weight"]} for name in ("wi_0", "wi_1", "wo")}
+
+    for i in range(num_layers):
+        e, d = f"encoder.block.{i}.layer", f"decoder.block.{i}.layer"
+        tree["encoder"][f"layers_{i}"] = {
+            "pre_attention_layer_norm": {"scale": w[f"{e}.0.layer_norm.weight"]},
+            "attention": attention(f"{e}.0.SelfAttention"),
+            "pre_mlp_layer_norm": {"scale": w[f"{e}.1.layer_norm.weight"]},
+            "mlp": mlp(f"{e}.1.DenseReluDense")}
+        tree["decoder"][f"layers_{i}"] = {
+            "pre_self_attention_layer_norm": {"scale": w[f"{d}.0.layer_norm.weight"]},
+            "self_attention": attention(f"{d}.0.SelfAttention"),
+            "pre_cross_attention_layer_norm": {"scale": w[f"{d}.1.layer_norm.weight"]},
+            "encoder_decoder_attention": attention(f"{d}.1.EncDecAttention"),
+            "pre_mlp_layer_norm": {"scale": w[f"{d}.2.layer_norm.weight"]},
+            "mlp": mlp(f"{d}.2.DenseReluDense")}
+    return tree
+
+
+@pytest.fixture(scope="module")
+def hf_t5_dir(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                num_heads=4, feed_forward_proj="gated-gelu",
+                                tie_word_embeddings=False, relative_attention_num_buckets=16,
+                                relative_attention_max_distance=20)
+    path = tmp_path_factory.mktemp("hf_t5")
+    transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
+                                                                 safe_serialization=True)
+    return path
+
+
+def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5_dir, tmp_path):
+    """A T5X v1.1 checkpoint of the same weights gives exactly the parameters the Hugging
+    Face import gives (whose logits match transformers', tests/test_hf.py)."""
+    from t5lite.interop import hf, t5x_params
+    transformers = pytest.importorskip("transformers")
+    model, variables = hf.load_pretrained(hf_t5_dir, dtype="float32")
+    state = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_t5_dir)).state_dict()
+    target = _t5x_tree_from_hf(state, num_layers=2)
+    ckpt = tmp_path / "checkpoint_100"
+    query = target["encoder"]["layers_1"]["attention"]["query"]["kernel"]
+    _write_zarr_with_tensorstore(ckpt / "target.encoder.layers_1.attention.query.kernel", query,
+                                 (16, 32))
+    target["encoder"]["layers_1"]["attention"]["query"]["kernel"] = _spec(
+        "target.encoder.layers_1.attention.query.kernel", "float32", query.shape, (16, 32))
+    (ckpt / "checkpoint").write_bytes(serialization.msgpack_serialize(
+        {"version": 3, "optimizer": {"target": target,
+                                     "state": {"step": np.int32(100), "param_states": {}}}}))
+    params = t5x_params.params_from_t5x(t5x_checkpoint.read_checkpoint(ckpt)["target"], model)
+    import jax
+    got = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    want = {jax.tree_util.keystr(p): x
+            for p, x in jax.tree_util.tree_leaves_with_path(variables["params"])}
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], np.asarray(want[name]), err_msg=name)
+
+    # another network, a missing parameter, a wrong size: one line naming the parameter
+    from t5lite.errors import CheckpointMismatchError
+    bad = _t5x_tree_from_hf(state, num_layers=2)
+    bad["encoder"]["layers_0"]["mlp"]["wi"] = bad["encoder"]["layers_0"]["mlp"].pop("wi_0")
+    with pytest.raises(CheckpointMismatchError, match="'encoder/layers_0/mlp/wi/kernel'") as e:
+        t5x_params.params_from_t5x(bad, model)
+    _one_line(e)
+    bad = _t5x_tree_from_hf(state, num_layers=2)
+    del bad["decoder"]["logits_dense"]
+    with pytest.raises(CheckpointMismatchError, match="lacks parameter 'decoder/logits_dense"):
+        t5x_params.params_from_t5x(bad, model)
+    bad = _t5x_tree_from_hf(state, num_layers=2)
+    bad["decoder"]["decoder_norm"]["scale"] = np.ones(33, np.float32)
+    with pytest.raises(CheckpointMismatchError, match=r"decoder_norm/scale' has shape \[33\]"):
+        t5x_params.params_from_t5x(bad, model)
