@@ -13,7 +13,7 @@ RUNTIME = [
     "flax>=0.12.12",
     "optax>=0.2.8",
     "orbax-checkpoint>=0.12.8",
-    # T5X checkpoints' zarr arrays (t5lite/interop/t5x_checkpoint.py); flax and orbax
+    # T5X checkpoints' zarr arrays (t5lite/runtime/t5x_checkpoint.py); flax and orbax
     # install it already, it is named because t5lite imports it itself.
     "tensorstore>=0.1.60",
     "gin-config>=0.5.0",

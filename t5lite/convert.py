@@ -1,6 +1,6 @@
-"""`python -m t5lite.convert`: convert a local Hugging Face model directory into a t5lite
-checkpoint, or a t5lite checkpoint (a finetuned MODEL_DIR) back into one (wiring only; the
-library is `t5lite.interop.convert`).
+"""`python -m t5lite.convert`: convert a local Hugging Face model directory or a T5X
+checkpoint into a t5lite checkpoint, or a t5lite checkpoint (a finetuned MODEL_DIR) into a
+Hugging Face directory (wiring only; the library is `t5lite.interop.convert`).
 
     python -m t5lite.convert --from=hf --input=HF_DIR --output=CKPT_DIR \\
         [--fuse_qkv] [--scan_layers] [--dtype=bfloat16]
@@ -9,6 +9,11 @@ Writes CKPT_DIR/checkpoints/0/params and CKPT_DIR/model.gin, which binds MODEL t
 matching architecture. Use them as::
 
     --gin_file=CKPT_DIR/model.gin --gin.INITIAL_CHECKPOINT_PATH=\\"CKPT_DIR\\"
+
+    python -m t5lite.convert --from=t5x --input=/ckpt/t5x/checkpoint_1000000 \\
+        --output=CKPT_DIR --gin_file=configs/models/t5_1_1/base.gin [--fuse_qkv] ...
+
+does the same for a T5X checkpoint read as the model the gin files bind (at its step).
 
     python -m t5lite.convert --to=hf --input=MODEL_DIR --output=HF_DIR \\
         --gin_file=CKPT_DIR/model.gin [--gin.NAME=VALUE ...]
@@ -35,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m t5lite.convert",
                                 description=__doc__.split("\n")[0])
     way = p.add_mutually_exclusive_group(required=True)
-    way.add_argument("--from", dest="source", choices=["hf"],
-                     help="hf: a local Hugging Face directory (safetensors) into a t5lite "
-                          "checkpoint")
+    way.add_argument("--from", dest="source", choices=["hf", "t5x"],
+                     help="hf: a local Hugging Face directory (safetensors), t5x: a T5X "
+                          "checkpoint_<step> directory (needs --gin_file for the model), "
+                          "into a t5lite checkpoint")
     way.add_argument("--to", dest="target", choices=["hf"],
                      help="hf: a t5lite checkpoint (MODEL_DIR) into a Hugging Face directory")
     p.add_argument("--input", required=True, help="input model directory")
@@ -46,20 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scan_layers", action="store_true", help="store scanned layer stacks")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
                    help="activation dtype bound in model.gin (parameters stay float32)")
-    p.add_argument("--step", type=int, default=0, help="checkpoint step number (default 0)")
+    p.add_argument("--step", type=int, default=None,
+                   help="checkpoint step number (default: 0 from hf, the T5X step from t5x)")
     return flags.add_gin_flags(p)  # --to=hf: the model's gin file(s), e.g. CKPT_DIR/model.gin
 
 
-def _export(args) -> str:
+def _gin_model(args, what: str):
     from t5lite.config import parsing
     if not args.gin_file:
-        raise ValueError("--to=hf needs the model's gin file: --gin_file=CKPT_DIR/model.gin "
+        raise ValueError(f"{what} needs the model's gin file: --gin_file=CKPT_DIR/model.gin "
                          "(the one t5lite.convert wrote) or configs/models/...")
     parsing.parse_gin(args.gin_file, args.gin_bindings,
                       extra_search_paths=[d for ds in args.gin_search_paths
                                           for d in ds.split(",") if d])
-    model = parsing.resolve_macro("MODEL")
-    out = convert.export_hf(args.input, args.output, model)
+    return parsing.resolve_macro("MODEL")
+
+
+def _export(args) -> str:
+    out = convert.export_hf(args.input, args.output, _gin_model(args, "--to=hf"))
     return f"wrote {out / 'config.json'} and {out / 'model.safetensors'}"
 
 
@@ -69,13 +79,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.target:
             print(_export(args))
             return 0
-        out = convert.convert_hf(args.input, args.output, fuse_qkv=args.fuse_qkv,
-                                 scan_layers=args.scan_layers, dtype=args.dtype,
-                                 step=args.step)
+        if args.source == "t5x":
+            out, step = convert.convert_t5x(args.input, args.output,
+                                            _gin_model(args, "--from=t5x"),
+                                            fuse_qkv=args.fuse_qkv, scan_layers=args.scan_layers,
+                                            dtype=args.dtype, step=args.step)
+        else:
+            step = args.step or 0
+            out = convert.convert_hf(args.input, args.output, fuse_qkv=args.fuse_qkv,
+                                     scan_layers=args.scan_layers, dtype=args.dtype, step=step)
     except (ValueError, OSError, ConfigError) as e:  # OSError: FileNotFound / FileExists
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    print(f"wrote {out / 'checkpoints' / str(args.step) / 'params'} and "
+    print(f"wrote {out / 'checkpoints' / str(step) / 'params'} and "
           f"{out / convert.GIN_NAME}")
     return 0
 

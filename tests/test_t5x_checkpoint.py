@@ -2,7 +2,6 @@
 here in that layout: a flax msgpack `checkpoint` file, zarr v2 arrays beside it, one of
 them by hand (gzip chunks, bfloat16, a padded edge chunk) and one through TensorStore, as
 T5X writes them."""
-import gzip
 import json
 import shutil
 
@@ -12,41 +11,13 @@ import pytest
 from flax import serialization
 
 from t5lite.errors import CheckpointDamagedError, ConfigError
-from t5lite.interop import t5x_checkpoint
+from t5lite.runtime import t5x_checkpoint
+
+from t5x_helpers import spec as _spec, t5x_tree_from_hf  # noqa: E402
+from t5x_helpers import write_zarr_by_hand as _write_zarr_by_hand  # noqa: E402
+from t5x_helpers import write_zarr_with_tensorstore as _write_zarr_with_tensorstore  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
-
-
-def _spec(relative, dtype, shape, chunks):
-    """The TensorStore spec T5X stores in the msgpack for a partitioned leaf."""
-    return {"driver": "zarr", "dtype": dtype,
-            "kvstore": {"driver": "file", "path": relative + "/"},
-            "metadata": {"chunks": list(chunks), "compressor": {"id": "gzip", "level": 1},
-                         "shape": list(shape)}}
-
-
-def _write_zarr_by_hand(directory, array, chunks, dtype_name):
-    """zarr v2 with gzip chunks, C order; the edge chunks padded to full size."""
-    directory.mkdir(parents=True)
-    (directory / ".zarray").write_text(json.dumps({
-        "chunks": list(chunks), "compressor": {"id": "gzip", "level": 1},
-        "dimension_separator": ".", "dtype": dtype_name, "fill_value": None,
-        "filters": None, "order": "C", "shape": list(array.shape), "zarr_format": 2}))
-    grid = [-(-n // c) for n, c in zip(array.shape, chunks)]
-    for index in np.ndindex(*grid):
-        block = np.zeros(chunks, array.dtype)
-        part = array[tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, chunks))]
-        block[tuple(slice(0, n) for n in part.shape)] = part
-        (directory / ".".join(map(str, index))).write_bytes(gzip.compress(block.tobytes("C")))
-
-
-def _write_zarr_with_tensorstore(directory, array, chunks):
-    import tensorstore as ts
-    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(directory) + "/"},
-                     "metadata": {"shape": list(array.shape), "chunks": list(chunks),
-                                  "dtype": array.dtype.str, "compressor": {"id": "gzip"}}},
-                    create=True).result()
-    store.write(array).result()
 
 
 @pytest.fixture()
@@ -200,43 +171,6 @@ def test_bad_input_is_one_line_naming_the_path_or_parameter(t5x_ckpt, tmp_path):
 # --------------------------------------------------------------- the parameter tree
 
 
-def _t5x_tree_from_hf(state, num_layers):
-    """T5X's examples/t5 tree from a Hugging Face T5 state dict, by the correspondence of
-    transformers' own T5X conversion script (kernel = weight.T, heads joined)."""
-    w = {k: v.detach().numpy().T.copy() for k, v in state.items()}
-    tree = {"token_embedder": {"embedding": state["shared.weight"].detach().numpy().copy()},
-            "encoder": {"relpos_bias": {"rel_embedding":
-                        w["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
-                        "encoder_norm": {"scale": w["encoder.final_layer_norm.weight"]}},
-            "decoder": {"relpos_bias": {"rel_embedding":
-                        w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]},
-                        "decoder_norm": {"scale": w["decoder.final_layer_norm.weight"]},
-                        "logits_dense": {"kernel": w["lm_head.weight"]}}}
-
-    def attention(prefix):
-        return {t5x: {"kernel": w[f"{prefix}.{hf}.weight"]}
-                for hf, t5x in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out"))}
-
-    def mlp(prefix):
-        return {name: {"kernel": w[f"{prefix}.{name}.weight"]} for name in ("wi_0", "wi_1", "wo")}
-
-    for i in range(num_layers):
-        e, d = f"encoder.block.{i}.layer", f"decoder.block.{i}.layer"
-        tree["encoder"][f"layers_{i}"] = {
-            "pre_attention_layer_norm": {"scale": w[f"{e}.0.layer_norm.weight"]},
-            "attention": attention(f"{e}.0.SelfAttention"),
-            "pre_mlp_layer_norm": {"scale": w[f"{e}.1.layer_norm.weight"]},
-            "mlp": mlp(f"{e}.1.DenseReluDense")}
-        tree["decoder"][f"layers_{i}"] = {
-            "pre_self_attention_layer_norm": {"scale": w[f"{d}.0.layer_norm.weight"]},
-            "self_attention": attention(f"{d}.0.SelfAttention"),
-            "pre_cross_attention_layer_norm": {"scale": w[f"{d}.1.layer_norm.weight"]},
-            "encoder_decoder_attention": attention(f"{d}.1.EncDecAttention"),
-            "pre_mlp_layer_norm": {"scale": w[f"{d}.2.layer_norm.weight"]},
-            "mlp": mlp(f"{d}.2.DenseReluDense")}
-    return tree
-
-
 @pytest.fixture(scope="module")
 def hf_t5_dir(tmp_path_factory):
     torch = pytest.importorskip("torch")
@@ -255,11 +189,12 @@ def hf_t5_dir(tmp_path_factory):
 def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5_dir, tmp_path):
     """A T5X v1.1 checkpoint of the same weights gives exactly the parameters the Hugging
     Face import gives (whose logits match transformers', tests/test_hf.py)."""
-    from t5lite.interop import hf, t5x_params
+    from t5lite.interop import hf
+    from t5lite.models import t5x_params
     transformers = pytest.importorskip("transformers")
     model, variables = hf.load_pretrained(hf_t5_dir, dtype="float32")
     state = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_t5_dir)).state_dict()
-    target = _t5x_tree_from_hf(state, num_layers=2)
+    target = t5x_tree_from_hf(state, num_layers=2)
     ckpt = tmp_path / "checkpoint_100"
     query = target["encoder"]["layers_1"]["attention"]["query"]["kernel"]
     _write_zarr_with_tensorstore(ckpt / "target.encoder.layers_1.attention.query.kernel", query,
@@ -280,16 +215,16 @@ def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5_dir, tmp_path):
 
     # another network, a missing parameter, a wrong size: one line naming the parameter
     from t5lite.errors import CheckpointMismatchError
-    bad = _t5x_tree_from_hf(state, num_layers=2)
+    bad = t5x_tree_from_hf(state, num_layers=2)
     bad["encoder"]["layers_0"]["mlp"]["wi"] = bad["encoder"]["layers_0"]["mlp"].pop("wi_0")
     with pytest.raises(CheckpointMismatchError, match="'encoder/layers_0/mlp/wi/kernel'") as e:
         t5x_params.params_from_t5x(bad, model)
     _one_line(e)
-    bad = _t5x_tree_from_hf(state, num_layers=2)
+    bad = t5x_tree_from_hf(state, num_layers=2)
     del bad["decoder"]["logits_dense"]
     with pytest.raises(CheckpointMismatchError, match="lacks parameter 'decoder/logits_dense"):
         t5x_params.params_from_t5x(bad, model)
-    bad = _t5x_tree_from_hf(state, num_layers=2)
+    bad = t5x_tree_from_hf(state, num_layers=2)
     bad["decoder"]["decoder_norm"]["scale"] = np.ones(33, np.float32)
     with pytest.raises(CheckpointMismatchError, match=r"decoder_norm/scale' has shape \[33\]"):
         t5x_params.params_from_t5x(bad, model)

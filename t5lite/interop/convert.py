@@ -18,6 +18,13 @@ writes HF_DIR/config.json and model.safetensors (float32) from the parameters of
 MODEL_DIR's latest complete step (or a step directory, or a converted checkpoint), read
 as the model the gin files bind.
 
+and from a T5X checkpoint (`convert_t5x`; T5X's own msgpack + zarr layout):
+
+    python -m t5lite.convert --from=t5x --input=/ckpt/checkpoint_1000000 \\
+        --output=CKPT_DIR --gin_file=configs/models/t5_1_1/base.gin [--fuse_qkv] ...
+
+writes the same two files, the parameters under the T5X checkpoint's step.
+
 Bad input (missing directory, pickle-only weights, unsupported model, a non-empty
 output directory) raises ValueError / OSError with a one-line message.
 """
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import jax
 
@@ -82,16 +89,45 @@ def convert_hf(input_dir: str, output_dir: str, *, fuse_qkv: bool = False,
     return out
 
 
+def convert_t5x(input_dir: str, output_dir: str, model, *, fuse_qkv: bool = False,
+                scan_layers: bool = False, dtype: Optional[str] = None,
+                step: Optional[int] = None) -> Tuple[Path, int]:
+    """Library form of the CLI's --from=t5x: the parameters of the T5X checkpoint at
+    `input_dir`, read as `model` (the gin files' MODEL, in the layout and dtype asked
+    for), written as a converted checkpoint under `step` (default: the T5X step).
+    Returns (output directory, step)."""
+    from t5lite.runtime import finetune_restore, t5x_checkpoint
+    out = _new_output(output_dir)
+    overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
+    if dtype:
+        overrides["dtype"] = dtype
+    model = model_for_config(dataclasses.replace(model.config, **overrides))
+    if not t5x_checkpoint.is_t5x_checkpoint(input_dir):
+        t5x_checkpoint.read_checkpoint(input_dir)  # raises the line that says why not
+        raise ValueError(f"--input={input_dir} is not a T5X checkpoint directory")
+    if step is None:
+        step = t5x_checkpoint.read_step(input_dir)
+    params = finetune_restore.restore_params_for_finetuning(input_dir, model,
+                                                            _host_abstract(model), what="--input")
+    checkpoint_format.save_params(out, params, step=step)
+    (out / GIN_NAME).write_text(model_gin(model.config,
+                                          f" from T5X {Path(input_dir).absolute()}"))
+    return out, step
+
+
+def _host_abstract(model):
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return {"params": jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+        model.abstract_variables()["params"])}
+
+
 def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
     """The parameters at `checkpoint_path` (a MODEL_DIR's latest complete step, a step
     directory or a converted checkpoint), read as `model`, written as a Hugging Face
     directory (`hf.save_pretrained`). Returns the output directory."""
     from t5lite.runtime import finetune_restore
     out = _new_output(output_dir)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-        model.abstract_variables()["params"])
     params = finetune_restore.restore_params_for_finetuning(checkpoint_path, model,
-                                                            {"params": abstract}, what="--input")
+                                                            _host_abstract(model), what="--input")
     return hf.save_pretrained(model, params, out)

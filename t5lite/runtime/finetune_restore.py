@@ -17,7 +17,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts
+from t5lite.models import layouts, t5x_params
+from t5lite.runtime import t5x_checkpoint
 from t5lite.runtime.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike, resolve_item
 from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
                                              layout_str)
@@ -47,6 +48,8 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     checkpoint gives its `params` only. A stored layout other than the model's (fused /
     unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
     are checked (CheckpointMismatchError)."""
+    if t5x_checkpoint.is_t5x_checkpoint(path):
+        return _restore_t5x(path, model, abstract_params, what)
     item_dir, item = resolve_item(path, what)
     where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
     meta = item_metadata_tree(item_dir)
@@ -105,4 +108,31 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
             head + diff + f" (after converting from {layout_str(src_layout)} to "
             f"{layout_str(dst_layout)}); " + cause)
     placed = jax.tree.map(_place, converted, target)
+    return placed["params"] if bare else placed
+
+
+def _restore_t5x(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
+                 what: str) -> Dict[str, Any]:
+    """The parameters of a T5X checkpoint (`t5x_checkpoint`), T5X's tree mapped onto the
+    model's (`t5x_params`), converted to the model's layout, cast and placed."""
+    if model is None or getattr(model, "FEATURE_CONVERTER_KIND", None) != "encoder_decoder":
+        raise CheckpointMismatchError(f"{what} {path} is a T5X checkpoint; t5lite reads T5X's "
+                                      f"T5 networks (examples/t5) into a T5 model only")
+    target = t5x_checkpoint.read_checkpoint(path)["target"]
+    canonical = {"fuse_qkv": False, "scan_layers": False}
+    plain = type(model)(_layout_cfg(model, canonical))
+    params = t5x_params.params_from_t5x(target, plain, origin=f"{what} {path}")
+    dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
+                  "scan_layers": bool(model.config.scan_layers)}
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        converted = layouts.convert_params({"params": params}, _layout_cfg(model, canonical),
+                                           _layout_cfg(model, dst_layout))
+        converted = jax.tree.map(lambda x: np.asarray(x, dtype=np.float32), converted)
+    bare = "params" not in abstract_params
+    wanted = {"params": abstract_params if bare else abstract_params["params"]}
+    diff = first_difference(flat_shapes(converted), flat_shapes(wanted))
+    if diff:
+        raise CheckpointMismatchError(f"T5X checkpoint {path} does not match the model: {diff}")
+    log.info("restoring parameters from T5X checkpoint %s", path)
+    placed = jax.tree.map(_place, converted, wanted)
     return placed["params"] if bare else placed

@@ -58,9 +58,10 @@ def _top_level_keys(file: Path) -> set:
         return set()
 
 
-def read_checkpoint(path) -> Dict[str, Any]:
+def read_checkpoint(path, arrays: bool = True) -> Dict[str, Any]:
     """The state dict at `path` (a `checkpoint_<step>` directory or its `checkpoint`
-    file), every leaf a numpy array. ConfigError when it is not a T5X checkpoint,
+    file), every leaf a numpy array (`arrays=False`: the zarr leaves stay TensorStore
+    specs, nothing but the msgpack is read). ConfigError when it is not a T5X checkpoint,
     CheckpointDamagedError when a part is missing or unreadable; each names the path."""
     path = Path(path)
     file = _msgpack_file(path)
@@ -84,7 +85,16 @@ def read_checkpoint(path) -> Dict[str, Any]:
     if version not in SUPPORTED_VERSIONS:
         raise ConfigError(f"{file} is a T5X checkpoint of version {version}; t5lite reads "
                           f"versions {', '.join(map(str, SUPPORTED_VERSIONS))}")
+    if not arrays:
+        return raw["optimizer"]
     return _resolve(raw["optimizer"], file.parent, version, "")
+
+
+def read_step(path) -> int:
+    """The training step a T5X checkpoint was saved at (`state/step`), without reading its
+    zarr arrays."""
+    tree = read_checkpoint(path, arrays=False)
+    return int(tree["state"]["step"])
 
 
 def _msgpack_file(path: Path):

@@ -1,0 +1,174 @@
+"""T5X checkpoints used where T5X users use them (issue 27): a checkpoint in T5X's layout,
+written from a random `transformers` T5 (v1.1 and v1.0, float32 and bfloat16 on disk),
+loads into t5lite with transformers' logits; INITIAL_CHECKPOINT_PATH at it finetunes
+through the CLI; `t5lite.convert --from=t5x` writes a t5lite checkpoint; bad input is one
+line with nothing written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+
+from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
+
+import t5x_helpers as tx  # noqa: E402
+from data_helpers import VOCAB_SIZE, data_env, reset_data_settings, vocabulary  # noqa: E402
+from test_hf import hf_t5_logits, t5_batch  # noqa: E402
+
+VOCAB = VOCAB_SIZE + 100  # the test vocabulary and T5's 100 extra ids
+TOL = 1e-4
+
+
+def _hf_t5(path, v1_0: bool, bf16_weights: bool = False):
+    torch.manual_seed(3 if v1_0 else 4)
+    cfg = transformers.T5Config(
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        feed_forward_proj="relu" if v1_0 else "gated-gelu", tie_word_embeddings=v1_0,
+        relative_attention_num_buckets=32, relative_attention_max_distance=128)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    if bf16_weights:  # the reference holds exactly the weights a bfloat16 checkpoint holds
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+def _abstract(model):
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return {"params": jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+        model.abstract_variables()["params"])}
+
+
+@pytest.mark.parametrize("v1_0,dtype,layout", [
+    (False, "float32", {}),
+    (False, "bfloat16", {"fuse_qkv": True, "scan_layers": True}),
+    (True, "float32", {"scan_layers": True}),
+])
+def test_a_t5x_checkpoint_gives_transformers_logits(tmp_path, v1_0, dtype, layout):
+    from t5lite.interop import hf as hf_import
+    from t5lite.runtime import finetune_restore
+    hf = _hf_t5(tmp_path / "hf", v1_0, bf16_weights=dtype == "bfloat16")
+    ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1000",
+                                   tx.t5x_tree_from_hf(hf.state_dict(), 2), step=1000,
+                                   dtype=dtype)
+    model, _ = hf_import.load_pretrained(tmp_path / "hf", dtype="float32", **layout)
+    assert model.config.logits_via_embedding == v1_0
+    params = finetune_restore.restore_params_for_finetuning(ckpt, model, _abstract(model))
+    batch = t5_batch(0, enc_valid=(40, 25, 33))
+    batch = {k: np.minimum(v, VOCAB - 1) for k, v in batch.items()}
+    ours = np.asarray(jax.jit(model.logits)(params, batch))
+    theirs = hf_t5_logits(hf, batch)
+    valid = batch["decoder_target_tokens"] > 0
+    diff = float(np.max(np.abs(ours - theirs)[valid]))
+    print(f"\nT5X ({'v1.0' if v1_0 else 'v1.1'}, {dtype}, {layout}) -> t5lite vs transformers: "
+          f"max |logit diff| = {diff:.3g}")
+    assert diff <= TOL
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, tmp_path_factory):
+    demo_corpus.write_multinli(str(tmp_path / "multinli"), train=16, dev=4)
+    vocab = vocabulary(tmp_path_factory)
+    data_env(monkeypatch, tmp_path, vocab, mnli_dir=tmp_path / "multinli")
+    yield dict(vocab=vocab, mnli=tmp_path / "multinli")
+    reset_data_settings()
+
+
+MODEL_GIN = """include 'models/t5_1_1/tiny.gin'
+T5Config.vocab_size = {vocab}
+"""
+
+
+def _tiny_t5x_checkpoint(tmp_path):
+    """A T5X checkpoint of configs/models/t5_1_1/tiny.gin's shapes (vocab VOCAB)."""
+    torch.manual_seed(5)
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
+    return tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000",
+                                   tx.t5x_tree_from_hf(hf.state_dict(), 2), step=1000,
+                                   dtype="bfloat16")
+
+
+def test_initial_checkpoint_path_at_a_t5x_checkpoint_finetunes_and_converts(env, tmp_path,
+                                                                            capsys):
+    from t5lite import convert, train
+    ckpt = _tiny_t5x_checkpoint(tmp_path)
+    run = tmp_path / "run"
+    args = [f"--gin_file={tmp_path}/model.gin", "--gin_file=configs/finetune_mnli.gin",
+            f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
+            "--gin.BATCH_SIZE=8", "--gin.TRAIN_STEPS=2", "--gin.EVAL_PERIOD=None",
+            "--gin.CHECKPOINT_PERIOD=2", "--gin.CheckpointSettings.async_save=False"]
+    assert train.main(args) == 0
+    import train_helpers as th
+    from t5lite.runtime import t5x_checkpoint
+    from t5lite.models import t5x_params
+    from t5lite.config import parsing
+    parsing.parse_gin([f"{tmp_path}/model.gin"])
+    model = parsing.resolve_macro("MODEL")
+    start = t5x_params.params_from_t5x(t5x_checkpoint.read_checkpoint(ckpt)["target"], model)
+    trained = th.load_state(run, 2)["params"]["params"]
+    # finetuning started from the T5X weights: two Adafactor steps at lr 1e-3 move each
+    # kernel by well under its size, never to something unrelated
+    a = np.asarray(start["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"], np.float32)
+    b = np.asarray(trained["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"])
+    assert 0 < np.max(np.abs(a - b)) < 0.1 * np.max(np.abs(a))
+
+    out = tmp_path / "converted"
+    assert convert.main(["--from=t5x", f"--input={ckpt}", f"--output={out}",
+                         f"--gin_file={tmp_path}/model.gin", "--fuse_qkv"]) == 0
+    assert "FUSE_QKV = True" in (out / "model.gin").read_text()
+    from t5lite.interop import checkpoint_format
+    converted = checkpoint_format.load_params(out / "checkpoints" / "1000")
+    qkv = np.asarray(converted["params"]["encoder"]["layers_0"]["attention"]["qkv"]["kernel"])
+    np.testing.assert_array_equal(  # [embed, stack(q, k, v), heads, kv]
+        qkv[:, 0], np.asarray(start["encoder"]["layers_0"]["attention"]["query"]["kernel"],
+                              np.float32))
+    capsys.readouterr()
+
+
+def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
+    import shutil
+    from t5lite import convert, train
+    ckpt = _tiny_t5x_checkpoint(tmp_path)
+    base = [f"--gin_file={tmp_path}/model.gin", "--gin_file=configs/finetune_mnli.gin",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}", "--gin.BATCH_SIZE=8",
+            "--gin.TRAIN_STEPS=2", "--gin.EVAL_PERIOD=None"]
+    missing = tmp_path / "t5x" / "checkpoint_missing"
+    shutil.copytree(ckpt, missing)
+    shutil.rmtree(missing / "target.encoder.layers_1.mlp.wo.kernel")
+    wrong = tmp_path / "t5x" / "checkpoint_wrong"
+    shutil.copytree(ckpt, wrong)
+    (tmp_path / "small.gin").write_text(MODEL_GIN.format(vocab=VOCAB) +
+                                        "T5Config.mlp_dim = 96\n")
+    cases = [  # (INITIAL_CHECKPOINT_PATH, model gin, what the line must name)
+        (missing, f"{tmp_path}/model.gin", "encoder/layers_1/mlp/wo/kernel"),
+        (wrong, f"{tmp_path}/small.gin", "mlp/wi_0/kernel"),
+        (tmp_path / "t5x", f"{tmp_path}/model.gin", str(tmp_path / "t5x")),
+    ]
+    for i, (path, gin, named) in enumerate(cases):
+        run = tmp_path / f"run{i}"
+        code = train.main([f"--gin_file={gin}"] + base[1:] + [
+            f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{path}"'])
+        lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert code != 0 and len(lines) == 1 and named in lines[0], (code, lines)
+        assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+    # convert: a T5 v1.0 checkpoint read as a v1.1 model (another network), no output left
+    hf = _hf_t5(tmp_path / "hf10", v1_0=True)
+    v10 = tx.write_t5x_checkpoint(tmp_path / "v10" / "checkpoint_5",
+                                  tx.t5x_tree_from_hf(hf.state_dict(), 2), step=5)
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert convert.main(["--from=t5x", f"--input={v10}", f"--output={out}",
+                         f"--gin_file={tmp_path}/model.gin"]) == 2
+    lines = [l for l in capsys.readouterr().err.splitlines() if l]
+    assert len(lines) == 1 and "mlp/wi/kernel" in lines[0], lines
+    assert not out.exists() or not any(out.iterdir())
