@@ -118,3 +118,43 @@ def write_t5x_checkpoint(ckpt: Path, target: Mapping[str, Any], step: int = 0,
         {"version": 3, "optimizer": {"target": _to_disk(target, ckpt, "target", dtype),
                                      "state": state}}))
     return ckpt
+
+
+def t5x_factored_dims(shape, min_dim: int = 128):
+    """T5X Adafactor's heuristic for a (at most 2-D) parameter: (d1, d0) = (second
+    largest, largest) dimension, ties in axis order; None when unfactored."""
+    if len(shape) < 2:
+        return None
+    order = np.argsort(shape, kind="stable")
+    if shape[order[-2]] < min_dim:
+        return None
+    return int(order[-2]), int(order[-1])
+
+
+def adafactor_slots(view: Mapping[str, np.ndarray], rng, beta1=None) -> Dict[str, Dict]:
+    """Random T5X Adafactor state {m, v, v_row, v_col} per parameter of a flat T5X tree
+    (`v_row` over d1, `v_col` over d0 when factored; unused slots float32 zeros [1])."""
+    slots = {}
+    for name, p in view.items():
+        dims = t5x_factored_dims(p.shape)
+        s = {k: np.zeros((1,), np.float32) for k in ("m", "v", "v_row", "v_col")}
+        if dims is not None:
+            s["v_row"] = rng.uniform(0.5, 2.0, p.shape[dims[0]]).astype(np.float32)
+            s["v_col"] = rng.uniform(0.5, 2.0, p.shape[dims[1]]).astype(np.float32)
+        else:
+            s["v"] = rng.uniform(0.5, 2.0, p.shape).astype(np.float32)
+        if beta1 is not None:
+            s["m"] = (1e-3 * rng.normal(size=p.shape)).astype(np.float32)
+        slots[name] = s
+    return slots
+
+
+def param_states(slots: Mapping[str, Mapping[str, np.ndarray]]) -> Dict[str, Any]:
+    """T5X's `state/param_states` tree from {param name: slots}."""
+    tree: Dict[str, Any] = {}
+    for name, s in slots.items():
+        node = tree
+        for part in name.split("/"):
+            node = node.setdefault(part, {})
+        node.update(s)
+    return tree

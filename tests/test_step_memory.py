@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import train_helpers as th
@@ -77,16 +78,25 @@ def test_verdict_is_a_plain_answer():
 
 def test_optimizer_state_is_counted_from_the_optimizer_itself():
     # Adafactor factors matrices whose both sides are >= 128: a model wide enough for that
-    params = footprint.abstract_params(model_lib.EncoderDecoderModel(configs.T5Config(
+    model = model_lib.EncoderDecoderModel(configs.T5Config(
         vocab_size=256, emb_dim=128, num_heads=4, head_dim=32, num_encoder_layers=2,
-        num_decoder_layers=2, mlp_dim=512)))
+        num_decoder_layers=2, mlp_dim=512))
+    params = footprint.abstract_params(model)
     n = footprint.param_count(params)
     adamw = footprint.optimizer_state_bytes(params, optimizers.adamw(1e-3))
     assert 8 * n <= adamw <= 8 * n + 64          # two float32 moments + step counters
     ada = footprint.optimizer_state_bytes(params, optimizers.adafactor(1e-2))
-    # factored second moments for the big matrices (the [embed, heads, kv] attention
-    # kernels stay whole: their second-largest side, kv, is under 128): well under 4 B/param
+    # by shape alone the [embed, heads, kv] attention kernels stay whole (their
+    # second-largest side, kv, is under 128); the rest is factored: under 4 B/param
     assert ada < 2 * n
+    # by the model's axis names they are factored too, as T5X's [embed, heads*kv]:
+    # only the relative-position tables and the norm scales are kept whole
+    axes = model.logical_axes()["params"]
+    ada_t5x = footprint.optimizer_state_bytes(params, optimizers.adafactor(1e-2), axes)
+    whole = sum(int(np.prod(leaf.shape)) for path, leaf in
+                jax.tree_util.tree_leaves_with_path(params)
+                if "relpos" in jax.tree_util.keystr(path) or "scale" in jax.tree_util.keystr(path))
+    assert ada_t5x < 4 * whole + 0.1 * n
     momentum = footprint.optimizer_state_bytes(params, optimizers.adafactor(1e-2,
                                                                             momentum=0.9))
     assert momentum >= ada + 4 * n               # a full first moment on top

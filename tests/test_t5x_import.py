@@ -172,3 +172,55 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
     lines = [l for l in capsys.readouterr().err.splitlines() if l]
     assert len(lines) == 1 and "mlp/wi/kernel" in lines[0], lines
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path, capsys):
+    """INITIAL_CHECKPOINT_STATE='train_state': the T5X step, its Adafactor moments (here
+    kept whole: tiny.gin's matrices are under 128 on a side) and TRAIN_STEPS counting from
+    the T5X step, as in T5X; what cannot continue is one line, nothing written."""
+    from t5lite import train
+    import train_helpers as th
+    torch.manual_seed(6)
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
+    target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
+    from t5lite.models import t5x_params
+    slots = tx.adafactor_slots(t5x_params.flatten(target), np.random.default_rng(0))
+    ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", target, step=1000,
+                                   param_states=tx.param_states(slots))
+    base = [f"--gin_file={tmp_path}/model.gin", "--gin_file=configs/finetune_mnli.gin",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}", "--gin.BATCH_SIZE=8",
+            "--gin.EVAL_PERIOD=None", "--gin.CHECKPOINT_PERIOD=2",
+            "--gin.CheckpointSettings.async_save=False",
+            "--gin.INITIAL_CHECKPOINT_STATE='train_state'"]
+    run = tmp_path / "run"
+    assert train.main(base + [f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
+                              "--gin.TRAIN_STEPS=1002"]) == 0
+    assert "at step 1000" in capsys.readouterr().err
+    assert th.complete_steps(run) == [1002]
+    state = th.load_state(run, 1002)
+    assert int(state["step"]) == 1002
+    counts = [int(x) for x in jax.tree_util.tree_leaves(state["opt_state"]) if np.ndim(x) == 0]
+    assert counts and set(counts) == {1002}, counts  # the schedule and the moments went on
+
+    converted = tmp_path / "t5lite_ckpt"
+    from t5lite import convert
+    assert convert.main(["--from=t5x", f"--input={ckpt}", f"--output={converted}",
+                         f"--gin_file={tmp_path}/model.gin"]) == 0
+    capsys.readouterr()
+    cases = [  # (extra flags, what the one line must name)
+        ([f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"', "--gin.train.optimizer=@adamw()",
+          "--gin.adamw.learning_rate=1e-3"], "INITIAL_CHECKPOINT_STATE='params'"),
+        ([f'--gin.INITIAL_CHECKPOINT_PATH="{converted}"'], "no T5X checkpoint"),
+        ([f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"', "--gin.INITIAL_CHECKPOINT_STATE='all'"],
+         "INITIAL_CHECKPOINT_STATE='all'"),
+    ]
+    for i, (extra, named) in enumerate(cases):
+        other = tmp_path / f"bad{i}"
+        code = train.main(base + [f'--gin.MODEL_DIR="{other}"', "--gin.TRAIN_STEPS=1002"]
+                          + extra)
+        lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert code != 0 and len(lines) == 1 and named in lines[0], (code, lines)
+        assert not th.complete_steps(other) if (other / "checkpoints").exists() else True

@@ -29,18 +29,18 @@ _JOINED_IN = re.compile(r"(attention|self_attention|encoder_decoder_attention)/"
 _JOINED_OUT = re.compile(r"(attention|self_attention|encoder_decoder_attention)/out/kernel$")
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
     flat = {}
     for key, value in tree.items():
         name = f"{prefix}/{key}" if prefix else str(key)
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, name))
+            flat.update(flatten(value, name))
         else:
             flat[name] = value
     return flat
 
 
-def _unflatten(flat: Mapping[str, Any]) -> Dict[str, Any]:
+def unflatten(flat: Mapping[str, Any]) -> Dict[str, Any]:
     tree: Dict[str, Any] = {}
     for name, value in flat.items():
         *parents, leaf = name.split("/")
@@ -58,8 +58,8 @@ def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X che
     one line naming the parameter: one the model needs and T5X lacks, one T5X holds and
     the model has no place for (another network), or a shape that does not fit."""
     expected = {name: tuple(leaf.shape) for name, leaf in
-                _flatten(model.abstract_variables()["params"]).items()}
-    given = _flatten(target)
+                flatten(model.abstract_variables()["params"]).items()}
+    given = flatten(target)
     unknown = sorted(set(given) - set(expected))
     if unknown:
         raise CheckpointMismatchError(
@@ -85,4 +85,4 @@ def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X che
                 f"{origin}: parameter {name!r} has shape {list(value.shape)}, the model needs "
                 f"{list(shape)}; check the model size against the checkpoint's")
         params[name] = value
-    return _unflatten(params)
+    return unflatten(params)

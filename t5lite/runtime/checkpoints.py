@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
@@ -29,7 +29,8 @@ from etils import epath
 
 from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, OutputWriteError,
                            check_positive_int)
-from t5lite.runtime import data_iterator_item, disk_space, periods, restore_noise
+from t5lite.runtime import (data_iterator_item, disk_space, periods, restore_noise,
+                            t5x_optimizer_state)
 from t5lite.runtime.checkpoint_trees import check_state_matches, item_metadata_tree
 from t5lite.runtime.finetune_restore import restore_params_for_finetuning
 from t5lite.runtime.partitioning import process_0_decides
@@ -292,12 +293,17 @@ class Checkpointer:
 
 def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
                     init_fn: Callable[[], TrainState],
-                    initial_checkpoint_path: Optional[PathLike] = None, model: Any = None
+                    initial_checkpoint_path: Optional[PathLike] = None, model: Any = None,
+                    initial_checkpoint_state: str = "params",
+                    factoring: Optional[Mapping[str, Any]] = None
                     ) -> Tuple[TrainState, Optional[dict], str]:
     """The restore order: the latest complete checkpoint in MODEL_DIR that restores (state
     and data position; newer ones that do not are renamed `<step>.damaged-<ns>`, kept,
-    and named in a warning; CheckpointDamagedError when none restores) -> else `initial_checkpoint_path` (parameters only; step 0, fresh optimizer
-    and FP8 state from `init_fn()`) -> else `init_fn()`.
+    and named in a warning; CheckpointDamagedError when none restores) -> else
+    `initial_checkpoint_path`: its parameters only (step 0, fresh optimizer and FP8 state
+    from `init_fn()`), or with `initial_checkpoint_state` 'train_state' a T5X run's
+    parameters, step and Adafactor state (`t5x_optimizer_state`; `factoring`: the run's
+    Adafactor options) -> else `init_fn()`.
 
     Returns (state, data_state or None, source) with source "resume:<step>",
     "initial:<path>" or "init"."""
@@ -322,6 +328,10 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
             f"no checkpoint in {checkpointer.directory} restores: "
             + "; ".join(f"step {s}: {r}" for s, r in damaged)
             + " — nothing was moved or deleted; repair or remove them, or use a new MODEL_DIR")
+    if initial_checkpoint_path and initial_checkpoint_state == "train_state":
+        state = t5x_optimizer_state.continue_t5x_run(initial_checkpoint_path, model,
+                                                     abstract_state, init_fn, factoring)
+        return state, None, f"initial:{initial_checkpoint_path}"
     if initial_checkpoint_path:
         params = restore_params_for_finetuning(initial_checkpoint_path, model,
                                                abstract_state.params)

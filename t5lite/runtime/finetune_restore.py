@@ -32,7 +32,8 @@ def _layout_cfg(model, layout: Mapping[str, bool]):
     return types.SimpleNamespace(**layout)
 
 
-def _place(x: np.ndarray, like: Any) -> Any:
+def place(x: np.ndarray, like: Any) -> Any:
+    """`x` (host) as `like` (a jax.ShapeDtypeStruct, with a sharding or not) describes it."""
     x = np.asarray(x, dtype=like.dtype)
     sharding = getattr(like, "sharding", None)
     if sharding is None:
@@ -49,7 +50,8 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
     are checked (CheckpointMismatchError)."""
     if t5x_checkpoint.is_t5x_checkpoint(path):
-        return _restore_t5x(path, model, abstract_params, what)
+        return restore_t5x_params(t5x_checkpoint.read_checkpoint(path), path, model,
+                                  abstract_params, what)
     item_dir, item = resolve_item(path, what)
     where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
     meta = item_metadata_tree(item_dir)
@@ -107,18 +109,19 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
         raise CheckpointMismatchError(
             head + diff + f" (after converting from {layout_str(src_layout)} to "
             f"{layout_str(dst_layout)}); " + cause)
-    placed = jax.tree.map(_place, converted, target)
+    placed = jax.tree.map(place, converted, target)
     return placed["params"] if bare else placed
 
 
-def _restore_t5x(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
-                 what: str) -> Dict[str, Any]:
-    """The parameters of a T5X checkpoint (`t5x_checkpoint`), T5X's tree mapped onto the
-    model's (`t5x_params`), converted to the model's layout, cast and placed."""
+def restore_t5x_params(tree: Mapping[str, Any], path: PathLike, model: Any,
+                       abstract_params: Mapping[str, Any], what: str) -> Dict[str, Any]:
+    """The parameters of a T5X checkpoint (`tree`: `t5x_checkpoint.read_checkpoint(path)`),
+    T5X's tree mapped onto the model's (`t5x_params`), converted to the model's layout,
+    cast and placed."""
     if model is None or getattr(model, "FEATURE_CONVERTER_KIND", None) != "encoder_decoder":
         raise CheckpointMismatchError(f"{what} {path} is a T5X checkpoint; t5lite reads T5X's "
                                       f"T5 networks (examples/t5) into a T5 model only")
-    target = t5x_checkpoint.read_checkpoint(path)["target"]
+    target = tree["target"]
     canonical = {"fuse_qkv": False, "scan_layers": False}
     plain = type(model)(_layout_cfg(model, canonical))
     params = t5x_params.params_from_t5x(target, plain, origin=f"{what} {path}")
@@ -134,5 +137,5 @@ def _restore_t5x(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
     if diff:
         raise CheckpointMismatchError(f"T5X checkpoint {path} does not match the model: {diff}")
     log.info("restoring parameters from T5X checkpoint %s", path)
-    placed = jax.tree.map(_place, converted, wanted)
+    placed = jax.tree.map(place, converted, wanted)
     return placed["params"] if bare else placed

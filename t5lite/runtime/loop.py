@@ -171,9 +171,13 @@ def _finite(values: Mapping[str, Any]) -> bool:
                if k in values)
 
 
+INITIAL_CHECKPOINT_STATES = ("params", "train_state")
+
+
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
-          num_microbatches: int, initial_checkpoint_path: Optional[str], random_seed: int,
+          num_microbatches: int, initial_checkpoint_path: Optional[str],
+          initial_checkpoint_state: str, random_seed: int,
           pack: bool, log_period: int, mesh: MeshSettings,
           checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
           inference_eval: InferenceEvalSettings, inference_evaluator: Optional[Callable],
@@ -186,6 +190,10 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
     check_positive_int("TRAIN_STEPS", train_steps)
     check_positive_int("LOG_PERIOD", log_period)
+    if initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
+        raise ConfigError(f"INITIAL_CHECKPOINT_STATE={initial_checkpoint_state!r}: use 'params' "
+                          f"(the parameters only, step 0) or 'train_state' (a T5X run's step and "
+                          f"Adafactor state too)")
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
     # with several processes the signals are agreed on from here: one that reaches some
@@ -217,7 +225,9 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         try:
             state, data_state, source = checkpoints.restore_or_init(
                 ckpt, abstract, lambda: step_fns.init(jax.random.PRNGKey(random_seed)),
-                initial_checkpoint_path=initial_checkpoint_path, model=model)
+                initial_checkpoint_path=initial_checkpoint_path, model=model,
+                initial_checkpoint_state=initial_checkpoint_state,
+                factoring=getattr(optimizer, "factoring", None))
             if eval_period:
                 evaluator = inference_evaluator(
                     model, run.partitioner, task_name=data.mixture_or_task_name,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ import numpy as np
 import optax
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import adafactor as adafactor_rule
 
 Schedule = Callable[[Any], jax.Array]
 ScheduleOrFloat = Union[Schedule, float, int]
@@ -173,11 +174,22 @@ def as_schedule(learning_rate: ScheduleOrFloat, owner: str = "") -> Schedule:
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
     """`tx` already applies `learning_rate_fn` (from its own update count);
-    `learning_rate_fn(step)` is the lr that update number `step` (0-based) uses."""
+    `learning_rate_fn(step)` is the lr that update number `step` (0-based) uses.
+    `for_axes(param_axes)`, where given, builds the transformation for parameters with
+    those logical axis names (Adafactor factors by them); `factoring`: its options."""
 
     tx: optax.GradientTransformation
     learning_rate_fn: Schedule
     name: str = "optimizer"
+    for_axes: Optional[Callable[[Any], optax.GradientTransformation]] = None
+    factoring: Optional[Dict[str, Any]] = None
+
+    def transformation(self, param_axes: Any = None) -> optax.GradientTransformation:
+        """The transformation for parameters with logical axis names `param_axes`
+        (`model.logical_axes()["params"]`); `tx` when None or not needed."""
+        if param_axes is None or self.for_axes is None:
+            return self.tx
+        return self.for_axes(param_axes)
 
 
 def _maybe(enabled: bool, make: Callable[[], optax.GradientTransformation]):
@@ -217,46 +229,49 @@ def adafactor(learning_rate: ScheduleOrFloat, decay_rate: float = 0.8,
               epsilon2: float = 1e-3, momentum: Optional[float] = None,
               weight_decay_rate: Optional[float] = None, clip_norm: Optional[float] = None,
               weight_decay_mask: MaskOrFn = None, decay_offset: int = 0) -> Optimizer:
-    """Adafactor with T5's defaults (Shazeer & Stern 2018, as in T5X).
+    """Adafactor with T5's defaults, step for step T5X's (`t5x/adafactor.py`).
 
     Per update t (0-based), for each parameter p with gradient g:
 
     - optional global-norm clipping of all gradients to `clip_norm` (T5X's
       `global_norm_clip_threshold`; off by default);
     - second moment with beta2_t = 1 - (t + 1 - decay_offset) ** -decay_rate of
-      g**2 + epsilon1. It is factored (a row and a column vector over the two largest
-      dims) when `factored` and both those dims are >= `min_dim_size_to_factor`, full
-      otherwise; y = g / sqrt(v);
+      g**2 + epsilon1, factored (`t5lite.runtime.adafactor`: a row and a column vector,
+      over T5X's view of the parameter, heads joined and each layer apart) when
+      `factored` and the smaller of the two dimensions is >= `min_dim_size_to_factor`,
+      full otherwise; y = g / sqrt(v);
     - update clipping: y /= max(1, RMS(y) / clipping_threshold);
     - step size learning_rate(t), times max(RMS(p), epsilon2) when
       `multiply_by_parameter_scale`;
-    - optional momentum (EMA of the scaled update, no bias correction);
+    - optional momentum (EMA of the scaled update, no bias correction; T5X's beta1);
     - optional decoupled weight decay p -= weight_decay_rate * p (not scaled by the
       learning rate, as in T5X), on every leaf unless `weight_decay_mask` says otherwise.
 
-    The stages are optax's own (the ones `optax.adafactor` chains; with `epsilon2` = 1e-3
-    and no `clip_norm` the result is identical to `optax.adafactor`), with `epsilon2` and
-    `clip_norm` exposed. RMS statistics are per leaf: with scanned layers they span all
-    layers of a stacked leaf.
+    `tx` plans each leaf by its shape alone (then, with `epsilon2` = 1e-3 and no
+    `clip_norm`, it is `optax.adafactor`); a training run takes
+    `transformation(model.logical_axes()["params"])`, planned by the axis names. RMS
+    statistics are per T5X parameter: per layer of a scanned stack, per q / k / v of a
+    fused kernel.
     """
     schedule = as_schedule(learning_rate, "adafactor")
-    tx = optax.chain(
-        _global_clip(clip_norm),
-        optax.scale_by_factored_rms(factored=factored, decay_rate=decay_rate,
-                                    step_offset=decay_offset,
-                                    min_dim_size_to_factor=min_dim_size_to_factor,
-                                    epsilon=epsilon1),
-        _maybe(clipping_threshold is not None,
-               lambda: optax.clip_by_block_rms(clipping_threshold)),
-        optax.scale_by_learning_rate(schedule, flip_sign=False),
-        _maybe(multiply_by_parameter_scale,
-               lambda: optax.scale_by_param_block_rms(min_scale=epsilon2)),
-        _maybe(momentum is not None, lambda: optax.ema(momentum, debias=False)),
-        _maybe(weight_decay_rate is not None,
-               lambda: optax.add_decayed_weights(weight_decay_rate, mask=weight_decay_mask)),
-        optax.scale(-1.0),
-    )
-    return Optimizer(tx=tx, learning_rate_fn=schedule, name="adafactor")
+    settings = dict(factored=factored, min_dim_size_to_factor=min_dim_size_to_factor)
+
+    def build(param_axes):
+        return optax.chain(
+            _global_clip(clip_norm),
+            adafactor_rule.scale_by_factored_rms(
+                decay_rate=decay_rate, step_offset=decay_offset, epsilon1=epsilon1,
+                clipping_threshold=clipping_threshold,
+                epsilon2=epsilon2 if multiply_by_parameter_scale else None,
+                param_axes=param_axes, **settings),
+            optax.scale_by_learning_rate(schedule, flip_sign=False),
+            _maybe(momentum is not None, lambda: optax.ema(momentum, debias=False)),
+            _maybe(weight_decay_rate is not None,
+                   lambda: optax.add_decayed_weights(weight_decay_rate, mask=weight_decay_mask)),
+            optax.scale(-1.0),
+        )
+    return Optimizer(tx=build(None), learning_rate_fn=schedule, name="adafactor",
+                     for_axes=build, factoring=settings)
 
 
 def adamw(learning_rate: ScheduleOrFloat, b1: float = 0.9, b2: float = 0.999,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -343,11 +344,17 @@ class MeshSettings:
 
 
 def _derived_spec(shape, param_shape, param_spec: P) -> P:
+    """The spec of an optimizer-state leaf of `shape` that belongs to a parameter of
+    `param_shape`: the parameter's spec, less the axes a factored moment reduced away
+    (one or several, e.g. Adafactor's [embed] row of an [embed, heads, kv] kernel; the
+    later axes are tried first); replicated when it is no such reduction."""
     spec = tuple(param_spec) + (None,) * (len(param_shape) - len(param_spec))
     if tuple(shape) == tuple(param_shape):
         return P(*spec)
-    if len(shape) == len(param_shape) - 1:
-        for drop in range(len(param_shape) - 1, -1, -1):
-            if tuple(param_shape[:drop]) + tuple(param_shape[drop + 1:]) == tuple(shape):
-                return P(*(spec[:drop] + spec[drop + 1:]))
+    dropped = len(param_shape) - len(shape)
+    if 0 < dropped < len(param_shape):
+        for drop in reversed(list(itertools.combinations(range(len(param_shape)), dropped))):
+            kept = [a for a in range(len(param_shape)) if a not in drop]
+            if tuple(param_shape[a] for a in kept) == tuple(shape):
+                return P(*(spec[a] for a in kept))
     return P()

@@ -95,8 +95,9 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
         model.check_features(("decoder_segment_ids",))
     partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model)
     partitioner.check_batch_size(data.batch_size, num_microbatches)
+    tx = optimizer.transformation(model.logical_axes()["params"])  # Adafactor factors by them
     step_fns = train_step.make_train_step(
-        model, optimizer.tx, partitioner, learning_rate_fn=optimizer.learning_rate_fn,
+        model, tx, partitioner, learning_rate_fn=optimizer.learning_rate_fn,
         num_microbatches=num_microbatches,
         lengths=model.feature_lengths(data.task_feature_lengths))
     iterator = make_iterator(model, data, partitioner)

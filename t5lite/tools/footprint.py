@@ -34,9 +34,10 @@ def param_count(params) -> int:
     return sum(math.prod(s) for s in _shapes(params))
 
 
-def optimizer_state_bytes(params, optimizer) -> int:
-    """Bytes of the state `optimizer` (a t5lite Optimizer) keeps for `params`."""
-    state = jax.eval_shape(optimizer.tx.init, params)
+def optimizer_state_bytes(params, optimizer, param_axes=None) -> int:
+    """Bytes of the state `optimizer` (a t5lite Optimizer) keeps for `params` (with
+    logical axis names `param_axes`: Adafactor factors by them)."""
+    state = jax.eval_shape(optimizer.transformation(param_axes).init, params)
     return sum(math.prod(leaf.shape) * leaf.dtype.itemsize
                for leaf in jax.tree_util.tree_leaves(state))
 
@@ -53,7 +54,7 @@ def model_report(model, optimizer, *, inputs_length: int = 512, targets_length: 
                               "config": type(model.config).__name__, "params": n}
     report.update(model.flops_report(inputs_length=inputs_length,
                                      targets_length=targets_length, seq_length=seq_length))
-    opt_bytes = optimizer_state_bytes(params, optimizer)
+    opt_bytes = optimizer_state_bytes(params, optimizer, model.logical_axes()["params"])
     report.update(param_bytes=FLOAT32_BYTES * n, optimizer=optimizer.name,
                   optimizer_source=optimizer_source, optimizer_state_bytes=opt_bytes,
                   total_bytes=FLOAT32_BYTES * n + opt_bytes)
