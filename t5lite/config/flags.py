@@ -8,6 +8,9 @@
 
 and, for the commands that run a model (train, eval, infer), the multi-process flags
 (--multiprocess, --coordinator_address, --process_count, --process_index).
+
+T5X's macro names that mean exactly a t5lite macro of another name are accepted in
+`--gin.NAME=VALUE` under T5X's name too (`T5X_MACROS`; docs/migrating_from_t5x.md).
 """
 from __future__ import annotations
 
@@ -31,15 +34,24 @@ def add_gin_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+T5X_MACROS = {
+    "EVAL_OUTPUT_DIR": "OUTPUT_DIR",              # t5x.eval
+    "INFER_OUTPUT_DIR": "OUTPUT_DIR",             # t5x.infer
+    "EVALUATOR_NUM_EXAMPLES": "EVAL_NUM_EXAMPLES",  # t5x.train's inference evaluation
+}
+"""T5X macro name -> the t5lite macro of the same meaning under another name."""
+
+
 def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
-    """Rewrites each `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`, keeping order."""
+    """Rewrites each `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`, keeping order
+    (a T5X name in `T5X_MACROS` becomes t5lite's)."""
     out = []
     for arg in argv:
         if arg.startswith("--gin."):
             name, eq, value = arg[len("--gin."):].partition("=")
             if not eq or not name:
                 raise ConfigError(f"{arg!r} needs a value: write --gin.NAME=VALUE")
-            out.append(f"--gin_bindings={name} = {value}")
+            out.append(f"--gin_bindings={T5X_MACROS.get(name, name)} = {value}")
         else:
             out.append(arg)
     return out
