@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -33,3 +35,19 @@ try:
     import triton  # noqa: F401,E402
 except ImportError:
     pass
+
+
+@pytest.fixture(scope="module")
+def hf_t5(tmp_path_factory):
+    """A random transformers T5 v1.1 (tiny, untied), saved as safetensors."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                num_heads=4, feed_forward_proj="gated-gelu",
+                                tie_word_embeddings=False, relative_attention_num_buckets=16,
+                                relative_attention_max_distance=20)
+    path = tmp_path_factory.mktemp("hf_t5")
+    transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
+                                                                 safe_serialization=True)
+    return path

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts, t5x_params
+from t5lite.models import layouts, param_paths, t5x_params
 from t5lite.models.configs import T5Config
 from t5lite.models.model import model_for_config
 from t5lite.runtime import adafactor, finetune_restore, optimizers, t5x_checkpoint
@@ -84,7 +84,7 @@ CFG = T5Config(vocab_size=160, emb_dim=128, num_heads=2, head_dim=64, num_encode
 
 def _t5x_view(params):
     """t5lite's plain params -> T5X's tree (kernels [embed, heads*kv] / [heads*kv, embed])."""
-    flat = t5x_params.flatten(params)
+    flat = param_paths.flatten(params)
     out = {}
     for name, value in flat.items():
         value = np.asarray(value, np.float32)
@@ -99,7 +99,7 @@ def _t5x_view(params):
 def _model_tree(flat_view, model):
     """A T5X-view tree in `model`'s layout (as the parameters are imported)."""
     plain = type(model)(dataclasses.replace(model.config, fuse_qkv=False, scan_layers=False))
-    tree = t5x_params.params_from_t5x(t5x_params.unflatten(flat_view), plain)
+    tree = t5x_params.params_from_t5x(param_paths.unflatten(flat_view), plain)
     return layouts.convert_params({"params": tree}, plain.config, model.config)["params"]
 
 
@@ -111,7 +111,7 @@ def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1):
     init = plain.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
     view = _t5x_view(jax.tree.map(np.asarray, init))
     slots = tx.adafactor_slots(view, rng, beta1)
-    ckpt = tx.write_t5x_checkpoint(tmp_path / f"checkpoint_{STEP}", t5x_params.unflatten(view),
+    ckpt = tx.write_t5x_checkpoint(tmp_path / f"checkpoint_{STEP}", param_paths.unflatten(view),
                                    step=STEP, param_states=tx.param_states(slots))
     model = model_for_config(dataclasses.replace(CFG, **layout))
     schedule = optimizers.rsqrt_decay(base_learning_rate=1.0, warmup_steps=10)

@@ -54,19 +54,6 @@ def model_from_gin(path, *bindings):
 
 
 @pytest.fixture(scope="module")
-def hf_t5(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2,
-                                num_heads=4, feed_forward_proj="gated-gelu",
-                                tie_word_embeddings=False, relative_attention_num_buckets=16,
-                                relative_attention_max_distance=20)
-    path = tmp_path_factory.mktemp("hf_t5")
-    transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
-                                                                 safe_serialization=True)
-    return path
-
-
-@pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory):
     torch.manual_seed(1)
     cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,

@@ -50,14 +50,14 @@ def env(tmp_path, monkeypatch, tmp_path_factory):
 
 def test_every_command_of_the_migration_guide_runs(env, tmp_path, capsys):
     from t5lite import convert, eval as evaluate, train
-    from t5lite.models import t5x_params
+    from t5lite.models import param_paths
     vocab = VOCAB_SIZE + 100
     torch.manual_seed(7)
     hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=vocab, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
-    slots = tx.adafactor_slots(t5x_params.flatten(target), np.random.default_rng(0))
+    slots = tx.adafactor_slots(param_paths.flatten(target), np.random.default_rng(0))
     t5x = tx.write_t5x_checkpoint(tmp_path / "t5x" / f"checkpoint_{T5X_STEP}", target,
                                   step=T5X_STEP, param_states=tx.param_states(slots))
     model_gin = tmp_path / "tiny.gin"

@@ -171,29 +171,14 @@ def test_bad_input_is_one_line_naming_the_path_or_parameter(t5x_ckpt, tmp_path):
 # --------------------------------------------------------------- the parameter tree
 
 
-@pytest.fixture(scope="module")
-def hf_t5_dir(tmp_path_factory):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2,
-                                num_heads=4, feed_forward_proj="gated-gelu",
-                                tie_word_embeddings=False, relative_attention_num_buckets=16,
-                                relative_attention_max_distance=20)
-    path = tmp_path_factory.mktemp("hf_t5")
-    transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
-                                                                 safe_serialization=True)
-    return path
-
-
-def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5_dir, tmp_path):
+def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5, tmp_path):
     """A T5X v1.1 checkpoint of the same weights gives exactly the parameters the Hugging
     Face import gives (whose logits match transformers', tests/test_hf.py)."""
     from t5lite.interop import hf
     from t5lite.models import t5x_params
     transformers = pytest.importorskip("transformers")
-    model, variables = hf.load_pretrained(hf_t5_dir, dtype="float32")
-    state = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_t5_dir)).state_dict()
+    model, variables = hf.load_pretrained(hf_t5, dtype="float32")
+    state = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_t5)).state_dict()
     target = t5x_tree_from_hf(state, num_layers=2)
     ckpt = tmp_path / "checkpoint_100"
     query = target["encoder"]["layers_1"]["attention"]["query"]["kernel"]

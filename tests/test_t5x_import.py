@@ -186,8 +186,8 @@ def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
     target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
-    from t5lite.models import t5x_params
-    slots = tx.adafactor_slots(t5x_params.flatten(target), np.random.default_rng(0))
+    from t5lite.models import param_paths
+    slots = tx.adafactor_slots(param_paths.flatten(target), np.random.default_rng(0))
     ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", target, step=1000,
                                    param_states=tx.param_states(slots))
     base = [f"--gin_file={tmp_path}/model.gin", "--gin_file=configs/finetune_mnli.gin",

@@ -32,6 +32,7 @@ from t5lite.interop.hf_config import (  # noqa: F401  (read_hf_config, config_fr
     CONFIG_NAME, SUPPORTED_MODEL_TYPES, PathLike, config_from_hf, read_hf_config)
 from t5lite.interop.hf_families import IGNORED, family_of, hf_shape, to_hf, to_ours
 from t5lite.models.model import BaseModel, model_for_config
+from t5lite.models.param_paths import flatten, unflatten
 
 Model = BaseModel
 WEIGHTS_NAME = "model.safetensors"
@@ -87,31 +88,10 @@ def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- trees
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _unflatten(flat: Mapping[str, Any]) -> Dict[str, Any]:
-    tree: Dict[str, Any] = {}
-    for path, v in flat.items():
-        node = tree
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return tree
-
-
 def _abstract_shapes(cfg) -> Dict[str, Tuple[int, ...]]:
     """path -> shape of every parameter of `cfg`'s model (nothing is allocated)."""
     abstract = model_for_config(cfg).abstract_variables()["params"]
-    return {k: tuple(v.shape) for k, v in _flatten(abstract).items()}
+    return {k: tuple(v.shape) for k, v in flatten(abstract).items()}
 
 
 def _on_host(fn: Callable, *args):
@@ -195,7 +175,7 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
         if flat[name].shape != shape:
             raise ValueError(f"{name}: shape {flat[name].shape} from the checkpoint, but the "
                              f"config gives {shape} (config override?)")
-    variables = {"params": _unflatten(flat)}
+    variables = {"params": unflatten(flat)}
 
     if cfg.fuse_qkv or cfg.scan_layers:
         from t5lite.models import layouts
@@ -224,7 +204,7 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
     if cfg.fuse_qkv or cfg.scan_layers:
         from t5lite.models import layouts
         tree = _on_host(layouts.convert_params, {"params": tree}, cfg, base)["params"]
-    flat = {k: np.asarray(v, dtype=np.float32) for k, v in _flatten(tree).items()}
+    flat = {k: np.asarray(v, dtype=np.float32) for k, v in flatten(tree).items()}
     family = family_of(cfg)
     hf_cfg, entries = family.hf_config(cfg), family.entries(cfg)
     state: Dict[str, np.ndarray] = {}

@@ -23,32 +23,11 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from t5lite.errors import CheckpointMismatchError
+from t5lite.models.param_paths import flatten, unflatten
 
 _JOINED_IN = re.compile(r"(attention|self_attention|encoder_decoder_attention)/"
                         r"(query|key|value)/kernel$")
 _JOINED_OUT = re.compile(r"(attention|self_attention|encoder_decoder_attention)/out/kernel$")
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, name))
-        else:
-            flat[name] = value
-    return flat
-
-
-def unflatten(flat: Mapping[str, Any]) -> Dict[str, Any]:
-    tree: Dict[str, Any] = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = value
-    return tree
 
 
 def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X checkpoint"
