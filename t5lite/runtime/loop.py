@@ -190,6 +190,10 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
     check_positive_int("TRAIN_STEPS", train_steps)
     check_positive_int("LOG_PERIOD", log_period)
+    if isinstance(random_seed, bool) or not isinstance(random_seed, int) or random_seed < 0:
+        raise ConfigError(f"RANDOM_SEED must be an integer >= 0, got {random_seed!r} (one seed "
+                          f"sets initialization, dropout and data order, so that a run "
+                          f"resumes exactly; T5X's None, a seed drawn at random, is not taken)")
     if initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
         raise ConfigError(f"INITIAL_CHECKPOINT_STATE={initial_checkpoint_state!r}: use 'params' "
                           f"(the parameters only, step 0) or 'train_state' (a T5X run's step and "
