@@ -158,3 +158,26 @@ def param_states(slots: Mapping[str, Mapping[str, np.ndarray]]) -> Dict[str, Any
             node = node.setdefault(part, {})
         node.update(s)
     return tree
+
+
+def write_t5x_orbax_checkpoint(model_dir: Path, target: Mapping[str, Any], step: int = 0,
+                               param_states: Optional[Mapping[str, Any]] = None) -> Path:
+    """`model_dir/checkpoint_<step>` in T5X's Orbax layout (`train.use_orbax=True`), as
+    T5X's OrbaxCheckpointManagerInterface writes it: a CheckpointManager with the
+    'checkpoint' step prefix, the state dict {"target", "state": {"step",
+    "param_states"}} as the `state` item of a PyTreeCheckpointHandler with OCDBT, and a
+    `dataset` item (empty when the dataset is not saved)."""
+    import orbax.checkpoint as ocp
+    state = {"target": target, "state": {"step": np.int32(step),
+                                         "param_states": param_states or {}}}
+    options = ocp.CheckpointManagerOptions(step_prefix="checkpoint", max_to_keep=None,
+                                           create=True)
+    with ocp.CheckpointManager(Path(model_dir), options=options,
+                               item_handlers={"state": ocp.PyTreeCheckpointHandler(
+                                   use_ocdbt=True)}) as manager:
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)),
+                     force=True)
+        manager.wait_until_finished()
+    ckpt = Path(model_dir) / f"checkpoint_{step}"
+    (ckpt / "dataset").mkdir(exist_ok=True)
+    return ckpt

@@ -103,16 +103,19 @@ def _model_tree(flat_view, model):
     return layouts.convert_params({"params": tree}, plain.config, model.config)["params"]
 
 
-@pytest.mark.parametrize("layout,beta1", [({}, None), ({"fuse_qkv": True, "scan_layers": True},
-                                                      None), ({}, 0.9)])
-def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1):
+@pytest.mark.parametrize("layout,beta1,orbax", [
+    ({}, None, False), ({"fuse_qkv": True, "scan_layers": True}, None, False), ({}, 0.9, False),
+    ({"scan_layers": True}, 0.9, True),  # T5X's Orbax layout
+])
+def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1, orbax):
     rng = np.random.default_rng(0)
     plain = model_for_config(CFG)
     init = plain.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
     view = _t5x_view(jax.tree.map(np.asarray, init))
     slots = tx.adafactor_slots(view, rng, beta1)
-    ckpt = tx.write_t5x_checkpoint(tmp_path / f"checkpoint_{STEP}", param_paths.unflatten(view),
-                                   step=STEP, param_states=tx.param_states(slots))
+    write = tx.write_t5x_orbax_checkpoint if orbax else tx.write_t5x_checkpoint
+    ckpt = write(tmp_path / ("run" if orbax else f"checkpoint_{STEP}"),
+                 param_paths.unflatten(view), step=STEP, param_states=tx.param_states(slots))
     model = model_for_config(dataclasses.replace(CFG, **layout))
     schedule = optimizers.rsqrt_decay(base_learning_rate=1.0, warmup_steps=10)
     opt = optimizers.adafactor(schedule, momentum=beta1)

@@ -84,6 +84,40 @@ def test_reads_every_leaf_with_its_dtype(t5x_ckpt):
                                   ["kernel"], values["query"])
 
 
+def test_reads_the_orbax_layout_alike(t5x_ckpt, tmp_path):
+    """T5X's Orbax layout (train.use_orbax=True) gives the same tree as its own layout;
+    t5lite's own Orbax checkpoints are not taken for T5X's; a damaged one is one line."""
+    import orbax.checkpoint as ocp
+    from t5x_helpers import write_t5x_orbax_checkpoint
+    ckpt, values = t5x_ckpt
+    legacy = t5x_checkpoint.read_checkpoint(ckpt)
+    orbax = write_t5x_orbax_checkpoint(tmp_path / "orbax_run", legacy["target"], step=7,
+                                       param_states=legacy["state"]["param_states"])
+    for path in (orbax, orbax / "state"):
+        assert t5x_checkpoint.is_t5x_checkpoint(path)
+        assert t5x_checkpoint.read_step(path) == 7
+        tree = t5x_checkpoint.read_checkpoint(path)
+        jax_tree = __import__("jax").tree
+        assert jax_tree.structure(tree["target"]) == jax_tree.structure(legacy["target"])
+        jax_tree.map(lambda a, b: (a.dtype == b.dtype) and np.testing.assert_array_equal(
+            np.asarray(a, np.float32), np.asarray(b, np.float32)), tree, legacy)
+    assert tree["target"]["token_embedder"]["embedding"].dtype == BF16
+    assert not t5x_checkpoint.is_t5x_checkpoint(tmp_path / "orbax_run")  # the MODEL_DIR
+
+    ours = tmp_path / "t5lite_run" / "checkpoints" / "5" / "state"
+    with ocp.PyTreeCheckpointer() as writer:
+        writer.save(ours, {"step": np.int32(5), "params": {"params": {"w": np.ones(3)}},
+                           "opt_state": [np.zeros(3)]})
+    for path in (ours, ours.parent, ours.parent.parent.parent):
+        assert not t5x_checkpoint.is_t5x_checkpoint(path)
+
+    shutil.rmtree(orbax / "state" / "ocdbt.process_0")
+    shutil.rmtree(orbax / "state" / "d", ignore_errors=True)
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(orbax)
+    assert str(orbax) in _one_line(e)
+
+
 def test_version_2_bfloat16_bits_read_back_as_bfloat16(tmp_path):
     bits = np.arange(12, dtype=np.float32).reshape(3, 4).astype(BF16)
     ckpt = tmp_path / "checkpoint_1"
@@ -119,10 +153,10 @@ def test_bad_input_is_one_line_naming_the_path_or_parameter(t5x_ckpt, tmp_path):
         t5x_checkpoint.read_checkpoint(tmp_path)
     assert str(tmp_path) in _one_line(e) and "checkpoint_<step>" in str(e.value)
 
-    orbax = tmp_path / "orbax_7"
+    orbax = tmp_path / "orbax_7"  # an Orbax aggregate file beside a tree that is not T5X's
     shutil.copytree(ckpt, orbax)
     (orbax / "_METADATA").write_text("{}")
-    with pytest.raises(ConfigError, match="Orbax layout") as e:
+    with pytest.raises(ConfigError, match="not T5X's") as e:
         t5x_checkpoint.read_checkpoint(orbax)
     _one_line(e)
     assert not t5x_checkpoint.is_t5x_checkpoint(orbax)

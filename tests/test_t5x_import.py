@@ -45,18 +45,22 @@ def _abstract(model):
         model.abstract_variables()["params"])}
 
 
-@pytest.mark.parametrize("v1_0,dtype,layout", [
-    (False, "float32", {}),
-    (False, "bfloat16", {"fuse_qkv": True, "scan_layers": True}),
-    (True, "float32", {"scan_layers": True}),
+@pytest.mark.parametrize("v1_0,dtype,layout,orbax", [
+    (False, "float32", {}, False),
+    (False, "bfloat16", {"fuse_qkv": True, "scan_layers": True}, False),
+    (True, "float32", {"scan_layers": True}, False),
+    (False, "float32", {"fuse_qkv": True}, True),  # T5X's Orbax layout
 ])
-def test_a_t5x_checkpoint_gives_transformers_logits(tmp_path, v1_0, dtype, layout):
+def test_a_t5x_checkpoint_gives_transformers_logits(tmp_path, v1_0, dtype, layout, orbax):
     from t5lite.interop import hf as hf_import
     from t5lite.runtime import finetune_restore
     hf = _hf_t5(tmp_path / "hf", v1_0, bf16_weights=dtype == "bfloat16")
-    ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1000",
-                                   tx.t5x_tree_from_hf(hf.state_dict(), 2), step=1000,
-                                   dtype=dtype)
+    target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
+    if orbax:
+        ckpt = tx.write_t5x_orbax_checkpoint(tmp_path / "t5x_run", target, step=1000)
+    else:
+        ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1000", target, step=1000,
+                                       dtype=dtype)
     model, _ = hf_import.load_pretrained(tmp_path / "hf", dtype="float32", **layout)
     assert model.config.logits_via_embedding == v1_0
     params = finetune_restore.restore_params_for_finetuning(ckpt, model, _abstract(model))
@@ -66,7 +70,7 @@ def test_a_t5x_checkpoint_gives_transformers_logits(tmp_path, v1_0, dtype, layou
     theirs = hf_t5_logits(hf, batch)
     valid = batch["decoder_target_tokens"] > 0
     diff = float(np.max(np.abs(ours - theirs)[valid]))
-    print(f"\nT5X ({'v1.0' if v1_0 else 'v1.1'}, {dtype}, {layout}) -> t5lite vs transformers: "
+    print(f"\nT5X ({'v1.0' if v1_0 else 'v1.1'}, {dtype}, {layout}, orbax={orbax}) -> t5lite: "
           f"max |logit diff| = {diff:.3g}")
     assert diff <= TOL
 

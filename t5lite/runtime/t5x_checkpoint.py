@@ -15,9 +15,18 @@ flax state dict) and 1 are refused, as T5X refuses them.
 
     tree = read_checkpoint("/ckpt/checkpoint_1000000")   # {"target": ..., "state": ...}
 
-Every leaf comes back as a numpy array. Nothing here unpickles: msgpack and zarr only.
-The zarr arrays are read with TensorStore (installed with orbax-checkpoint). T5X's later
-Orbax layout (`_METADATA` beside the state) is recognised and refused in one line.
+T5X's later Orbax layout (`train.use_orbax=True`) holds the same state dict, without
+`version` / `optimizer` around it, as an Orbax PyTree item (OCDBT, zarr v2):
+
+    checkpoint_<step>/
+      _CHECKPOINT_METADATA, dataset/
+      state/   _METADATA (the tree), manifest.ocdbt, ocdbt.process_<i>/, d/
+
+It is told apart by `state/_METADATA` whose tree has `target` and `state` at the top
+(t5lite's own `state` item has `params`, `opt_state`, ...), and read with Orbax.
+
+Every leaf comes back as a numpy array. Nothing here unpickles: msgpack, zarr and Orbax
+only. The zarr arrays are read with TensorStore (installed with orbax-checkpoint).
 """
 from __future__ import annotations
 
@@ -34,8 +43,11 @@ SUPPORTED_VERSIONS = (2, 3)
 
 
 def is_t5x_checkpoint(path) -> bool:
-    """Whether `path` is a T5X checkpoint directory (or its `checkpoint` file) in T5X's
-    own layout: a flax msgpack whose top-level keys are `version` and `optimizer`."""
+    """Whether `path` is a T5X checkpoint directory (or its `checkpoint` file): in T5X's
+    own layout a flax msgpack whose top-level keys are `version` and `optimizer`, in the
+    Orbax layout a `state` item whose tree has `target` and `state`."""
+    if _orbax_state_dir(Path(path)) is not None:
+        return True
     file = _msgpack_file(Path(path))
     if file is None or (file.parent / "_METADATA").exists():
         return False
@@ -64,14 +76,16 @@ def read_checkpoint(path, arrays: bool = True) -> Dict[str, Any]:
     specs, nothing but the msgpack is read). ConfigError when it is not a T5X checkpoint,
     CheckpointDamagedError when a part is missing or unreadable; each names the path."""
     path = Path(path)
+    orbax_dir = _orbax_state_dir(path)
+    if orbax_dir is not None:
+        return _read_orbax(orbax_dir, arrays)
     file = _msgpack_file(path)
     if file is None:
         raise ConfigError(f"{path} is not a T5X checkpoint: no '{MSGPACK_NAME}' file in it "
                           f"(point at a checkpoint_<step> directory)")
     if (file.parent / "_METADATA").exists():
-        raise ConfigError(f"{file.parent} is a T5X checkpoint in the Orbax layout, which "
-                          f"t5lite does not read yet; use a checkpoint T5X wrote with "
-                          f"use_orbax=False")
+        raise ConfigError(f"{file.parent} is an Orbax checkpoint but not T5X's (its tree has "
+                          f"no 'target' and 'state'); point at a T5X checkpoint_<step> directory")
     from flax import serialization
     try:
         raw = serialization.msgpack_restore(file.read_bytes())
@@ -95,6 +109,47 @@ def read_step(path) -> int:
     zarr arrays."""
     tree = read_checkpoint(path, arrays=False)
     return int(tree["state"]["step"])
+
+
+def _orbax_state_dir(path: Path):
+    """The `state` item directory of a T5X checkpoint in the Orbax layout at `path` (the
+    step directory or the item itself), or None. Reads the tree's metadata file only."""
+    import json
+    for item in (path / "state", path):
+        if item.name != "state" or not (item / "_METADATA").is_file():
+            continue
+        try:
+            tree = json.loads((item / "_METADATA").read_text())["tree_metadata"]
+            tops = {leaf["key_metadata"][0]["key"] for leaf in tree.values()}
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return None
+        if {"target", "state"} <= tops and "params" not in tops:
+            return item
+    return None
+
+
+def _read_orbax(item: Path, arrays: bool) -> Dict[str, Any]:
+    """The state dict of a T5X Orbax checkpoint's `state` item as numpy arrays
+    (`arrays=False`: `state/step` only, nothing else read)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from t5lite.runtime import restore_noise
+    from t5lite.runtime.checkpoint_trees import item_metadata_tree
+    try:
+        with restore_noise.failure_output_dropped():
+            meta = item_metadata_tree(item)
+            if not arrays:
+                meta = {"state": {"step": meta["state"]["step"]}}
+            request = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
+            restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+            with ocp.PyTreeCheckpointer() as ckpt:
+                tree = ckpt.restore(item, args=ocp.args.PyTreeRestore(
+                    item=request, restore_args=restore_args, partial_restore=not arrays))
+    except Exception as e:  # noqa: BLE001 - any unreadable part is one kind of fault
+        raise CheckpointDamagedError(f"T5X checkpoint {item.parent}: its Orbax state cannot "
+                                     f"be read ({restore_noise.short_reason(e)}); copy the "
+                                     f"whole checkpoint directory") from None
+    return _resolve(tree, item, 3, "")
 
 
 def _msgpack_file(path: Path):
