@@ -8,7 +8,7 @@ functions: constructing `@T5Config()` in gin yields a plain
 
     models          T5Config, DecoderConfig, EncoderDecoderModel, DecoderOnlyModel
     optimizers      constant, rsqrt_decay, linear_decay, cosine_with_warmup, adafactor, adamw
-    settings        MeshSettings, CheckpointSettings, DataSettings, DecodingSettings,
+    settings        MeshSettings, CheckpointSettings, DataSettings, DecodingSettings, WatchdogSettings,
                     InferenceEvalSettings (configs/runs/*.gin bind their fields to T5X's
                     macro names)
     entry functions train (python -m t5lite.train), evaluate (t5lite.eval), infer
@@ -32,6 +32,7 @@ from t5lite.runtime import checkpoints as _checkpoints
 from t5lite.runtime import loop as _loop
 from t5lite.runtime import optimizers as _optimizers
 from t5lite.runtime import partitioning as _partitioning
+from t5lite.runtime import watchdog as _watchdog
 
 MODULE = "t5lite"
 
@@ -68,8 +69,9 @@ CheckpointSettings = _register(_checkpoints.CheckpointSettings)
 DataSettings = _register(_DataSettings)
 DecodingSettings = _register(_session.DecodingSettings)
 InferenceEvalSettings = _register(_loop.InferenceEvalSettings)
+WatchdogSettings = _register(_watchdog.WatchdogSettings)
 SETTINGS_REGISTERED = ("MeshSettings", "CheckpointSettings", "DataSettings",
-                       "DecodingSettings", "InferenceEvalSettings")
+                       "DecodingSettings", "InferenceEvalSettings", "WatchdogSettings")
 
 # ----------------------------------------------------------------------------- entry functions
 # `python -m t5lite.train` calls `train(model=<MODEL>)`, `python -m t5lite.eval`

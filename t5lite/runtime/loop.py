@@ -35,6 +35,7 @@ from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, OutputWriteError, TrainingError, check_positive_int
 from t5lite.runtime import checkpoints, disk_space, metrics, periods
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
+from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, TrainData, build_run
 from t5lite.runtime.run_lock import hold
@@ -181,7 +182,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           pack: bool, log_period: int, mesh: MeshSettings,
           checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
           inference_eval: InferenceEvalSettings, inference_evaluator: Optional[Callable],
-          allow_changed_inputs: bool) -> Dict[str, float]:
+          allow_changed_inputs: bool, watchdog: WatchdogSettings) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
     many steps and after the last. A resume whose vocabulary or data files differ from
@@ -266,16 +267,19 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         last: Dict[str, float] = {}
         t_last, steps_since = time.perf_counter(), 0
         t_start, start_step = t_last, step
+        dog = StepWatchdog(watchdog, model_dir, step, jax.process_index())
         try:
             while step < train_steps:
                 state, step_metrics = step_fns.train_step(state, run.next_batch())
                 step += 1
                 steps_since += 1
+                dog.beat(step)
                 report = periods.due(step, log_period, train_steps)
                 stopping = preempt.after_step()  # read once: a signal from here on waits a step
                 saving = ckpt.should_save(step) or step == train_steps or stopping
                 if report or saving:
                     values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+                    dog.beat(step, synced=True)  # the step has run: its time is known
                     if not _finite(values):
                         ckpt.wait()  # an async save in flight is part of what was kept
                         good = ckpt.latest_step()
@@ -301,17 +305,23 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                     if not config_written:
                         _write_config(model_dir)
                         config_written = True
-                    ckpt.save(step, state, run.iterator.get_state(), force=True)
+                    with dog.during(f"the checkpoint save of step {step}", watchdog.save_seconds):
+                        ckpt.save(step, state, run.iterator.get_state(), force=True)
                 if evaluator is not None and periods.due(step, eval_period, train_steps):
-                    last = {**last, **evaluator(step, state.variables)}
+                    with dog.during("the inference evaluation", None):
+                        last = {**last, **evaluator(step, state.variables)}
                 if stopping:
                     log.info("%s: saved step %d%s; exiting", stopping, step,
                              " on every process" if preempt.coordinated else "")
                     break
         finally:
-            _close_all(progress.close, ckpt.wait, ckpt.close, writer.close,
-                       evaluator.close if evaluator is not None else None,
-                       preempt.restore)  # last: a signal now only sets the flag
+            try:
+                with dog.during("the last checkpoint save", watchdog.save_seconds):
+                    _close_all(progress.close, ckpt.wait, ckpt.close, writer.close,
+                               evaluator.close if evaluator is not None else None,
+                               preempt.restore)  # last: a signal now only sets the flag
+            finally:
+                dog.stop()
         if step >= train_steps and step > start_step:
             log.info("done: steps %d-%d in %.0fs; checkpoints in %s, TensorBoard logs in %s "
                      "(tensorboard --logdir %s)", start_step + 1, step,
