@@ -80,3 +80,23 @@ use_local_python_env() {
   fi
   export PYTHONPATH=$PWD:${PYTHONPATH:-}
 }
+
+# After srun in a SLURM batch script: requeue the job (it resumes from its last
+# checkpoint) when the step ended in a way a restart mends: t5lite's hung step (3), lost
+# process (4), processes that did not join (5), or a task killed by a signal (>= 128).
+# At most MAX_RESTARTS (3) times; a configuration or data error (1, 2) is not retried.
+# usage: requeue_on_fault STATUS   (returns STATUS)
+requeue_on_fault() {
+  local status=$1 restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_RESTARTS:-3}
+  case "$status" in
+    3|4|5) ;;
+    *) [ "$status" -ge 128 ] || return "$status" ;;
+  esac
+  if [ "$restarts" -ge "$max" ]; then
+    echo "error: the training step failed with status $status after $restarts restarts (MAX_RESTARTS=$max); not requeueing: see the task logs" >&2
+    return "$status"
+  fi
+  echo "t5lite: the training step failed with status $status (see the task logs); requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of $max): it resumes from the last checkpoint" >&2
+  scontrol requeue "$SLURM_JOB_ID"
+  return "$status"
+}

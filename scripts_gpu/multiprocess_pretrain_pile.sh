@@ -3,8 +3,11 @@
 # started by hand; jax.distributed joins the processes through 127.0.0.1:PORT.
 # usage: multiprocess_pretrain_pile.sh SIZE PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR [GIN_FLAG...]
 #   SIZE and PREC as in singlenode_pretrain_pile.sh; global batch BSIZE_PER_GPU * NUM_GPUS.
-#   Environment: PORT (12355), the coordinator's port. Process i logs to LOGDIR/proc_<i>.log;
-#   when one fails the others are stopped and the status is non-zero.
+#   Environment: PORT (12355), the coordinator's port; GRACE_SECONDS (90). Process i logs
+#   to LOGDIR/proc_<i>.log. When one fails, this names it and its log, gives the others
+#   GRACE_SECONDS to end by themselves (a lost peer ends them within --peer_timeout_seconds,
+#   30), kills what is left (a stopped process never ends), and exits with the failed
+#   process's status. Run the same command again to resume from the last checkpoint.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
@@ -16,8 +19,8 @@ check_size "$SIZE" || exit_with_usage
 for n in NUM_GPUS BSIZE_PER_GPU; do check_count "$n" "${!n}" || exit_with_usage; done
 make_switches "$PREC" 0 0 0 || exit_with_usage
 mkdir -p "$LOGDIR"
-PORT=${PORT:-12355}
-pids=()
+PORT=${PORT:-12355} GRACE_SECONDS=${GRACE_SECONDS:-90}
+declare -A index_of
 for ((i = 0; i < NUM_GPUS; i++)); do
   CUDA_VISIBLE_DEVICES=$i python3 -m t5lite.train \
     --coordinator_address=127.0.0.1:${PORT} --process_count=${NUM_GPUS} --process_index=$i \
@@ -26,15 +29,25 @@ for ((i = 0; i < NUM_GPUS; i++)); do
     --gin.BATCH_SIZE=$((BSIZE_PER_GPU * NUM_GPUS)) \
     --gin.ICI_MESH_SHAPE=[1,1,1] --gin.DCN_MESH_SHAPE=[-1,1,1] \
     ${GIN_SWITCHES} "${@:7}" > "${LOGDIR}/proc_${i}.log" 2>&1 &
-  pids+=($!)
+  index_of[$!]=$i
 done
 status=0
-for ((left = NUM_GPUS; left > 0; left--)); do
-  rc=0; wait -n || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
+while [ "${#index_of[@]}" -gt 0 ]; do
+  rc=0; ended=""
+  wait -n -p ended "${!index_of[@]}" || rc=$?
+  i=${index_of[$ended]}; unset "index_of[$ended]"
+  if [ "$rc" -ne 0 ]; then
     status=$rc
-    echo "error: a training process exited with status $rc; stopping the others (logs: ${LOGDIR}/proc_*.log)" >&2
-    kill "${pids[@]}" 2>/dev/null || true
+    echo "error: process $i exited with status $rc (its log: ${LOGDIR}/proc_${i}.log; last line: $(tail -n 1 "${LOGDIR}/proc_${i}.log" 2>/dev/null)); the others get ${GRACE_SECONDS}s to end, then are killed; run the same command to resume from the last checkpoint" >&2
+    break
   fi
 done
+if [ "${#index_of[@]}" -gt 0 ]; then  # after a failure
+  for ((t = 0; t < GRACE_SECONDS; t++)); do
+    [ -n "$(jobs -rp)" ] || break
+    sleep 1
+  done
+  kill -9 "${!index_of[@]}" 2>/dev/null || true
+  wait || true
+fi
 exit "$status"

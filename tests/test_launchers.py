@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -214,9 +215,71 @@ def test_multiprocess_launcher_fails_when_a_process_fails(data, tmp_path):
     proc = _run("multiprocess_pretrain_pile.sh", "tiny", "fp32", 2, 2, tmp_path / "logs",
                 tmp_path / "run", "--gin.NO_SUCH_SETTING=1",
                 env={**data, "PORT": str(th.free_port())})
-    assert proc.returncode != 0
-    assert "error: a training process exited with status" in proc.stderr, th.describe(proc)
+    assert proc.returncode == 2, th.describe(proc)
+    assert re.search(r"error: process [01] exited with status 2 \(its log: .*/proc_[01]\.log; "
+                     r"last line: error: .*NO_SUCH_SETTING", proc.stderr), th.describe(proc)
     assert "NO_SUCH_SETTING" in (tmp_path / "logs" / "proc_0.log").read_text()
+
+
+def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, tmp_path):
+    """Process 1 hangs in step 3 (INJECT_STALL, its watchdog ends it with status 3): the
+    launcher names it and its log, process 0 ends by itself (status 4, well inside the
+    grace period), and the same command without the fault resumes from checkpoint 2."""
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    args = ("tiny", "fp32", 2, 2, logs, model_dir, "--gin.TRAIN_STEPS=4",
+            "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1", "--peer_timeout_seconds=5")
+    env = {**data, "GRACE_SECONDS": "60"}
+    t = time.monotonic()
+    proc = _run("multiprocess_pretrain_pile.sh", *args, "--gin.INJECT_STALL='1:3:600'",
+                "--gin.WATCHDOG_FLOOR_SECONDS=3", "--gin.WATCHDOG_WARMUP_STEPS=1",
+                env={**env, "PORT": str(th.free_port())})
+    assert proc.returncode == 3, th.describe(proc)
+    assert time.monotonic() - t < 55  # process 0 was not left to the grace period's kill
+    line = th.error_lines(proc.stderr)[0]
+    assert line.startswith(f"error: process 1 exited with status 3 (its log: {logs}/proc_1.log; "
+                           f"last line: error: process 1 on "), line
+    assert "is hung" in line and "run the same command to resume" in line
+    assert "because process 1 (host " in (logs / "proc_0.log").read_text()
+    assert th.complete_steps(model_dir) == [2]
+    proc = _run("multiprocess_pretrain_pile.sh", *args, env={**env, "PORT": str(th.free_port())})
+    assert proc.returncode == 0, th.describe(proc)
+    assert "start: resume:2 at step 2" in (logs / "proc_0.log").read_text()
+    assert th.complete_steps(model_dir) == [2, 4]
+
+
+def test_xla_flags_are_known_to_jax(tmp_path):
+    """scripts_gpu/xla_flags.sh's flags start jax (an unknown flag aborts at backend start;
+    scripts_gpu/image_smoke.sh checks them under the GPU image's jax too)."""
+    proc = subprocess.run(["bash", "-c", f"source {SCRIPTS}/xla_flags.sh && echo \"$XLA_FLAGS\" && "
+                           f"{sys.executable} -c 'import jax; print(len(jax.devices()))'"],
+                          env=th.env(1), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, th.describe(proc)
+    assert "--xla_gpu_nccl_termination_timeout_seconds=1200" in proc.stdout
+
+
+@pytest.mark.parametrize("status,requeued", [(4, True), (3, True), (5, True), (137, True),
+                                             (2, False), (1, False)])
+def test_slurm_examples_requeue_after_a_fault(data, tmp_path, status, requeued):
+    """The batch script requeues its job (scontrol requeue) when the step ends in a way a
+    restart mends, at most MAX_RESTARTS times, and exits with the step's status."""
+    for name, body in (("srun", f"exit {status}"),
+                       ("scontrol", f'echo "$@" >> {tmp_path}/scontrol.calls')):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    path = f"{tmp_path}{os.pathsep}{data['PATH']}"
+    for restarts, expect in ((0, requeued), (3, False)):
+        calls = tmp_path / "scontrol.calls"
+        calls.unlink(missing_ok=True)
+        proc = _run("example_slurm_pretrain_pile.sub",
+                    env=_slurm_env({**data, "PATH": path}, 4242, MODEL_DIR=str(tmp_path / "m"),
+                                   SLURM_RESTART_COUNT=str(restarts)))
+        assert proc.returncode == status, th.describe(proc)
+        assert calls.exists() == expect, th.describe(proc)
+        if expect:
+            assert calls.read_text().split() == ["requeue", "4242"]
+            assert f"requeueing job 4242 (restart {restarts + 1} of 3)" in proc.stderr
+        elif requeued:
+            assert "after 3 restarts (MAX_RESTARTS=3); not requeueing" in proc.stderr
 
 
 def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path):

@@ -17,13 +17,13 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from typing import Any, Callable, Optional, Sequence
 
 from t5lite.config import flags, parsing
 from t5lite.errors import (CheckpointMismatchError, ConfigError, OutputWriteError,
                            PartitioningError, TrainingError)
-from t5lite.runtime import disk_space
-from t5lite.runtime.partitioning import initialize_distributed
+from t5lite.runtime import disk_space, distributed
 
 log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
@@ -58,8 +58,12 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
         log.info("no --gin_file given: running %s (%s); see README.md", default_what,
                  default_gin_file)
         args.gin_file = [default_gin_file]
-    initialize_distributed(args.coordinator_address, args.process_count, args.process_index,
-                           args.multiprocess)
+    for name in ("peer_timeout_seconds", "join_timeout_seconds"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    distributed.join(distributed.DistributedSettings(
+        args.coordinator_address, args.process_count, args.process_index, args.multiprocess,
+        args.peer_timeout_seconds, args.join_timeout_seconds))
     parsing.check_command_line_macros(args.gin_file, args.gin_bindings, args.gin_search_paths)
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
     model = parsing.resolve_macro("MODEL")
@@ -81,7 +85,9 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
 
 def run_main(main: Callable[[], Optional[int]]) -> None:
     """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2.
-    A failed command exits at once (`exit_now`)."""
+    A failed command exits at once (`exit_now`). In a multi-process run the process then
+    leaves JAX's runtime with its status, which the other processes read
+    (`runtime/distributed.py`)."""
     try:
         status = main() or 0
     except ConfigError as e:
@@ -91,6 +97,15 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
         print("error: interrupted (Ctrl-C) before this command finished; what it had "
               "saved before is kept", file=sys.stderr)
         status = EXIT_INTERRUPTED
+    except Exception:
+        if not distributed.watching():
+            raise
+        # a collective fails at once when a peer dies: the watcher names the lost process
+        # (and ends this one) once the heartbeats tell; otherwise the error is this one's
+        distributed.await_verdict()
+        traceback.print_exc()
+        status = EXIT_RUN_ERROR
+    distributed.leave(status)
     if status:
         exit_now(status)
     sys.exit(0)

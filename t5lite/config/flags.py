@@ -7,7 +7,8 @@
     --gin_search_paths=A,B     comma separated, repeatable; extra include/--gin_file roots
 
 and, for the commands that run a model (train, eval, infer), the multi-process flags
-(--multiprocess, --coordinator_address, --process_count, --process_index).
+(--multiprocess, --coordinator_address, --process_count, --process_index,
+--peer_timeout_seconds, --join_timeout_seconds).
 
 T5X's macro names that mean exactly a t5lite macro of another name are accepted in
 `--gin.NAME=VALUE` under T5X's name too (`T5X_MACROS`; docs/migrating_from_t5x.md).
@@ -74,4 +75,11 @@ def entry_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--coordinator_address", default=None)
     parser.add_argument("--process_count", type=int, default=None)
     parser.add_argument("--process_index", type=int, default=None)
+    parser.add_argument("--peer_timeout_seconds", type=int, default=30,
+                        help="a process that sends jax.distributed no heartbeat for this "
+                             "long is lost: every other process then ends (status 4) "
+                             "with one line naming it")
+    parser.add_argument("--join_timeout_seconds", type=int, default=300,
+                        help="a process that has not joined the others at the coordinator "
+                             "after this long ends (status 5) with one line")
     return parser

@@ -33,7 +33,7 @@ import jax
 
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, OutputWriteError, TrainingError, check_positive_int
-from t5lite.runtime import checkpoints, disk_space, metrics, periods
+from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
 from t5lite.runtime.partitioning import MeshSettings
@@ -201,6 +201,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
                           f"Adafactor state too)")
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
+    distributed.on_loss_say(lambda: _resume_from(model_dir))
     # with several processes the signals are agreed on from here: one that reaches some
     # of them while they start up must stop them all (after their first step) too
     preempt = _Preemption() if jax.process_count() > 1 else None
@@ -347,6 +348,16 @@ def _kept(model_dir: Path) -> str:
             f"{'are' if len(steps) > 1 else 'is'} kept — free space (or lower "
             f"KEEP_CHECKPOINTS, or use a MODEL_DIR on a larger disk), then run the same "
             f"command to resume from step {steps[-1]}")
+
+
+def _resume_from(model_dir: Path) -> str:
+    """What a run that lost a process leaves to resume from."""
+    steps = complete_steps(model_dir / CHECKPOINTS_DIR)
+    if not steps:
+        return (f"No checkpoint was committed in {model_dir}: running the same command "
+                f"(every process) starts the run again")
+    return (f"The last committed checkpoint is step {steps[-1]} in {model_dir}: run the same "
+            f"command (every process) to resume from it")
 
 
 def _close_all(*closers: Optional[Callable[[], Any]]) -> None:

@@ -1,7 +1,7 @@
 """The partitioner shared by every model family: a (data, fsdp, tensor) device mesh, the
 logical-axis rules that map the models' axis names onto it, shardings for parameters,
 optimizer and FP8 state and batches, host-slice -> global-array batches, jitted functions
-that run under the mesh and rules (`Partitioner.partition`), and the multi-process start.
+that run under the mesh and rules (`Partitioner.partition`), and process 0's decisions shared with every process.
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
@@ -57,30 +57,6 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
 
 
 # ----------------------------------------------------------------------------- processes
-
-
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           process_count: Optional[int] = None,
-                           process_index: Optional[int] = None,
-                           multiprocess: bool = False) -> None:
-    """Start JAX's multi-process runtime when asked (explicit coordinator, --multiprocess,
-    or SLURM with more than one task); a no-op for a single process."""
-    explicit = coordinator_address is not None
-    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
-    if not (explicit or multiprocess or slurm):
-        return
-    # The CPU backend's cross-process collectives need gloo (harmless on GPU hosts). Do not
-    # ask jax.default_backend() here: that starts the backends, and
-    # jax.distributed.initialize() must run before they start.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if explicit:
-        jax.distributed.initialize(coordinator_address=coordinator_address,
-                                   num_processes=process_count, process_id=process_index)
-    else:
-        jax.distributed.initialize()  # auto-detects SLURM / cluster environments
-    log.info("jax.distributed: process %d of %d, %d local / %d global devices",
-                 jax.process_index(), jax.process_count(), jax.local_device_count(),
-                 jax.device_count())
 
 
 def process_0_decides(check: Callable[[], None], refused: Callable[[], Exception]) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import distributed
 
 EXIT_HUNG = 3
 
@@ -115,6 +116,8 @@ class StepWatchdog:
             self._last_beat, self._last_step = now, step
             self._lock.notify_all()
         if self._stall and self._stall[0] == self.process_index and self._stall[1] == step:
+            os.write(2, f"INJECT_STALL: process {self.process_index} sleeps {self._stall[2]:g}s "
+                        f"after step {step}\n".encode())
             time.sleep(self._stall[2])  # INJECT_STALL: a stuck host, on purpose
 
     def during(self, what: str, limit: Optional[float]):
@@ -205,4 +208,7 @@ def _exit_hung(line: str) -> None:
     try:
         os.write(2, (line + "\n").encode())
     finally:
-        os._exit(EXIT_HUNG)
+        try:
+            distributed.leave(EXIT_HUNG)  # the other processes learn it now
+        finally:
+            os._exit(EXIT_HUNG)

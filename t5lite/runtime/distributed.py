@@ -1,0 +1,296 @@
+"""JAX's multi-process runtime for one command: join it, watch the other processes, leave.
+
+    distributed.join(settings)       # before anything starts JAX's backends
+    ... the command runs ...
+    distributed.leave(status)        # on every way out, error or not (command.run_main)
+
+**Watching.** `jax.distributed`'s coordination service (in process 0) takes a heartbeat
+from every process; one that sends none for `peer_timeout` seconds (killed, stopped, its
+host gone) is no longer live. JAX's own answer to that is to abort every process
+(SIGABRT and a C++ stack, a minute or more later, nothing saying which process). Here the
+service is started recoverable (`jax_enable_recoverability`), so the others live on to
+say what happened: a thread in each process meets the others once a second in the
+service's liveness barrier (`get_live_nodes`) and reads the exit statuses that leaving
+processes record in the service's key-value store. When a process is missing, or left
+with a non-zero status, the thread writes one `error:` line naming it (index and host),
+the last committed checkpoint and that rerunning the command resumes from it, and exits
+with EXIT_PEER_LOST (4) at once: within about peer_timeout + 2 s of the loss, whatever
+the main thread is blocked in (a collective, a save's barrier, an NCCL kernel).
+
+**Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
+holds the service, so it leaves last (waiting at most peer_timeout + 5 s for the others):
+a client whose service has gone aborts.
+
+**Not covered.** The loss of process 0 itself: the others' JAX clients abort at once
+(status 134) with JAX's message, before any Python runs. A scheduler restarts the job all
+the same; docs/training.md says what each fault looks like.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable, Dict, Optional, Set
+
+import jax
+
+log = logging.getLogger(__name__)
+
+EXIT_PEER_LOST = 4
+EXIT_NOT_JOINED = 5
+_KEY = "t5lite"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings:
+    """The multi-process flags of train / eval / infer: --multiprocess,
+    --coordinator_address, --process_count, --process_index, --peer_timeout_seconds,
+    --join_timeout_seconds."""
+
+    coordinator_address: Optional[str] = None
+    process_count: Optional[int] = None
+    process_index: Optional[int] = None
+    multiprocess: bool = False
+    peer_timeout_seconds: int = 30
+    join_timeout_seconds: int = 300
+
+    def wanted(self) -> bool:
+        """An explicit coordinator, --multiprocess, or SLURM with more than one task."""
+        return (self.coordinator_address is not None or self.multiprocess
+                or int(os.environ.get("SLURM_NTASKS", "1")) > 1)
+
+
+_monitor: Optional["PeerMonitor"] = None
+
+
+def join(settings: DistributedSettings) -> None:
+    """Start JAX's multi-process runtime when `settings.wanted()`, and watch the others;
+    a no-op for a single process."""
+    global _monitor
+    if not settings.wanted():
+        return
+    # The CPU backend's cross-process collectives need gloo (harmless on GPU hosts). Do not
+    # ask jax.default_backend() here: that starts the backends, and
+    # jax.distributed.initialize() must run before they start.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_enable_recoverability", True)  # a lost process: say so, see above
+    # JAX's own limit is a C++ abort: this process's ends it first, in one line
+    kwargs = dict(heartbeat_timeout_seconds=settings.peer_timeout_seconds,
+                  initialization_timeout=settings.join_timeout_seconds + 60)
+    joined = threading.Event()
+    threading.Thread(target=_end_unless_joined, args=(settings, joined), daemon=True,
+                     name="t5lite-join").start()
+    if settings.coordinator_address is not None:
+        jax.distributed.initialize(coordinator_address=settings.coordinator_address,
+                                   num_processes=settings.process_count,
+                                   process_id=settings.process_index, **kwargs)
+    else:
+        jax.distributed.initialize(**kwargs)  # auto-detects SLURM / cluster environments
+    joined.set()
+    log.info("jax.distributed: process %d of %d, %d local / %d global devices",
+             jax.process_index(), jax.process_count(), jax.local_device_count(),
+             jax.device_count())
+    if jax.process_count() > 1:
+        from jax._src.distributed import global_state
+        _monitor = PeerMonitor(global_state.client, jax.process_index(), jax.process_count(),
+                               settings.peer_timeout_seconds)
+
+
+def _end_unless_joined(settings: DistributedSettings, joined: threading.Event,
+                       exit: Callable[[int], None] = os._exit) -> None:
+    """After join_timeout_seconds without `joined`: one line, EXIT_NOT_JOINED."""
+    if joined.wait(settings.join_timeout_seconds):
+        return
+    address = (settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+               or "the auto-detected coordinator")
+    index = "?" if settings.process_index is None else settings.process_index
+    count = "?" if settings.process_count is None else settings.process_count
+    if _answers(address):
+        why = (f"the coordinator at {address} answers, but not all {count} processes joined "
+               f"it (one did not start, or was given another --coordinator_address or "
+               f"--process_count)")
+    else:
+        why = (f"nothing answers at {address} (a wrong --coordinator_address, or process 0 "
+               f"did not start)")
+    os.write(2, (f"error: process {index} of {count} did not join the run within "
+                 f"{settings.join_timeout_seconds}s: {why}. Nothing was trained or saved; "
+                 f"fix it and start every process again (--join_timeout_seconds waits "
+                 f"longer)\n").encode())
+    exit(EXIT_NOT_JOINED)
+
+
+def _answers(address: str) -> bool:
+    """Whether a TCP connection to HOST:PORT opens within 2 s."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def watching() -> bool:
+    """Whether other processes are being watched (a multi-process run)."""
+    return _monitor is not None
+
+
+def on_loss_say(kept: Callable[[], str]) -> None:
+    """What the loss line says was kept and how to go on (the training loop names its
+    last committed checkpoint)."""
+    if _monitor is not None:
+        _monitor.kept = kept
+
+
+def await_verdict() -> None:
+    """After this process's main thread failed in a multi-process run: give the watcher
+    the time to find a lost process (it then ends this process itself). A collective
+    fails at once when its peer dies, the heartbeats tell only later."""
+    if _monitor is not None:
+        _monitor.wait_for_round_after(time.monotonic(), _monitor.timeout + 5)
+
+
+def leave(status: int) -> None:
+    """Record this process's exit status for the others, then leave JAX's runtime
+    (process 0 last). A no-op for a single process; never raises."""
+    global _monitor
+    monitor, _monitor = _monitor, None
+    if monitor is None:
+        return
+    monitor.leave(status)
+    _shutdown_within(10.0)
+
+
+def _shutdown_within(seconds: float) -> None:
+    """jax.distributed.shutdown(), given up after `seconds` (it talks to the service)."""
+    done = threading.Thread(target=_quiet_shutdown, daemon=True)
+    done.start()
+    done.join(timeout=seconds)
+
+
+def _quiet_shutdown() -> None:
+    try:
+        jax.distributed.shutdown()
+    except Exception as e:  # noqa: BLE001 - leaving anyway
+        log.debug("jax.distributed.shutdown: %s", e)
+
+
+class PeerMonitor:
+    """The watching thread (see the module docstring). `client` is JAX's
+    DistributedRuntimeClient; a round every `period` seconds. `exit` and `settle_seconds`
+    (how long process 0 lets the other survivors report first) are for tests."""
+
+    def __init__(self, client, process_index: int, process_count: int, timeout: float,
+                 exit: Callable[[int], None] = os._exit, period: float = 1.0,
+                 settle_seconds: float = 2.0):
+        self.client = client
+        self.index = process_index
+        self.count = process_count
+        self.timeout = timeout
+        self.kept: Callable[[], str] = lambda: "run the same command to start again"
+        self._exit = exit
+        self.period = period
+        self.settle_seconds = settle_seconds
+        self._present: Set[int] = set(range(process_count))  # not known to have left
+        self._leaving = False
+        self._rounds = threading.Condition()
+        self._last_round = time.monotonic()
+        try:
+            client.key_value_set(f"{_KEY}/host/{process_index}", socket.gethostname())
+        except Exception as e:  # noqa: BLE001 - only the loss line's host name is at stake
+            log.debug("could not record this host's name: %s", e)
+        self._thread = threading.Thread(target=self._watch, name="t5lite-peers", daemon=True)
+        self._thread.start()
+
+    # -- the watching thread ---------------------------------------------------------
+    def _watch(self) -> None:
+        everyone = list(range(self.count))
+        while True:
+            try:
+                live = set(self.client.get_live_nodes(everyone))
+                left = self._left_statuses()
+            except Exception as e:  # noqa: BLE001 - the service itself is gone
+                if self._leaving:
+                    return
+                self._lost(f"lost contact with the coordination service in process 0 "
+                           f"({self._host(0)}): {str(e).splitlines()[0]}")
+                return
+            with self._rounds:
+                self._last_round = time.monotonic()
+                self._rounds.notify_all()
+            if self._leaving:  # process 0, waiting for the others to leave
+                if not live - {self.index}:
+                    return
+                time.sleep(min(0.2, self.period))
+                continue
+            self._present -= {p for p, status in left.items() if status == 0}
+            gone = [p for p in sorted(self._present - {self.index})
+                    if p in left or p not in live]
+            if gone:
+                p = gone[0]
+                why = (f"ended with status {left[p]} (its log says why)" if p in left else
+                       f"stopped responding (no heartbeat for {self.timeout:g}s: killed, "
+                       f"stopped, or its host lost)")
+                self._lost(f"process {p} ({self._host(p)}) {why}")
+                return
+            time.sleep(self.period)
+
+    def _left_statuses(self) -> Dict[int, int]:
+        statuses = {}
+        for key, value in self.client.key_value_dir_get(f"{_KEY}/left/"):
+            statuses[int(key.rstrip("/").rsplit("/", 1)[-1])] = int(value)
+        return statuses
+
+    def _host(self, process: int) -> str:
+        try:
+            return "host " + self.client.key_value_try_get(f"{_KEY}/host/{process}")
+        except Exception:  # noqa: BLE001
+            return "host unknown"
+
+    def _lost(self, what: str) -> None:
+        """One line, then this process leaves with EXIT_PEER_LOST."""
+        try:
+            kept = self.kept()
+        except Exception as e:  # noqa: BLE001 - the line goes out regardless
+            kept = f"what was saved could not be read ({e})"
+        line = (f"error: this process ({self.index} of {self.count}, "
+                f"{socket.gethostname()}) stops because {what}. {kept}\n")
+        try:
+            os.write(2, line.encode())
+        except OSError:
+            pass
+        self._record(EXIT_PEER_LOST)
+        if self.index == 0:
+            time.sleep(self.settle_seconds)  # the service: the other survivors report first
+        else:
+            _shutdown_within(5.0)
+        self._exit(EXIT_PEER_LOST)
+
+    def _record(self, status: int) -> None:
+        try:
+            self.client.key_value_set(f"{_KEY}/left/{self.index}", str(status),
+                                      allow_overwrite=True)
+        except Exception as e:  # noqa: BLE001 - the others then see a lost heartbeat
+            log.debug("could not record this process's exit status: %s", e)
+
+    # -- the main thread's side -------------------------------------------------------
+    def wait_for_round_after(self, since: float, seconds: float) -> None:
+        """Wait (at most `seconds`) for the first watching round that ends after `since`
+        and after every process had the time to be declared lost."""
+        deadline = time.monotonic() + seconds
+        with self._rounds:
+            while time.monotonic() < deadline and \
+                    self._last_round < since + self.timeout + 1:
+                self._rounds.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def leave(self, status: int) -> None:
+        """Record `status`; process 0 then waits (at most timeout + 5 s) until every
+        other process has left or is lost."""
+        self._leaving = True
+        self._record(status)
+        if self.index != 0:
+            return
+        deadline = time.monotonic() + self.timeout + 5
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))

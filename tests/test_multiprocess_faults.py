@@ -1,0 +1,125 @@
+"""Two real processes (jax.distributed on 127.0.0.1, gloo) where one goes wrong: killed,
+stopped, or hung in its step; and a process that cannot join. Each survivor ends within
+its bound with one `error:` line and its own status (no traceback, no C++ abort), the
+checkpoint before the fault is kept, and the same command then resumes and finishes with
+the parameters of an uninterrupted run (bit-equal: the same two processes)."""
+import re
+import signal
+import time
+
+import pytest
+
+import train_helpers as th
+from t5lite.runtime.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST
+from t5lite.runtime.watchdog import EXIT_HUNG
+
+STEPS = 8
+PEER_TIMEOUT = 5
+RUN = ("--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1", "--gin.ICI_MESH_SHAPE=[1,1,1]",
+       "--gin.DCN_MESH_SHAPE=[2,1,1]", f"--peer_timeout_seconds={PEER_TIMEOUT}")
+# process 1 sleeps after dispatching step 6 (checkpoint 4 is committed by then)
+STALL = "--gin.INJECT_STALL='1:6:600'"
+HUNG = (STALL, "--gin.WATCHDOG_FLOOR_SECONDS=3", "--gin.WATCHDOG_WARMUP_STEPS=1")
+HELD = (STALL, "--gin.STEP_WATCHDOG=False")  # held still for a signal from outside
+NOISE = ("Traceback", "Check failure", "F1", "Gloo all-reduce failed", "SIGABRT")
+
+
+def _start_pair(model_dir, logs, *extra):
+    port = th.free_port()
+    return [th.start(th.train_command(model_dir, *RUN, *extra,
+                                       f"--coordinator_address=127.0.0.1:{port}",
+                                       "--process_count=2", f"--process_index={i}",
+                                       steps=STEPS), logs / f"p{i}.log")
+            for i in range(2)]
+
+
+def _run_pair(model_dir, logs, *extra):
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = _start_pair(model_dir, logs, *extra)
+    try:
+        rcs = [th.finish(p) for p in procs]
+    finally:
+        for p in procs:
+            th.kill(p)
+    assert rcs == [0, 0], "\n".join(th.tail(th.read_log(logs / f"p{i}.log")) for i in range(2))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uninterrupted")
+    _run_pair(root / "run", root / "logs")
+    return th.load_state(root / "run", STEPS)["params"]
+
+
+def _the_line(log):
+    lines = th.error_lines(log)
+    assert len(lines) == 1, log
+    assert not any(noise in log for noise in NOISE), log
+    return lines[0]
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "hung"])
+def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, tmp_path,
+                                                                       uninterrupted):
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_pair(model_dir, logs, *(HUNG if fault == "hung" else HELD))
+    try:
+        th.wait_for(lambda: "INJECT_STALL" in th.read_log(logs / "p1.log"), "the stall",
+                    proc=procs[1], log_path=logs / "p1.log")
+        t = time.monotonic()
+        if fault != "hung":
+            procs[1].send_signal(getattr(signal, fault))
+        rc0 = th.finish(procs[0], timeout=120)
+        took = time.monotonic() - t
+        rc1 = th.finish(procs[1], timeout=30) if fault == "hung" else None
+    finally:
+        for p in procs:
+            th.kill(p)
+    p0, p1 = (th.read_log(logs / f"p{i}.log") for i in range(2))
+    line = _the_line(p0)
+    if fault == "hung":
+        # process 1's watchdog ends it (status 3, its stacks on disk); process 0 then
+        # learns it from the status process 1 left behind, or its own watchdog fires
+        assert rc1 == EXIT_HUNG and "is hung" in _the_line(p1), p1
+        assert list(model_dir.glob("hang-*-1.txt"))
+        assert rc0 in (EXIT_PEER_LOST, EXIT_HUNG), p0
+        if rc0 == EXIT_PEER_LOST:
+            assert "process 1 (host " in line and "ended with status 3" in line, line
+        bound = 3 + 20  # the floor, then a round, a leave, and the startups' skew
+    else:
+        assert rc0 == EXIT_PEER_LOST, p0
+        assert re.search(r"because process 1 \(host .+\) stopped responding \(no heartbeat "
+                         r"for 5s", line), line
+        bound = PEER_TIMEOUT + 10
+    assert took < bound, (took, line)
+    if rc0 == EXIT_PEER_LOST:
+        assert line.startswith("error: this process (0 of 2, ")
+        assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the "
+                             f"same command (every process) to resume from it"), line
+    assert th.complete_steps(model_dir) == [4]
+
+    _run_pair(model_dir, tmp_path / "resumed")
+    assert "start: resume:4 at step 4" in th.read_log(tmp_path / "resumed" / "p0.log")
+    assert th.complete_steps(model_dir) == [4, 8]
+    th.assert_trees_equal(th.load_state(model_dir, STEPS)["params"], uninterrupted, "params")
+
+
+@pytest.mark.parametrize("index,needle", [
+    (1, "nothing answers at 127.0.0.1:"),  # a wrong address: no coordinator there
+    (0, "answers, but not all 2 processes joined"),  # the peer never starts
+])
+def test_a_process_that_cannot_join_ends_in_one_line(index, needle, tmp_path):
+    port = th.free_port()
+    t = time.monotonic()
+    proc = th.run_train(tmp_path / "run", f"--coordinator_address=127.0.0.1:{port}",
+                        "--process_count=2", f"--process_index={index}",
+                        "--join_timeout_seconds=3", steps=2)
+    took = time.monotonic() - t
+    line = th.assert_one_error(proc, f"process {index} of 2 did not join the run within 3s",
+                               needle)
+    assert proc.returncode == EXIT_NOT_JOINED, th.describe(proc)
+    assert not any(noise in proc.stderr for noise in NOISE), proc.stderr
+    assert took < 60, took
+    assert "Nothing was trained or saved" in line
+    assert not (tmp_path / "run" / "checkpoints").exists()
