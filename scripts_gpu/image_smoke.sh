@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tools under the GPU image's Python packages, on a CPU, before any GPU time is
 # spent: a Python 3.12 environment with the image's versions and without what the image
-# lacks (TensorFlow, SeqIO, t5, clu), then the benchmark grid, the switch check and the
-# train / checkpoint / resume proof on the tiny T5, exactly as bench_grid.sh and
-# gpu_proof.sh run them on the GPU.
+# lacks (TensorFlow, SeqIO, t5, clu), then xla_flags.sh's flags, the benchmark grid, the
+# switch check and the train / checkpoint / resume proof on the tiny T5, exactly as
+# bench_grid.sh and gpu_proof.sh run them on the GPU.
 #
 #   scripts_gpu/image_smoke.sh OUT_DIR [PYTHON]
 #
@@ -39,6 +39,8 @@ step() {  # NAME COMMAND...
 import importlib.util, sys
 missing = [m for m in ('tensorflow', 'seqio', 't5', 'clu') if importlib.util.find_spec(m)]
 sys.exit(f'the image lacks these, but this environment has them: {missing}' if missing else 0)"
+  # every flag xla_flags.sh sets exists in the image's jax (an unknown one aborts at start)
+  step xla_flags bash -c 'source scripts_gpu/xla_flags.sh && python3 -c "import jax; jax.devices()"'
   step bench_grid bash scripts_gpu/bench_grid.sh scripts_gpu/grids/cpu_smoke.json "$out/grid"
   step gpu_proof env VARIANTS=float32,dot_product,fused_qkv,transpose_bs,scan_layers \
     bash scripts_gpu/gpu_proof.sh "$out/proof" configs/models/t5_1_1/tiny.gin 8 20 64 16
