@@ -79,13 +79,18 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, tm
     p0, p1 = (th.read_log(logs / f"p{i}.log") for i in range(2))
     line = _the_line(p0)
     if fault == "hung":
-        # process 1's watchdog ends it (status 3, its stacks on disk); process 0 then
-        # learns it from the status process 1 left behind, or its own watchdog fires
-        assert rc1 == EXIT_HUNG and "is hung" in _the_line(p1), p1
-        assert list(model_dir.glob("hang-*-1.txt"))
-        assert rc0 in (EXIT_PEER_LOST, EXIT_HUNG), p0
-        if rc0 == EXIT_PEER_LOST:
-            assert "process 1 (host " in line and "ended with status 3" in line, line
+        # no step completes on either process: whichever watchdog fires first ends its
+        # process (status 3, its stacks on disk); the other learns it from the status
+        # left behind (status 4), unless its own watchdog fires as well
+        assert EXIT_HUNG in (rc0, rc1) and {rc0, rc1} <= {EXIT_HUNG, EXIT_PEER_LOST}, (p0, p1)
+        for i, (rc, log) in enumerate(((rc0, p0), (rc1, p1))):
+            mine = _the_line(log)
+            if rc == EXIT_HUNG:
+                assert f"error: process {i} on " in mine and "is hung" in mine, mine
+                assert list(model_dir.glob(f"hang-*-{i}.txt"))
+            else:
+                assert f"because process {1 - i} (host " in mine, mine
+                assert "ended with status 3" in mine, mine
         bound = 3 + 20  # the floor, then a round, a leave, and the startups' skew
     else:
         assert rc0 == EXIT_PEER_LOST, p0
@@ -94,7 +99,7 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, tm
         bound = PEER_TIMEOUT + 10
     assert took < bound, (took, line)
     if rc0 == EXIT_PEER_LOST:
-        assert line.startswith("error: this process (0 of 2, ")
+        assert line.startswith("error: this process (0 of 2, "), line
         assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the "
                              f"same command (every process) to resume from it"), line
     assert th.complete_steps(model_dir) == [4]

@@ -145,8 +145,8 @@ def test_process_0_leaves_after_its_bound_when_another_stays():
     client = FakeClient({0, 1})
     monitor, _ = _monitor(client, timeout=1)
     t = time.monotonic()
-    monitor.leave(0)
-    assert 5.5 < time.monotonic() - t < 9  # timeout + 5 s
+    monitor.leave(0, grace=2)
+    assert 2.5 < time.monotonic() - t < 6  # timeout + grace
 
 
 def test_await_verdict_waits_for_a_round_after_the_heartbeats_tell(monkeypatch):

@@ -18,7 +18,7 @@ with EXIT_PEER_LOST (4) at once: within about peer_timeout + 2 s of the loss, wh
 the main thread is blocked in (a collective, a save's barrier, an NCCL kernel).
 
 **Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
-holds the service, so it leaves last (waiting at most peer_timeout + 5 s for the others):
+holds the service, so it leaves last (waiting at most peer_timeout + 60 s for the others):
 a client whose service has gone aborts.
 
 **Not covered.** The loss of process 0 itself: the others' JAX clients abort at once
@@ -106,8 +106,10 @@ def _end_unless_joined(settings: DistributedSettings, joined: threading.Event,
         return
     address = (settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
                or "the auto-detected coordinator")
-    index = "?" if settings.process_index is None else settings.process_index
-    count = "?" if settings.process_count is None else settings.process_count
+    index = settings.process_index if settings.process_index is not None else \
+        os.environ.get("SLURM_PROCID", "?")
+    count = settings.process_count if settings.process_count is not None else \
+        os.environ.get("SLURM_NTASKS", "?")
     if _answers(address):
         why = (f"the coordinator at {address} answers, but not all {count} processes joined "
                f"it (one did not start, or was given another --coordinator_address or "
@@ -285,12 +287,12 @@ class PeerMonitor:
                     self._last_round < since + self.timeout + 1:
                 self._rounds.wait(timeout=max(0.0, deadline - time.monotonic()))
 
-    def leave(self, status: int) -> None:
-        """Record `status`; process 0 then waits (at most timeout + 5 s) until every
-        other process has left or is lost."""
+    def leave(self, status: int, grace: float = 60.0) -> None:
+        """Record `status`; process 0 then waits (at most timeout + `grace` s) until every
+        other process has left or is lost (a lost one is no longer live after timeout)."""
         self._leaving = True
         self._record(status)
         if self.index != 0:
             return
-        deadline = time.monotonic() + self.timeout + 5
+        deadline = time.monotonic() + self.timeout + grace
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
