@@ -1,5 +1,6 @@
-"""Two real processes (jax.distributed on 127.0.0.1, gloo) where one goes wrong: killed,
-stopped, or hung in its step; and a process that cannot join. Each survivor ends within
+"""Two real processes (jax.distributed on 127.0.0.1, gloo) where one goes wrong: killed
+(process 1, or process 0, whose host runs the coordination service), stopped, or hung
+in its step; and a process that cannot join. Each survivor ends within
 its bound with one `error:` line and its own status (no traceback, no C++ abort), the
 checkpoint before the fault is kept, and the same command then resumes and finishes with
 the parameters of an uninterrupted run (bit-equal: the same two processes)."""
@@ -17,10 +18,14 @@ STEPS = 8
 PEER_TIMEOUT = 5
 RUN = ("--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1", "--gin.ICI_MESH_SHAPE=[1,1,1]",
        "--gin.DCN_MESH_SHAPE=[2,1,1]", f"--peer_timeout_seconds={PEER_TIMEOUT}")
-# process 1 sleeps after dispatching step 6 (checkpoint 4 is committed by then)
-STALL = "--gin.INJECT_STALL='1:6:600'"
-HUNG = (STALL, "--gin.WATCHDOG_FLOOR_SECONDS=3", "--gin.WATCHDOG_WARMUP_STEPS=1")
-HELD = (STALL, "--gin.STEP_WATCHDOG=False")  # held still for a signal from outside
+# the victim sleeps after dispatching step 6 (checkpoint 4 is committed by then)
+HUNG = ("--gin.INJECT_STALL='1:6:600'", "--gin.WATCHDOG_FLOOR_SECONDS=3",
+        "--gin.WATCHDOG_WARMUP_STEPS=1")
+
+
+def _held(victim):
+    """The victim held still at step 6 for a signal from outside."""
+    return (f"--gin.INJECT_STALL='{victim}:6:600'", "--gin.STEP_WATCHDOG=False")
 NOISE = ("Traceback", "Check failure", "F1", "Gloo all-reduce failed", "SIGABRT")
 
 
@@ -58,25 +63,27 @@ def _the_line(log):
     return lines[0]
 
 
-@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "hung"])
-def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, tmp_path,
+@pytest.mark.parametrize("fault,victim", [("SIGKILL", 1), ("SIGSTOP", 1), ("hung", 1),
+                                          ("SIGKILL", 0)])  # 0: the coordinator's host
+def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, victim, tmp_path,
                                                                        uninterrupted):
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    procs = _start_pair(model_dir, logs, *(HUNG if fault == "hung" else HELD))
+    survivor = 1 - victim
+    procs = _start_pair(model_dir, logs, *(HUNG if fault == "hung" else _held(victim)))
     try:
-        th.wait_for(lambda: "INJECT_STALL" in th.read_log(logs / "p1.log"), "the stall",
-                    proc=procs[1], log_path=logs / "p1.log")
+        th.wait_for(lambda: "INJECT_STALL" in th.read_log(logs / f"p{victim}.log"),
+                    "the stall", proc=procs[victim], log_path=logs / f"p{victim}.log")
         t = time.monotonic()
         if fault != "hung":
-            procs[1].send_signal(getattr(signal, fault))
-        rc0 = th.finish(procs[0], timeout=120)
+            procs[victim].send_signal(getattr(signal, fault))
+        rc0 = th.finish(procs[survivor], timeout=120)
         took = time.monotonic() - t
-        rc1 = th.finish(procs[1], timeout=30) if fault == "hung" else None
+        rc1 = th.finish(procs[victim], timeout=30) if fault == "hung" else None
     finally:
         for p in procs:
             th.kill(p)
-    p0, p1 = (th.read_log(logs / f"p{i}.log") for i in range(2))
+    p0, p1 = (th.read_log(logs / f"p{i}.log") for i in (survivor, victim))
     line = _the_line(p0)
     if fault == "hung":
         # no step completes on either process: whichever watchdog fires first ends its
@@ -94,12 +101,12 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, tm
         bound = 3 + 20  # the floor, then a round, a leave, and the startups' skew
     else:
         assert rc0 == EXIT_PEER_LOST, p0
-        assert re.search(r"because process 1 \(host .+\) stopped responding \(no heartbeat "
-                         r"for 5s", line), line
+        assert re.search(rf"because process {victim} \(host .+\) stopped responding \(no "
+                         r"heartbeat for 5s", line), line
         bound = PEER_TIMEOUT + 10
     assert took < bound, (took, line)
     if rc0 == EXIT_PEER_LOST:
-        assert line.startswith("error: this process (0 of 2, "), line
+        assert line.startswith(f"error: this process ({survivor} of 2, "), line
         assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the "
                              f"same command (every process) to resume from it"), line
     assert th.complete_steps(model_dir) == [4]

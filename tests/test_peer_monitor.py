@@ -52,8 +52,7 @@ class Exits:
 
 def _monitor(client, index=0, count=2, timeout=5, period=0.02):
     exits = Exits()
-    monitor = PeerMonitor(client, index, count, timeout, exit=exits, period=period,
-                          settle_seconds=0)
+    monitor = PeerMonitor(client, index, count, timeout, exit=exits, period=period)
     monitor.kept = lambda: "The last committed checkpoint is step 40"
     return monitor, exits
 

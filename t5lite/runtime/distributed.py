@@ -4,26 +4,29 @@
     ... the command runs ...
     distributed.leave(status)        # on every way out, error or not (command.run_main)
 
-**Watching.** `jax.distributed`'s coordination service (in process 0) takes a heartbeat
-from every process; one that sends none for `peer_timeout` seconds (killed, stopped, its
-host gone) is no longer live. JAX's own answer to that is to abort every process
-(SIGABRT and a C++ stack, a minute or more later, nothing saying which process). Here the
-service is started recoverable (`jax_enable_recoverability`), so the others live on to
-say what happened: a thread in each process meets the others once a second in the
-service's liveness barrier (`get_live_nodes`) and reads the exit statuses that leaving
-processes record in the service's key-value store. When a process is missing, or left
-with a non-zero status, the thread writes one `error:` line naming it (index and host),
-the last committed checkpoint and that rerunning the command resumes from it, and exits
-with EXIT_PEER_LOST (4) at once: within about peer_timeout + 2 s of the loss, whatever
-the main thread is blocked in (a collective, a save's barrier, an NCCL kernel).
+**Watching.** `jax.distributed`'s coordination service takes a heartbeat from every
+process; one that sends none for `peer_timeout` seconds (killed, stopped, its host gone)
+is no longer live. JAX's own answer to that is to abort every process (SIGABRT and a C++
+stack, a minute or more later, nothing saying which process). Here the service is
+recoverable (`jax_enable_recoverability`), so the others live on to say what happened:
+a thread in each process meets the others once a second in the service's liveness
+barrier (`get_live_nodes`) and reads the exit statuses that leaving processes record in
+the service's key-value store. When a process is missing, or left with a non-zero
+status, the thread writes one `error:` line naming it (index and host), the last
+committed checkpoint and that rerunning the command resumes from it, and exits with
+EXIT_PEER_LOST (4) at once: within about peer_timeout + 2 s of the loss, whatever the
+main thread is blocked in (a collective, a save's barrier, an NCCL kernel).
+
+**The service's own process.** JAX runs the service inside process 0, where its loss
+would end every other process with JAX's abort before any Python runs. Process 0 starts
+it instead as a process of its own (`runtime/coordinator.py`, the same service, where
+JAX would bind it), so that process 0 is lost like any other.
 
 **Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
-holds the service, so it leaves last (waiting at most peer_timeout + 60 s for the others):
-a client whose service has gone aborts.
-
-**Not covered.** The loss of process 0 itself: the others' JAX clients abort at once
-(status 134) with JAX's message, before any Python runs. A scheduler restarts the job all
-the same; docs/training.md says what each fault looks like.
+leaves last (waiting at most peer_timeout + 60 s for the others), then ends the service.
+Not covered: the loss of process 0's whole host, which takes the service with it (the
+others then abort with JAX's message, status 134); a scheduler restarts the job all the
+same.
 """
 from __future__ import annotations
 
@@ -31,11 +34,15 @@ import dataclasses
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Callable, Dict, Optional, Set
 
 import jax
+
+from t5lite.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +84,21 @@ def join(settings: DistributedSettings) -> None:
     # jax.distributed.initialize() must run before they start.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_enable_recoverability", True)  # a lost process: say so, see above
+    address, count, index, local_devices = _resolve(settings)
+    coordinator = None
+    own_service = {}
+    if index == 0 and count is not None and count > 1 and address is not None:
+        coordinator = _start_coordinator(address, count, settings.peer_timeout_seconds)
+        own_service = dict(coordinator_bind_address=f"127.0.0.1:{_spare_port()}")  # unused
     # JAX's own limit is a C++ abort: this process's ends it first, in one line
-    kwargs = dict(heartbeat_timeout_seconds=settings.peer_timeout_seconds,
-                  initialization_timeout=settings.join_timeout_seconds + 60)
     joined = threading.Event()
     threading.Thread(target=_end_unless_joined, args=(settings, joined), daemon=True,
                      name="t5lite-join").start()
-    if settings.coordinator_address is not None:
-        jax.distributed.initialize(coordinator_address=settings.coordinator_address,
-                                   num_processes=settings.process_count,
-                                   process_id=settings.process_index, **kwargs)
-    else:
-        jax.distributed.initialize(**kwargs)  # auto-detects SLURM / cluster environments
+    jax.distributed.initialize(coordinator_address=address, num_processes=count,
+                               process_id=index, local_device_ids=local_devices,
+                               heartbeat_timeout_seconds=settings.peer_timeout_seconds,
+                               initialization_timeout=settings.join_timeout_seconds + 60,
+                               **own_service)
     joined.set()
     log.info("jax.distributed: process %d of %d, %d local / %d global devices",
              jax.process_index(), jax.process_count(), jax.local_device_count(),
@@ -96,7 +106,48 @@ def join(settings: DistributedSettings) -> None:
     if jax.process_count() > 1:
         from jax._src.distributed import global_state
         _monitor = PeerMonitor(global_state.client, jax.process_index(), jax.process_count(),
-                               settings.peer_timeout_seconds)
+                               settings.peer_timeout_seconds, coordinator=coordinator)
+
+
+def _resolve(settings: DistributedSettings):
+    """(coordinator address, process count, process index, local device ids) as
+    jax.distributed.initialize() would find them (flags, JAX_COORDINATOR_ADDRESS, then
+    the cluster: SLURM, ...), before it starts."""
+    from jax._src import clusters
+    address = settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    count, index, local_devices = settings.process_count, settings.process_index, None
+    if os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+        local_devices = [int(i) for i in os.environ["JAX_LOCAL_DEVICE_IDS"].split(",")]
+    if None in (address, count, index, local_devices):
+        address, count, index, local_devices = \
+            clusters.ClusterEnv.auto_detect_unset_distributed_params(
+                address, count, index, local_devices, None, settings.join_timeout_seconds)
+    return address, count, index, local_devices
+
+
+def _start_coordinator(address: str, count: int, timeout: int) -> subprocess.Popen:
+    """The coordination service in a process of its own (runtime/coordinator.py), bound
+    where JAX would bind it; ConfigError (one line) when it cannot listen there."""
+    bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS",
+                          "[::]:" + address.rsplit(":", 1)[-1])
+    proc = subprocess.Popen([sys.executable, "-m", "t5lite.runtime.coordinator", bind,
+                             str(count), str(timeout)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    said = proc.stdout.readline().strip()
+    if said != "ready":
+        proc.kill()
+        raise ConfigError(f"the coordinator could not listen on {bind} (from "
+                          f"--coordinator_address={address}): "
+                          f"{said.removeprefix('error: ') or 'it ended at start'}; pick a "
+                          f"free port")
+    return proc
+
+
+def _spare_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _end_unless_joined(settings: DistributedSettings, joined: threading.Event,
@@ -163,6 +214,8 @@ def leave(status: int) -> None:
         return
     monitor.leave(status)
     _shutdown_within(10.0)
+    if monitor.coordinator is not None:  # everyone has left (or is lost): the service goes
+        monitor.coordinator.terminate()
 
 
 def _shutdown_within(seconds: float) -> None:
@@ -181,12 +234,12 @@ def _quiet_shutdown() -> None:
 
 class PeerMonitor:
     """The watching thread (see the module docstring). `client` is JAX's
-    DistributedRuntimeClient; a round every `period` seconds. `exit` and `settle_seconds`
-    (how long process 0 lets the other survivors report first) are for tests."""
+    DistributedRuntimeClient; a round every `period` seconds; `coordinator` (process 0)
+    the service's own process, ended when everyone has left. `exit` is for tests."""
 
     def __init__(self, client, process_index: int, process_count: int, timeout: float,
                  exit: Callable[[int], None] = os._exit, period: float = 1.0,
-                 settle_seconds: float = 2.0):
+                 coordinator: Optional[subprocess.Popen] = None):
         self.client = client
         self.index = process_index
         self.count = process_count
@@ -194,7 +247,7 @@ class PeerMonitor:
         self.kept: Callable[[], str] = lambda: "run the same command to start again"
         self._exit = exit
         self.period = period
-        self.settle_seconds = settle_seconds
+        self.coordinator = coordinator
         self._present: Set[int] = set(range(process_count))  # not known to have left
         self._leaving = False
         self._rounds = threading.Condition()
@@ -264,10 +317,7 @@ class PeerMonitor:
         except OSError:
             pass
         self._record(EXIT_PEER_LOST)
-        if self.index == 0:
-            time.sleep(self.settle_seconds)  # the service: the other survivors report first
-        else:
-            _shutdown_within(5.0)
+        _shutdown_within(5.0)  # the service (its own process) stays for the others
         self._exit(EXIT_PEER_LOST)
 
     def _record(self, status: int) -> None:
