@@ -224,7 +224,8 @@ def test_multiprocess_launcher_fails_when_a_process_fails(data, tmp_path):
 def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, tmp_path):
     """Process 1 hangs in step 3 (INJECT_STALL, its watchdog ends it with status 3): the
     launcher names it and its log, process 0 ends by itself (status 4, well inside the
-    grace period), and the same command without the fault resumes from checkpoint 2."""
+    grace period), and the same command without the fault resumes from checkpoint 2 to
+    the weights of an uninterrupted run."""
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = ("tiny", "fp32", 2, 2, logs, model_dir, "--gin.TRAIN_STEPS=4",
             "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1", "--peer_timeout_seconds=5")
@@ -245,6 +246,11 @@ def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, t
     assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:2 at step 2" in (logs / "proc_0.log").read_text()
     assert th.complete_steps(model_dir) == [2, 4]
+    whole = tmp_path / "whole"
+    proc = _run("multiprocess_pretrain_pile.sh", *args[:5], whole, *args[6:],
+                env={**env, "PORT": str(th.free_port())})
+    assert proc.returncode == 0, th.describe(proc)
+    _assert_same_weights(th.load_state(model_dir, 4), th.load_state(whole, 4))
 
 
 def test_xla_flags_are_known_to_jax(tmp_path):
