@@ -229,11 +229,10 @@ def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, t
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = ("tiny", "fp32", 2, 2, logs, model_dir, "--gin.TRAIN_STEPS=4",
             "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1", "--peer_timeout_seconds=5")
-    env = {**data, "GRACE_SECONDS": "60"}
+    env = {**data, "GRACE_SECONDS": "60", "PORT": str(th.free_port())}
     t = time.monotonic()
     proc = _run("multiprocess_pretrain_pile.sh", *args, "--gin.INJECT_STALL='1:3:600'",
-                "--gin.WATCHDOG_FLOOR_SECONDS=3", "--gin.WATCHDOG_WARMUP_STEPS=1",
-                env={**env, "PORT": str(th.free_port())})
+                "--gin.WATCHDOG_FLOOR_SECONDS=3", "--gin.WATCHDOG_WARMUP_STEPS=1", env=env)
     assert proc.returncode == 3, th.describe(proc)
     assert time.monotonic() - t < 55  # process 0 was not left to the grace period's kill
     line = th.error_lines(proc.stderr)[0]
@@ -242,7 +241,7 @@ def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, t
     assert "is hung" in line and "run the same command to resume" in line
     assert "because process 1 (host " in (logs / "proc_0.log").read_text()
     assert th.complete_steps(model_dir) == [2]
-    proc = _run("multiprocess_pretrain_pile.sh", *args, env={**env, "PORT": str(th.free_port())})
+    proc = _run("multiprocess_pretrain_pile.sh", *args, env=env)  # the same port at once
     assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:2 at step 2" in (logs / "proc_0.log").read_text()
     assert th.complete_steps(model_dir) == [2, 4]

@@ -6,6 +6,7 @@ checkpoint before the fault is kept, and the same command then resumes and finis
 the parameters of an uninterrupted run (bit-equal: the same two processes)."""
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -135,3 +136,15 @@ def test_a_process_that_cannot_join_ends_in_one_line(index, needle, tmp_path):
     assert took < 60, took
     assert "Nothing was trained or saved" in line
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_coordinator_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = th.run_train(tmp_path / "run", f"--coordinator_address=127.0.0.1:{port}",
+                            "--process_count=2", "--process_index=0", steps=2)
+    th.assert_one_error(proc, f"the coordinator could not listen on [::]:{port}",
+                        "pick a free port")
+    assert proc.returncode == 2, th.describe(proc)

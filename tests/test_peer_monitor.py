@@ -206,3 +206,27 @@ def test_timeouts_below_one_second_are_one_line(flag):
     proc = th.run_train(None, flag, steps=1)
     assert proc.returncode == 2
     th.assert_one_error(proc, flag.split("=")[0], "at least 1")
+
+
+class FakeCoordinator:
+    def __init__(self):
+        self.terminated = False
+
+    def terminate(self):
+        self.terminated = True
+
+
+def test_process_0_ends_the_coordinator_once_the_others_have_gone(capfd):
+    """After a loss, process 0 ends the service's process (its port free for the rerun),
+    but only once no other process is live: the other survivors still read from it."""
+    client = FakeClient({0, 1, 2})
+    coordinator = FakeCoordinator()
+    exits = Exits()
+    PeerMonitor(client, 0, 3, 5, exit=exits, period=0.02, coordinator=coordinator)
+    client.live.discard(2)  # lost; process 1 still reading, then leaving
+    time.sleep(0.3)
+    assert not coordinator.terminated and exits.statuses == []
+    client.live.discard(1)
+    assert exits.done.wait(5)
+    assert coordinator.terminated and exits.statuses == [EXIT_PEER_LOST]
+    assert "process 2 (host unknown) stopped responding" in _stderr_line(capfd)

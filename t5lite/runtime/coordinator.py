@@ -11,8 +11,9 @@ the one line of `distributed.py`. It is the same service JAX starts (recoverable
 same heartbeat timeout); process 0's own copy listens on a spare port, unused.
 
 It prints `ready` once it listens (or one `error:` line and exits 1). It ends when
-process 0 ends it (after the others left), or `PEER_TIMEOUT + 60` s after process 0
-is gone, once the others have had the time to notice.
+process 0 ends it (after the others left), or `PEER_TIMEOUT + 10` s after process 0
+is gone, once the others have had the time to notice (a round after the heartbeats
+lapse).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def main(argv) -> int:
     while not ended and os.getppid() == parent:
         time.sleep(0.5)
     if not ended:  # process 0 is gone: give the others the time to see it
-        deadline = time.monotonic() + timeout + 60
+        deadline = time.monotonic() + timeout + 10
         while not ended and time.monotonic() < deadline:
             time.sleep(0.5)
     service.shutdown()

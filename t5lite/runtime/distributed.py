@@ -23,7 +23,8 @@ it instead as a process of its own (`runtime/coordinator.py`, the same service, 
 JAX would bind it), so that process 0 is lost like any other.
 
 **Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
-leaves last (waiting at most peer_timeout + 60 s for the others), then ends the service.
+leaves last (waiting at most peer_timeout + 60 s for the others), then ends the service;
+after reporting a loss it does the same once the other survivors have gone.
 Not covered: the loss of process 0's whole host, which takes the service with it (the
 others then abort with JAX's message, status 134); a scheduler restarts the job all the
 same.
@@ -140,7 +141,8 @@ def _start_coordinator(address: str, count: int, timeout: int) -> subprocess.Pop
         raise ConfigError(f"the coordinator could not listen on {bind} (from "
                           f"--coordinator_address={address}): "
                           f"{said.removeprefix('error: ') or 'it ended at start'}; pick a "
-                          f"free port")
+                          f"free port (the coordinator of a run whose process 0 crashed "
+                          f"holds its port for --peer_timeout_seconds + 10 s)")
     return proc
 
 
@@ -317,8 +319,22 @@ class PeerMonitor:
         except OSError:
             pass
         self._record(EXIT_PEER_LOST)
-        _shutdown_within(5.0)  # the service (its own process) stays for the others
+        if self.coordinator is not None:  # the service goes once the others have seen it
+            self._wait_until_alone(self.timeout + 5)
+        _shutdown_within(5.0)
+        if self.coordinator is not None:
+            self.coordinator.terminate()  # its port is free for the rerun at once
         self._exit(EXIT_PEER_LOST)
+
+    def _wait_until_alone(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if not set(self.client.get_live_nodes(list(range(self.count)))) - {self.index}:
+                    return
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(min(0.2, self.period))
 
     def _record(self, status: int) -> None:
         try:

@@ -21,7 +21,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import os
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import flax.linen as nn
