@@ -9,8 +9,7 @@ import time
 import pytest
 
 from t5lite.runtime import distributed
-from t5lite.runtime.distributed import (EXIT_NOT_JOINED, EXIT_PEER_LOST, DistributedSettings,
-                                        PeerMonitor)
+from t5lite.runtime.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST, PeerMonitor
 
 
 class FakeClient:
@@ -166,11 +165,10 @@ def _free_port():
 
 
 def test_a_process_that_cannot_join_ends_in_one_line(capfd):
-    settings = DistributedSettings("127.0.0.1:%d" % _free_port(), 4, 2,
-                                   join_timeout_seconds=1)
-    exits = Exits()
-    distributed._end_unless_joined(settings, threading.Event(), exit=exits)
-    assert exits.statuses == [EXIT_NOT_JOINED]
+    exits, coordinator = Exits(), FakeCoordinator()
+    distributed._end_unless_joined(1, threading.Event(), "127.0.0.1:%d" % _free_port(), 2, 4,
+                                   coordinator, exit=exits)
+    assert exits.statuses == [EXIT_NOT_JOINED] and coordinator.terminated
     line = _stderr_line(capfd)
     assert line.startswith("error: process 2 of 4 did not join the run within 1s: nothing "
                            "answers at 127.0.0.1:")
@@ -183,9 +181,7 @@ def test_a_coordinator_that_answers_is_told_apart(capfd):
         server.listen()
         address = "127.0.0.1:%d" % server.getsockname()[1]
         exits = Exits()
-        distributed._end_unless_joined(DistributedSettings(address, 2, 0,
-                                                           join_timeout_seconds=1),
-                                       threading.Event(), exit=exits)
+        distributed._end_unless_joined(1, threading.Event(), address, 0, 2, exit=exits)
     assert exits.statuses == [EXIT_NOT_JOINED]
     assert f"the coordinator at {address} answers, but not all 2 processes joined" in \
         _stderr_line(capfd)
@@ -194,9 +190,7 @@ def test_a_coordinator_that_answers_is_told_apart(capfd):
 def test_joining_in_time_ends_nothing():
     joined, exits = threading.Event(), Exits()
     joined.set()
-    distributed._end_unless_joined(DistributedSettings("127.0.0.1:1", 2, 1,
-                                                       join_timeout_seconds=30),
-                                   joined, exit=exits)
+    distributed._end_unless_joined(30, joined, "127.0.0.1:1", 1, 2, exit=exits)
     assert exits.statuses == []
 
 

@@ -93,8 +93,9 @@ def join(settings: DistributedSettings) -> None:
         own_service = dict(coordinator_bind_address=f"127.0.0.1:{_spare_port()}")  # unused
     # JAX's own limit is a C++ abort: this process's ends it first, in one line
     joined = threading.Event()
-    threading.Thread(target=_end_unless_joined, args=(settings, joined), daemon=True,
-                     name="t5lite-join").start()
+    threading.Thread(target=_end_unless_joined, daemon=True, name="t5lite-join",
+                     args=(settings.join_timeout_seconds, joined, address, index, count,
+                           coordinator)).start()
     jax.distributed.initialize(coordinator_address=address, num_processes=count,
                                process_id=index, local_device_ids=local_devices,
                                heartbeat_timeout_seconds=settings.peer_timeout_seconds,
@@ -152,17 +153,17 @@ def _spare_port() -> int:
         return s.getsockname()[1]
 
 
-def _end_unless_joined(settings: DistributedSettings, joined: threading.Event,
+def _end_unless_joined(timeout: int, joined: threading.Event, address: Optional[str],
+                       index: Optional[int], count: Optional[int],
+                       coordinator: Optional[subprocess.Popen] = None,
                        exit: Callable[[int], None] = os._exit) -> None:
-    """After join_timeout_seconds without `joined`: one line, EXIT_NOT_JOINED."""
-    if joined.wait(settings.join_timeout_seconds):
+    """After `timeout` s without `joined`: one line, the coordinator's process ended (its
+    port free for the next try), EXIT_NOT_JOINED."""
+    if joined.wait(timeout):
         return
-    address = (settings.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-               or "the auto-detected coordinator")
-    index = settings.process_index if settings.process_index is not None else \
-        os.environ.get("SLURM_PROCID", "?")
-    count = settings.process_count if settings.process_count is not None else \
-        os.environ.get("SLURM_NTASKS", "?")
+    address = address or "the auto-detected coordinator"
+    index = "?" if index is None else index
+    count = "?" if count is None else count
     if _answers(address):
         why = (f"the coordinator at {address} answers, but not all {count} processes joined "
                f"it (one did not start, or was given another --coordinator_address or "
@@ -171,9 +172,10 @@ def _end_unless_joined(settings: DistributedSettings, joined: threading.Event,
         why = (f"nothing answers at {address} (a wrong --coordinator_address, or process 0 "
                f"did not start)")
     os.write(2, (f"error: process {index} of {count} did not join the run within "
-                 f"{settings.join_timeout_seconds}s: {why}. Nothing was trained or saved; "
-                 f"fix it and start every process again (--join_timeout_seconds waits "
-                 f"longer)\n").encode())
+                 f"{timeout}s: {why}. Nothing was trained or saved; fix it and start every "
+                 f"process again (--join_timeout_seconds waits longer)\n").encode())
+    if coordinator is not None:
+        coordinator.terminate()
     exit(EXIT_NOT_JOINED)
 
 
