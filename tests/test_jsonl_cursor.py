@@ -1,6 +1,9 @@
-"""t5lite.data.jsonl_cursor: reading a .jsonl / .jsonl.zst from a saved position gives
-exactly the records that follow it (frames that split lines, shards by record), at a
-cost that does not depend on how much was read before; missing shards are named."""
+"""t5lite.data.jsonl_cursor: reading a .jsonl / .jsonl.zst / .jsonl.gz from a saved
+position gives exactly the records that follow it (zstd frames and gzip members that
+split lines, shards by record), at a cost that does not depend on how much was read
+before; missing shards are named; a gzip file that is cut short, corrupt or not gzip at
+all is one error naming it."""
+import gzip
 import json
 import os
 import random
@@ -27,6 +30,9 @@ def files(tmp_path_factory):
     c = zstandard.ZstdCompressor()
     (d / "frames.jsonl.zst").write_bytes(b"".join(  # frames that end inside lines
         c.compress(data[i:i + 7777]) for i in range(0, len(data), 7777)))
+    (d / "c4-train.00000-of-01024.json.gz").write_bytes(gzip.compress(data))  # allenai/c4
+    (d / "members.jsonl.gz").write_bytes(b"".join(  # bgzip-style blocks, then padding
+        gzip.compress(data[i:i + 7777]) for i in range(0, len(data), 7777)) + b"\0" * 64)
     return {p.name: str(p) for p in d.iterdir()}
 
 
@@ -41,7 +47,12 @@ def _reads(pool, path, position, n):
             return out
 
 
-@pytest.mark.parametrize("name", ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst"])
+NAMES = ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst",
+         "c4-train.00000-of-01024.json.gz", "members.jsonl.gz"]
+MANY_FRAMES = ["frames.jsonl.zst", "members.jsonl.gz"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("shard,shards", [(0, 1), (1, 3)])
 def test_reading_from_any_saved_position_continues_the_file(files, name, shard, shards):
     """From every position the reader returned, a new pool (a restored run) reads the
@@ -73,7 +84,7 @@ def _positions(path):
     return [p for _, p in _reads(jc.CursorPool(), path, jc.START, 5)]
 
 
-@pytest.mark.parametrize("name", ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst"])
+@pytest.mark.parametrize("name", NAMES)
 def test_a_changed_file_is_told_from_a_position_that_does_not_fit(files, tmp_path, name):
     path = tmp_path / name
     shutil.copyfile(files[name], path)
@@ -84,8 +95,8 @@ def test_a_changed_file_is_told_from_a_position_that_does_not_fit(files, tmp_pat
     # a position that does not fit the unchanged file is our bug, and says so
     frame, offset = saved[:2]
     bad = [(frame, offset + 1) + saved[2:], (frame, offset + 10 ** 7) + saved[2:]]
-    if name == "frames.jsonl.zst":
-        bad.append((frame + 1, 0) + saved[2:])  # no frame starts there
+    if name in MANY_FRAMES:
+        bad.append((frame + 1, 0) + saved[2:])  # no frame / member starts there
     for position in bad:
         with pytest.raises(DataError, match=r"does not fit the file .*which is the file "
                                             r"the position was saved in.*t5lite bug.*"
@@ -101,8 +112,9 @@ def test_a_changed_file_is_told_from_a_position_that_does_not_fit(files, tmp_pat
         jc.CursorPool().read(str(path), saved[:4] + (len(data), saved[5] ^ 1), 3)
 
 
-def test_resuming_in_a_many_frame_file_skips_at_most_one_frame(files):
-    path = files["frames.jsonl.zst"]
+@pytest.mark.parametrize("name", MANY_FRAMES)
+def test_resuming_in_a_many_frame_file_skips_at_most_one_frame(files, name):
+    path = files[name]
     pool, position = jc.CursorPool(), jc.START
     for _ in range(60):
         _, position = pool.read(path, position, 4)
@@ -141,3 +153,18 @@ def test_a_missing_pile_shard_is_named(tmp_path):
         source_resolvers.check_numbered_shards(names)
     source_resolvers.check_numbered_shards(names[:2])  # a prefix 00-01 is a valid subset
     source_resolvers.check_numbered_shards([str(tmp_path / "val.jsonl.zst")])
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda data: data[:len(data) // 2], r"truncated gzip file \(it ends inside a compressed "
+                                        r"member\): the file was cut short"),
+    (lambda data: data[:100] + bytes(b ^ 0x5A for b in data[100:200]) + data[200:],
+     r"corrupt gzip data"),
+    (lambda data: b"not gzip at all\n", r"not a gzip file \(a .gz file must start with the "
+                                        r"gzip magic bytes\)"),
+])
+def test_a_damaged_gzip_file_is_one_error_naming_it(files, tmp_path, damage, message):
+    path = tmp_path / "c4-train.00001-of-01024.json.gz"
+    path.write_bytes(damage(open(files["c4-train.00000-of-01024.json.gz"], "rb").read()))
+    with pytest.raises(DataFormatError, match=rf"c4-train.00001-of-01024.json.gz: {message}"):
+        list(jc.iter_texts(str(path)))

@@ -30,7 +30,8 @@ from t5lite.data.jsonl_cursor import PILE_FORMAT
 from t5lite.errors import DataFormatError, DataNotFoundError
 
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order
-TEXT_SUFFIXES = (".jsonl", ".jsonl.zst", ".txt", ".txt.zst")
+TEXT_SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.gz", ".json.gz", ".txt", ".txt.zst",
+                 ".txt.gz")
 
 
 # -- opening files ---------------------------------------------------------------------
@@ -55,18 +56,15 @@ class _ChunkStream(io.RawIOBase):
 
 @contextlib.contextmanager
 def open_text(path: str):
-    """A text stream (UTF-8) of `path`, decompressing `.zst` files on the fly (a
-    truncated or corrupt `.zst` raises DataFormatError when the reading gets there)."""
-    if path.endswith(".zst"):
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:  # pragma: no cover - zstandard is a dependency
-            raise DataFormatError(f"{path}: reading .zst files needs the zstandard package "
-                                  f"(pip install zstandard)") from None
+    """A text stream (UTF-8) of `path`, decompressing `.zst` and `.gz` files on the fly (a
+    truncated or corrupt one raises DataFormatError when the reading gets there)."""
+    compressed = jsonl_cursor.compression(path)
+    if compressed:
+        _, check_magic, decompressed, _ = compressed
         with open(path, "rb") as raw:
-            jsonl_cursor.check_zstd_magic(path, raw)
+            check_magic(path, raw)
             raw.seek(0)
-            chunks = (data for _, data in jsonl_cursor.zstd_chunks(path, raw))
+            chunks = (data for _, data in decompressed(path, raw))
             binary = io.BufferedReader(_ChunkStream(chunks), 1 << 20)
             with io.TextIOWrapper(binary, encoding="utf-8", newline="") as text:
                 yield text
@@ -87,7 +85,7 @@ def _lines(path: str) -> Iterator[str]:
 # -- the Pile (and any jsonl with a text field) ------------------------------------------
 def iter_jsonl_texts(path: str, field: str = "text", shard_index: int = 0,
                      num_shards: int = 1) -> Iterator[str]:
-    """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst file; with
+    """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst / .jsonl.gz file; with
     num_shards > 1 only records k with k % num_shards == shard_index (others are not
     decoded). Streamed by t5lite/data/jsonl_cursor.py, the training pipeline's reader."""
     return jsonl_cursor.iter_texts(path, field, shard_index, num_shards)
@@ -103,9 +101,9 @@ def check_jsonl(path: str, field: str = "text") -> None:
 
 def iter_texts(path: str, field: str = "text") -> Iterator[str]:
     """Texts of a file for vocabulary training: jsonl / jsonl.zst records, or txt lines."""
-    if path.endswith((".jsonl", ".jsonl.zst", ".json.zst")):
+    if path.endswith((".jsonl", ".jsonl.zst", ".json.zst", ".jsonl.gz", ".json.gz")):
         yield from iter_jsonl_texts(path, field)
-    elif path.endswith((".txt", ".txt.zst")):
+    elif path.endswith((".txt", ".txt.zst", ".txt.gz")):
         for line in _lines(path):
             line = line.rstrip("\r\n")
             if line.strip():
