@@ -45,120 +45,19 @@ import hashlib
 import json
 import os
 import threading
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from t5lite.data.compressed import PILE_FORMAT, compression, plain_chunks
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-GZIP_MAGIC = b"\x1f\x8b"
-PILE_FORMAT = ('one JSON object a line with a "text" string (the Pile\'s {"text": ..., '
-               '"meta": ...})')
 
 Position = Tuple[int, int, int, int, int, int]
 START: Position = (0, 0, 1, 0, 0, 0)
-READ_BYTES = 1 << 20  # compressed (or plain) bytes read from the file at a time
 FINGERPRINT_BYTES = 1 << 16  # hashed at each end of a file
 RESUME_ANYWAY = ("to resume anyway, delete the data_iterator directory of the checkpoint "
                  "you resume from: the run then rebuilds the stream and skips the batches "
                  "already trained on")
 STATS: collections.Counter = collections.Counter()
-
-
-def check_zstd_magic(path: str, raw) -> None:
-    """DataFormatError unless `raw` (a binary file at its start) begins a zstd frame."""
-    if raw.read(4) != ZSTD_MAGIC:
-        raise DataFormatError(f"{path}: not a zstandard file (a .zst file must start with "
-                              f"the zstd magic bytes); expected {PILE_FORMAT}, compressed "
-                              f"with zstd")
-
-
-def zstd_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
-    """(file offset of the frame it comes from, decompressed bytes) for every zstd frame
-    of `raw` from its current offset (a frame's start) on, streamed READ_BYTES of input
-    at a time. A file that ends inside a frame raises DataFormatError: it was cut short;
-    corrupt data raises DataFormatError too."""
-    import zstandard
-    # The Pile's files need a large window; 2**31 is zstd's maximum.
-    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
-    frame, fed, at = dctx.decompressobj(), False, raw.tell()
-    while True:
-        data_at, data = raw.tell(), raw.read(READ_BYTES)
-        if not data:
-            break
-        while data:
-            try:
-                out = frame.decompress(data)
-            except zstandard.ZstdError as e:
-                raise DataFormatError(f"{path}: corrupt zstandard data ({e}); re-copy or "
-                                      f"re-compress the file") from None
-            fed = True
-            if out:
-                yield at, out
-            if not frame.eof:
-                break
-            rest = frame.unused_data
-            at = data_at = data_at + len(data) - len(rest)  # the next frame starts here
-            data, frame, fed = rest, dctx.decompressobj(), False
-    if fed:
-        raise DataFormatError(f"{path}: truncated zstandard file (it ends inside a "
-                              f"compressed frame): the file was cut short; re-copy it")
-
-
-def gzip_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
-    """As `zstd_chunks`, for the members of a gzip file (zero bytes after the last
-    member, as some writers pad, end it)."""
-    import zlib
-    member, fed, at = zlib.decompressobj(16 + zlib.MAX_WBITS), False, raw.tell()
-    while True:
-        data_at, data = raw.tell(), raw.read(READ_BYTES)
-        if not data:
-            break
-        while data:
-            if not fed and not data.strip(b"\0") and member.unused_data == b"":
-                data = b""  # padding after the last member
-                break
-            try:
-                out = member.decompress(data)
-            except zlib.error as e:
-                raise DataFormatError(f"{path}: corrupt gzip data ({e}); re-copy or "
-                                      f"re-compress the file") from None
-            fed = True
-            if out:
-                yield at, out
-            if not member.eof:
-                break
-            rest = member.unused_data
-            at = data_at = data_at + len(data) - len(rest)  # the next member starts here
-            data, member, fed = rest, zlib.decompressobj(16 + zlib.MAX_WBITS), False
-    if fed:
-        raise DataFormatError(f"{path}: truncated gzip file (it ends inside a compressed "
-                              f"member): the file was cut short; re-copy it")
-
-
-def check_gzip_magic(path: str, raw) -> None:
-    """DataFormatError unless `raw` (a binary file at its start) begins a gzip member."""
-    if raw.read(2) != GZIP_MAGIC:
-        raise DataFormatError(f"{path}: not a gzip file (a .gz file must start with the "
-                              f"gzip magic bytes); expected {PILE_FORMAT}, compressed "
-                              f"with gzip")
-
-
-# suffix -> (magic bytes, check at the file's start, chunks, what a frame is called)
-COMPRESSED = {".zst": (ZSTD_MAGIC, check_zstd_magic, zstd_chunks, "zstd frame"),
-              ".gz": (GZIP_MAGIC, check_gzip_magic, gzip_chunks, "gzip member")}
-
-
-def compression(path: str):
-    """COMPRESSED's entry for `path`, or None for a plain file."""
-    return next((v for suffix, v in COMPRESSED.items() if path.endswith(suffix)), None)
-
-
-def _plain_chunks(raw) -> Iterator[Tuple[int, bytes]]:
-    while True:
-        data = raw.read(READ_BYTES)
-        if not data:
-            return
-        yield 0, data
 
 
 def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
@@ -227,7 +126,7 @@ class _Lines:
                 self._skip(offset, position)
             else:
                 self._raw.seek(frame + offset)
-                self._chunks = _plain_chunks(self._raw)
+                self._chunks = plain_chunks(self._raw)
                 self._frames = [(-(frame + offset), 0)]
                 if frame + offset > identity[0]:
                     raise self._misfit(position, f"it lies {frame + offset - identity[0]} "

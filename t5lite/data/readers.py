@@ -26,7 +26,7 @@ import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from t5lite.data import jsonl_cursor
-from t5lite.data.jsonl_cursor import PILE_FORMAT
+from t5lite.data.compressed import PILE_FORMAT, compression
 from t5lite.errors import DataFormatError, DataNotFoundError
 
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order
@@ -58,7 +58,7 @@ class _ChunkStream(io.RawIOBase):
 def open_text(path: str):
     """A text stream (UTF-8) of `path`, decompressing `.zst` and `.gz` files on the fly (a
     truncated or corrupt one raises DataFormatError when the reading gets there)."""
-    compressed = jsonl_cursor.compression(path)
+    compressed = compression(path)
     if compressed:
         _, check_magic, decompressed, _ = compressed
         with open(path, "rb") as raw:
