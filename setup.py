@@ -33,6 +33,9 @@ RUNTIME = [
     "t5>=0.9.4",
     # The Pile's own files are .jsonl.zst (t5lite/data/readers.py).
     "zstandard>=0.22",
+    # FineWeb / DCLM-style Parquet shards (t5lite/data/parquet_cursor.py); the data edge
+    # (datasets, tensorflow-datasets) installs it already.
+    "pyarrow>=14",
     # etils.epath (under tensorflow-datasets) needs it to write or prepare a TFDS
     # dataset locally; tensorflow-datasets declares it only for Python < 3.9.
     "importlib_resources>=6.0",

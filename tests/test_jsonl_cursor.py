@@ -9,6 +9,8 @@ import os
 import random
 import shutil
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 
@@ -33,6 +35,9 @@ def files(tmp_path_factory):
     (d / "c4-train.00000-of-01024.json.gz").write_bytes(gzip.compress(data))  # allenai/c4
     (d / "members.jsonl.gz").write_bytes(b"".join(  # bgzip-style blocks, then padding
         gzip.compress(data[i:i + 7777]) for i in range(0, len(data), 7777)) + b"\0" * 64)
+    texts = [json.loads(line)["text"] for line in lines if line.strip()]
+    table = pa.table({"id": list(range(len(texts))), "text": texts})  # FineWeb-style
+    pq.write_table(table, d / "rows.parquet", row_group_size=37)
     return {p.name: str(p) for p in d.iterdir()}
 
 
@@ -48,7 +53,7 @@ def _reads(pool, path, position, n):
 
 
 NAMES = ["plain.jsonl", "one_frame.jsonl.zst", "frames.jsonl.zst",
-         "c4-train.00000-of-01024.json.gz", "members.jsonl.gz"]
+         "c4-train.00000-of-01024.json.gz", "members.jsonl.gz", "rows.parquet"]
 MANY_FRAMES = ["frames.jsonl.zst", "members.jsonl.gz"]
 
 
@@ -95,6 +100,8 @@ def test_a_changed_file_is_told_from_a_position_that_does_not_fit(files, tmp_pat
     # a position that does not fit the unchanged file is our bug, and says so
     frame, offset = saved[:2]
     bad = [(frame, offset + 1) + saved[2:], (frame, offset + 10 ** 7) + saved[2:]]
+    if name == "rows.parquet":  # (a row of another row group than the line says, too)
+        bad += [(frame + 1, offset) + saved[2:], (10 ** 3, 0) + saved[2:]]
     if name in MANY_FRAMES:
         bad.append((frame + 1, 0) + saved[2:])  # no frame / member starts there
     for position in bad:
@@ -168,3 +175,44 @@ def test_a_damaged_gzip_file_is_one_error_naming_it(files, tmp_path, damage, mes
     path.write_bytes(damage(open(files["c4-train.00000-of-01024.json.gz"], "rb").read()))
     with pytest.raises(DataFormatError, match=rf"c4-train.00001-of-01024.json.gz: {message}"):
         list(jc.iter_texts(str(path)))
+
+
+def test_resuming_in_a_parquet_file_reads_one_row_group(files):
+    path = files["rows.parquet"]
+    pool, position = jc.CursorPool(), jc.START
+    for _ in range(30):
+        _, position = pool.read(path, position, 4)
+    assert position[0] == 3  # row group 3 of 37-row groups
+    before = dict(jc.STATS)
+    texts, _ = jc.CursorPool().read(path, position, 2)
+    assert len(texts) == 2
+    assert jc.STATS["row_groups_read"] - before.get("row_groups_read", 0) == 1
+
+
+def _parquet(path, **columns):
+    pq.write_table(pa.table(columns), path, row_group_size=2)
+    return str(path)
+
+
+@pytest.mark.parametrize("columns,field,message", [
+    ({"content": ["a", "b"]}, "text", r"no column 'text' \(its columns: content\); set "
+                                      r"TEXT_FIELD"),
+    ({"text": [1, 2]}, "text", r"column 'text' holds int64, not text"),
+    ({"text": ["a", "b", None]}, "text", r"row 3: the 'text' column is null"),
+])
+def test_a_parquet_file_without_its_texts_is_one_error_naming_it(tmp_path, columns, field,
+                                                                  message):
+    path = _parquet(tmp_path / "shard-00.parquet", **columns)
+    with pytest.raises(DataFormatError, match=rf"shard-00.parquet: {message}"):
+        list(jc.iter_texts(path, field))
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:len(data) // 2],
+                                    lambda data: b"not parquet\n" * 10])
+def test_a_damaged_parquet_file_is_one_error_naming_it(tmp_path, damage):
+    path = _parquet(tmp_path / "shard-01.parquet", text=["a", "b", "c"])
+    (tmp_path / "shard-01.parquet").write_bytes(damage((tmp_path / "shard-01.parquet")
+                                                       .read_bytes()))
+    with pytest.raises(DataFormatError, match=r"shard-01.parquet: not a readable Parquet "
+                                              r"file \("):
+        list(jc.iter_texts(path))

@@ -45,7 +45,7 @@ import hashlib
 import json
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from t5lite.data.compressed import PILE_FORMAT, compression, plain_chunks
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
@@ -204,6 +204,14 @@ class _Lines:
             f"report it; {RESUME_ANYWAY}")
 
     # -- lines --------------------------------------------------------------------------
+    @staticmethod
+    def blank(line: bytes) -> bool:
+        return not line.strip()  # an empty line is no record
+
+    def parse(self, line: bytes, field: str) -> str:
+        """The `field` string of the line just read."""
+        return parse_record(self.path, self.line - 1, line, field)
+
     def next_line(self) -> Optional[bytes]:
         """The next line (without its newline), or None at the end of the file (which
         closes it; the position stays where the end is)."""
@@ -234,13 +242,14 @@ def _changed(path: str, saved: Tuple[int, int], now: Tuple[int, int]) -> DataErr
 
 
 class CursorPool:
-    """Readers of shard `shard_index` of `num_shards` of the records of several files,
-    each kept open where its last read stopped (a file read to its end stays known as
+    """Readers of shard `shard_index` of `num_shards` of the records of several files
+    (JSON lines, plain or compressed, and Parquet: parquet_cursor.py), each kept open
+    where its last read stopped (a file read to its end stays known as
     ended, so the read that finds the end costs nothing). Thread-safe."""
 
     def __init__(self, field: str = "text", shard_index: int = 0, num_shards: int = 1):
         self.field, self.shard_index, self.num_shards = field, shard_index, num_shards
-        self._open: Dict[str, _Lines] = {}
+        self._open: Dict[str, Any] = {}  # _Lines or ParquetRows
         self._failed: Dict[str, Tuple[Position, DataFormatError]] = {}
         self._identities: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
         self._lock = threading.Lock()
@@ -258,13 +267,16 @@ class CursorPool:
             self._identities[key] = file_identity(path)
         return self._identities[key]
 
-    def _open_at(self, path: str, position: Position) -> _Lines:
+    def _open_at(self, path: str, position: Position):
         identity = self._identity(path)
         saved = tuple(int(p) for p in position[4:6])
         if saved != (0, 0) and saved != identity:
             raise _changed(path, saved, identity)
         if position[:4] != START[:4]:
             STATS["reopened"] += 1
+        if path.endswith(".parquet"):
+            from t5lite.data.parquet_cursor import ParquetRows
+            return ParquetRows(path, position, identity, self.field)
         return _Lines(path, position, identity)
 
     def read(self, path: str, position: Position, n: int) -> Tuple[List[str], Position]:
@@ -290,11 +302,11 @@ class CursorPool:
                     line = lines.next_line()
                     if line is None:
                         break
-                    if not line.strip():
+                    if lines.blank(line):
                         continue
                     record = lines.record
                     if record % self.num_shards == self.shard_index:
-                        text = parse_record(path, lines.line - 1, line, self.field)
+                        text = lines.parse(line, self.field)
                         STATS["records_parsed"] += 1
                         texts.append(text)
                     lines.record += 1
