@@ -40,24 +40,18 @@ measure the cost of a resume with it.
 """
 from __future__ import annotations
 
-import collections
-import hashlib
 import json
 import os
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from t5lite.data.compressed import PILE_FORMAT, compression, plain_chunks
+from t5lite.data.parquet_cursor import ParquetRows
+from t5lite.data.positions import (RESUME_ANYWAY, START, STATS, Position,  # noqa: F401
+                                   file_identity)
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 
-Position = Tuple[int, int, int, int, int, int]
-START: Position = (0, 0, 1, 0, 0, 0)
-FINGERPRINT_BYTES = 1 << 16  # hashed at each end of a file
-RESUME_ANYWAY = ("to resume anyway, delete the data_iterator directory of the checkpoint "
-                 "you resume from: the run then rebuilds the stream and skips the batches "
-                 "already trained on")
-STATS: collections.Counter = collections.Counter()
 
 
 def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
@@ -76,20 +70,6 @@ def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
         raise DataFormatError(f"{path}:{lineno}: expected a JSON object with a {field!r} "
                               f"string ({PILE_FORMAT}), got {got}")
     return obj[field]
-
-
-def file_identity(path: str) -> Tuple[int, int]:
-    """(size in bytes, fingerprint): a hash of the file's size and its first and last
-    FINGERPRINT_BYTES, as a positive int64 (a copy of the file has the same identity; an
-    appended, truncated or replaced file almost surely another)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        digest = hashlib.blake2b(str(size).encode(), digest_size=7)
-        digest.update(f.read(FINGERPRINT_BYTES))
-        if size > FINGERPRINT_BYTES:
-            f.seek(max(size - FINGERPRINT_BYTES, FINGERPRINT_BYTES))
-            digest.update(f.read())
-    return size, int.from_bytes(digest.digest(), "big")
 
 
 class _Lines:
@@ -275,7 +255,6 @@ class CursorPool:
         if position[:4] != START[:4]:
             STATS["reopened"] += 1
         if path.endswith(".parquet"):
-            from t5lite.data.parquet_cursor import ParquetRows
             return ParquetRows(path, position, identity, self.field)
         return _Lines(path, position, identity)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from t5lite.data.positions import RESUME_ANYWAY, STATS
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 PARQUET_FORMAT = "a Parquet file with a string column of the texts"
@@ -74,7 +75,6 @@ class ParquetRows:
                                          f"of the file, not {self.line}")
 
     def _misfit(self, position, why: str) -> DataError:
-        from t5lite.data.jsonl_cursor import RESUME_ANYWAY
         group, row, line = (int(p) for p in position[:3])
         return DataError(
             f"{self.path}: the saved data position (row {row} of row group {group}, row "
@@ -91,7 +91,6 @@ class ParquetRows:
 
     def next_line(self) -> Optional[Tuple[str, ...]]:
         """The next row's text (as a 1-tuple: a null is a row too), or None at the end."""
-        from t5lite.data.jsonl_cursor import STATS
         while self.group < len(self._sizes):
             if self._values is None:
                 table = self._file.read_row_group(self.group, columns=[self.field])
