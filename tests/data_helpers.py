@@ -42,7 +42,8 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     """Point the settings at `dirs` (pile_dir=..., mnli_dir=...) through the environment,
     with an empty TFDS data directory unless tfds_data_dir is given; clears any
     configured values and registers the tasks again."""
-    names = {"pile_dir": "T5LITE_PILE_DIR", "mnli_dir": "T5LITE_MNLI_DIR",
+    names = {"pile_dir": "T5LITE_PILE_DIR", "c4_dir": "T5LITE_C4_DIR",
+             "mnli_dir": "T5LITE_MNLI_DIR",
              "squad_dir": "T5LITE_SQUAD_DIR", "tfds_data_dir": "TFDS_DATA_DIR"}
     for name, env in names.items():
         monkeypatch.delenv(env, raising=False)

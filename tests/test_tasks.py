@@ -315,3 +315,66 @@ def test_importing_tasks_registers_them_with_no_data_and_hides_gpus_from_tensorf
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout
     assert out.split() == ["True", "[]"]
+
+
+def _write_c4_and_pile(tmp_path, docs_per_file=5):
+    """The same documents as allenai/c4 lays them out (gzip JSON lines, two train shards)
+    and in the Pile's layout (plain JSON lines)."""
+    import gzip
+    import random
+    rng = random.Random(3)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "north"]
+
+    def doc(i):
+        return {"text": f"document {i}: " + " ".join(rng.choice(words) for _ in range(60)),
+                "timestamp": "2019-04-25T12:57:54Z", "url": f"https://example.com/{i}"}
+    shards = [[doc(f * docs_per_file + i) for i in range(docs_per_file)] for f in range(2)]
+    val = [doc(100 + i) for i in range(3)]
+    c4, pile = tmp_path / "c4", tmp_path / "pile"
+    (c4 / "en").mkdir(parents=True)
+    (pile / "train").mkdir(parents=True)
+    for f, records in enumerate(shards):
+        lines = "".join(json.dumps(r) + "\n" for r in records).encode()
+        (c4 / "en" / f"c4-train.{f:05d}-of-00002.json.gz").write_bytes(gzip.compress(lines))
+        (pile / "train" / f"{f:02d}.jsonl").write_bytes(lines)
+    lines = "".join(json.dumps(r) + "\n" for r in val).encode()
+    (c4 / "en" / "c4-validation.00000-of-00001.json.gz").write_bytes(gzip.compress(lines))
+    (pile / "val.jsonl").write_bytes(lines)
+    return c4, pile
+
+
+def _same_examples(a, b):
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def test_c4_from_allenai_c4_json_gz_equals_the_pile_reader_on_the_same_documents(
+        tmp_path, monkeypatch, vocab_path):
+    """C4_DIR in allenai/c4's layout feeds c4_span_corruption / c4_lm without TFDS, through
+    the Pile's reader: the examples equal pile_* ones on the same documents."""
+    c4, pile = _write_c4_and_pile(tmp_path)
+    data_env(monkeypatch, tmp_path, vocab_path, c4_dir=c4, pile_dir=pile)
+    for task, split, lengths in (("span_corruption", "train", LENGTHS),
+                                 ("lm", "train", {"targets": 32}),
+                                 ("lm", "validation", {"targets": 32})):
+        _same_examples(_examples(f"c4_{task}", split=split, lengths=lengths),
+                       _examples(f"pile_{task}", split=split, lengths=lengths))
+    tokens = np.concatenate([ex["targets"] for ex in _examples("c4_lm", lengths={"targets": 32})])
+    assert int((tokens == 1).sum()) == 10  # both shards' documents, each ending in EOS
+
+
+def test_c4_data_that_is_missing_or_damaged_is_one_line(tmp_path, monkeypatch, vocab_path):
+    data_env(monkeypatch, tmp_path, vocab_path)
+    with pytest.raises(DataNotFoundError, match=r"no C4 data: .*C4_DIR.* allenai/c4 .*or "
+                                                r"provide a prepared TFDS c4/en"):
+        _examples("c4_lm", lengths={"targets": 32})
+    c4, _ = _write_c4_and_pile(tmp_path)
+    shard = c4 / "en" / "c4-train.00001-of-00002.json.gz"
+    shard.write_bytes(shard.read_bytes()[:40])
+    data_env(monkeypatch, tmp_path, vocab_path, c4_dir=c4)
+    with pytest.raises(DataFormatError, match=r"c4-train.00001-of-00002.json.gz: truncated "
+                                              r"gzip file"):
+        _examples("c4_lm", lengths={"targets": 32})

@@ -5,6 +5,7 @@ dataset is built.
     setting          gin macro          environment variable
     vocabulary_path  VOCABULARY_PATH    T5LITE_VOCABULARY_PATH
     pile_dir         PILE_DIR           T5LITE_PILE_DIR
+    c4_dir           C4_DIR             T5LITE_C4_DIR   (allenai/c4's json.gz files)
     mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
     tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
@@ -26,6 +27,7 @@ from typing import Dict, Optional
 SETTINGS: Dict[str, tuple] = {
     "vocabulary_path": ("VOCABULARY_PATH", "T5LITE_VOCABULARY_PATH"),
     "pile_dir": ("PILE_DIR", "T5LITE_PILE_DIR"),
+    "c4_dir": ("C4_DIR", "T5LITE_C4_DIR"),
     "mnli_dir": ("MNLI_DIR", "T5LITE_MNLI_DIR"),
     "squad_dir": ("SQUAD_DIR", "T5LITE_SQUAD_DIR"),
     "tfds_data_dir": ("TFDS_DATA_DIR", "TFDS_DATA_DIR"),
@@ -39,12 +41,13 @@ _configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """The data macros of a run (VOCABULARY_PATH, PILE_DIR, MNLI_DIR, SQUAD_DIR,
+    """The data macros of a run (VOCABULARY_PATH, PILE_DIR, C4_DIR, MNLI_DIR, SQUAD_DIR,
     TFDS_DATA_DIR, EXTRA_IDS, DEMO_DATA_DIR); None: the environment variable (or the
     default)."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
+    c4_dir: Optional[str] = None
     mnli_dir: Optional[str] = None
     squad_dir: Optional[str] = None
     tfds_data_dir: Optional[str] = None

@@ -1,9 +1,9 @@
 """Which source a task reads, decided when its dataset is built (`DeferredSource` asks
-these): a setting's local directory in the dataset's own layout (the Pile, MNLI, SQuAD),
+these): a setting's local directory in the dataset's own layout (the Pile, C4, MNLI, SQuAD),
 else a prepared TFDS dataset in the local TFDS data directory, else one line naming both
 and how to set them.
 
-    resolve_pile / resolve_mnli / resolve_squad / resolve_tfds_only(name)
+    resolve_pile / resolve_c4 / resolve_mnli / resolve_squad / resolve_tfds_only(name)
 """
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ PILE_EXPECTED = ("the Pile's files in its layout: train/00.jsonl.zst ... train/2
                  "val.jsonl.zst, test.jsonl.zst (uncompressed .jsonl also read), one "
                  "{\"text\": ..., \"meta\": ...} record a line")
 SQUAD_LAYOUT = {"train": ("train-v1.1.json",), "validation": ("dev-v1.1.json",)}
+# allenai/c4 (Hugging Face): en/c4-train.00000-of-01024.json.gz ..., one gzip member a file
+C4_LAYOUT = {
+    "train": ("en/c4-train.*.json.gz", "c4-train.*.json.gz"),
+    "validation": ("en/c4-validation.*.json.gz", "c4-validation.*.json.gz"),
+}
+C4_EXPECTED = ("C4 as allenai/c4 lays it out: en/c4-train.00000-of-01024.json.gz ..., "
+               "en/c4-validation.00000-of-00008.json.gz ... (a subset of the shards is "
+               "fine), one {\"text\": ..., \"timestamp\": ..., \"url\": ...} record a line")
 
 
 def _tfds_where(name: str) -> str:
@@ -50,25 +58,41 @@ def _tfds_where(name: str) -> str:
 
 def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
     """The Pile from the `pile_dir` setting if set, else TFDS the_pile, else an error."""
-    directory = settings.get("pile_dir")
+    return _resolve_texts("pile_dir", "Pile", PILE_LAYOUT, "the_pile", splits,
+                          PILE_EXPECTED, numbered_shards=True)
+
+
+def resolve_c4(splits: Sequence[str]) -> seqio.DataSource:
+    """C4 from the `c4_dir` setting (allenai/c4's json.gz files) if set, else TFDS
+    c4/en, else an error. The same reader as the Pile's."""
+    return _resolve_texts("c4_dir", "C4", C4_LAYOUT, "c4/en", splits, C4_EXPECTED)
+
+
+def _resolve_texts(setting: str, what: str, layout: Mapping[str, Sequence[str]],
+                   tfds_name: str, splits: Sequence[str], expected: str,
+                   numbered_shards: bool = False) -> seqio.DataSource:
+    """JSON-lines text files in `layout` under the `setting` directory if set, else the
+    TFDS dataset `tfds_name`, else one line naming both."""
+    directory = settings.get(setting)
     if directory:
-        readers.require_dir(directory, "Pile", f"{settings.source_of('pile_dir')}; "
-                                               f"{settings.how_to_set('pile_dir')}")
-        files = {s: readers.glob_files(directory, PILE_LAYOUT[s]) for s in splits}
+        readers.require_dir(directory, what, f"{settings.source_of(setting)}; "
+                                             f"{settings.how_to_set(setting)}")
+        files = {s: readers.glob_files(directory, layout[s]) for s in splits}
         files = {s: f for s, f in files.items() if f}
-        for split_files in files.values():
-            check_numbered_shards(split_files)
+        if numbered_shards:
+            for split_files in files.values():
+                check_numbered_shards(split_files)
         if not files:
             raise DataNotFoundError(
-                f"no Pile files in {directory!r} ({settings.source_of('pile_dir')}): "
-                f"expected {PILE_EXPECTED}")
-        return _PartialSplits(JsonlTextSource(files), PILE_LAYOUT, directory, "Pile")
-    tfds_dir = find_tfds_dir("the_pile")
+                f"no {what} files in {directory!r} ({settings.source_of(setting)}): "
+                f"expected {expected}")
+        return _PartialSplits(JsonlTextSource(files), layout, directory, what)
+    tfds_dir = find_tfds_dir(tfds_name)
     if tfds_dir:
         return TfdsDirSource(tfds_dir, splits)
     raise DataNotFoundError(
-        f"no Pile data: {settings.how_to_set('pile_dir')} to a directory holding "
-        f"{PILE_EXPECTED}, or provide {_tfds_where('the_pile')}")
+        f"no {what} data: {settings.how_to_set(setting)} to a directory holding "
+        f"{expected}, or provide {_tfds_where(tfds_name)}")
 
 
 def check_numbered_shards(files: Sequence[str]) -> None:

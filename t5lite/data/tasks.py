@@ -4,7 +4,8 @@
     pile_span_corruption  the Pile: PILE_DIR (jsonl / jsonl.zst)   train, validation, test
                           or TFDS the_pile
     pile_lm               the same, decoder-only language modeling
-    c4_span_corruption    TFDS c4/en (local)                       train, validation
+    c4_span_corruption    C4: C4_DIR (allenai/c4's json.gz)         train, validation
+                          or TFDS c4/en (local)
     c4_lm                 the same, decoder-only language modeling
     mnli                  MNLI_DIR (MultiNLI jsonl or GLUE TSVs)   train, validation_matched,
                           or TFDS glue/mnli                        validation_mismatched
@@ -106,9 +107,8 @@ def register_tasks() -> None:
     pile = sources.DeferredSource(PILE_SPLITS,
                                   lambda: source_resolvers.resolve_pile(PILE_SPLITS),
                                   "the Pile (PILE_DIR or TFDS the_pile)")
-    c4 = sources.DeferredSource(C4_SPLITS,
-                                lambda: source_resolvers.resolve_tfds_only("c4/en", C4_SPLITS),
-                                "C4 (TFDS c4/en)")
+    c4 = sources.DeferredSource(C4_SPLITS, lambda: source_resolvers.resolve_c4(C4_SPLITS),
+                                "C4 (C4_DIR or TFDS c4/en)")
     for prefix, source in (("pile", pile), ("c4", c4)):
         _add(f"{prefix}_span_corruption", source=source,
              preprocessors=_span_corruption_steps(),
