@@ -4,10 +4,11 @@
 # usage: multiprocess_pretrain_pile.sh SIZE PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR [GIN_FLAG...]
 #   SIZE and PREC as in singlenode_pretrain_pile.sh; global batch BSIZE_PER_GPU * NUM_GPUS.
 #   Environment: PORT (12355), the coordinator's port; GRACE_SECONDS (90). Process i logs
-#   to LOGDIR/proc_<i>.log. When one fails, this names it and its log, gives the others
-#   GRACE_SECONDS to end by themselves (a lost peer ends them within --peer_timeout_seconds,
-#   30), kills what is left (a stopped process never ends), and exits with the failed
-#   process's status. Run the same command again to resume from the last checkpoint.
+#   to LOGDIR/proc_<i>.log. When one fails, this gives the others GRACE_SECONDS to end by
+#   themselves (a lost peer ends them within --peer_timeout_seconds, 30), kills what is
+#   left (a stopped process never ends), names the process that failed first for a reason
+#   of its own, its log and the log's last line, and exits with its status. Run the same
+#   command again to resume from the last checkpoint.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
@@ -31,23 +32,35 @@ for ((i = 0; i < NUM_GPUS; i++)); do
     ${GIN_SWITCHES} "${@:7}" > "${LOGDIR}/proc_${i}.log" 2>&1 &
   index_of[$!]=$i
 done
-status=0
+# After a failure the others get GRACE_SECONDS to end; then the process named is the
+# first to fail for a reason of its own: not status 4, which t5lite gives a process that
+# stopped because another was lost (its line names that one).
+declare -A process_of status_of
+for pid in "${!index_of[@]}"; do process_of[$pid]=${index_of[$pid]}; done
+order=() failed=""
 while [ "${#index_of[@]}" -gt 0 ]; do
   rc=0; ended=""
   wait -n -p ended "${!index_of[@]}" || rc=$?
-  i=${index_of[$ended]}; unset "index_of[$ended]"
-  if [ "$rc" -ne 0 ]; then
-    status=$rc
-    echo "error: process $i exited with status $rc (its log: ${LOGDIR}/proc_${i}.log; last line: $(tail -n 1 "${LOGDIR}/proc_${i}.log" 2>/dev/null)); the others get ${GRACE_SECONDS}s to end, then are killed; run the same command to resume from the last checkpoint" >&2
-    break
-  fi
+  unset "index_of[$ended]"; status_of[$ended]=$rc; order+=("$ended")
+  if [ "$rc" -ne 0 ]; then failed=1; break; fi
 done
-if [ "${#index_of[@]}" -gt 0 ]; then  # after a failure
+if [ -n "$failed" ]; then
   for ((t = 0; t < GRACE_SECONDS; t++)); do
     [ -n "$(jobs -rp)" ] || break
     sleep 1
   done
   kill -9 "${!index_of[@]}" 2>/dev/null || true
-  wait || true
+  for pid in "${!index_of[@]}"; do
+    rc=0; wait "$pid" || rc=$?; status_of[$pid]=$rc; order+=("$pid")
+  done
+  culprit=""
+  for pid in "${order[@]}"; do
+    rc=${status_of[$pid]}
+    if [ "$rc" -ne 0 ] && { [ -z "$culprit" ] || [ "${status_of[$culprit]}" -eq 4 ]; } \
+        && { [ -z "$culprit" ] || [ "$rc" -ne 4 ]; }; then culprit=$pid; fi
+  done
+  i=${process_of[$culprit]} status=${status_of[$culprit]}
+  echo "error: process $i exited with status $status (its log: ${LOGDIR}/proc_${i}.log; last line: $(tail -n 1 "${LOGDIR}/proc_${i}.log" 2>/dev/null)); the others were given up to ${GRACE_SECONDS}s to end, then killed; run the same command to resume from the last checkpoint" >&2
+  exit "$status"
 fi
-exit "$status"
+exit 0

@@ -43,6 +43,8 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     with an empty TFDS data directory unless tfds_data_dir is given; clears any
     configured values and registers the tasks again."""
     names = {"pile_dir": "T5LITE_PILE_DIR", "c4_dir": "T5LITE_C4_DIR",
+             "text_files": "T5LITE_TEXT_FILES", "text_field": "T5LITE_TEXT_FIELD",
+             "text_validation_files": "T5LITE_TEXT_VALIDATION_FILES",
              "mnli_dir": "T5LITE_MNLI_DIR",
              "squad_dir": "T5LITE_SQUAD_DIR", "tfds_data_dir": "TFDS_DATA_DIR"}
     for name, env in names.items():

@@ -170,6 +170,8 @@ def test_config_errors_are_one_line(tmp_path, case):
 @pytest.mark.parametrize("run_config,model_config", [
     ("configs/large_pile_pretrain.gin", "models/t5_1_1/large.gin"),
     ("configs/llama2_7b_pile_pretrain.gin", "models/llama2/7b.gin"),
+    ("configs/large_text_pretrain.gin", "models/t5_1_1/large.gin"),
+    ("configs/llama2_7b_text_pretrain.gin", "models/llama2/7b.gin"),
 ])
 def test_shipped_run_configs_bind_their_model(run_config, model_config):
     """A shipped run config parses completely (its run macros REQUIRED) and builds the

@@ -170,7 +170,7 @@ def test_a_stream_tf_data_cannot_save_falls_back_to_replay(pile, monkeypatch, ca
     """A task whose source is a Python generator cannot be saved by tf.data: no state
     is stored (never one that would restore another stream) and a resume replays."""
     import tensorflow as tf
-    real = sources.JsonlTextSource.get_dataset
+    real = sources.TextFilesSource.get_dataset
 
     def through_a_generator(self, *args, **kwargs):
         texts = [t["text"] for t in real(self, *args, **kwargs).as_numpy_iterator()]
@@ -178,7 +178,7 @@ def test_a_stream_tf_data_cannot_save_falls_back_to_replay(pile, monkeypatch, ca
             lambda: ({"text": t} for t in texts),
             output_signature={"text": tf.TensorSpec([], tf.string)})
 
-    monkeypatch.setattr(sources.JsonlTextSource, "get_dataset", through_a_generator)
+    monkeypatch.setattr(sources.TextFilesSource, "get_dataset", through_a_generator)
     batches = [next(it) for it in [_make()] for _ in range(6)]
     run = _make()
     for _ in range(4):

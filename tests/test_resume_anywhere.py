@@ -1,9 +1,11 @@
 """A data stream restored from the state saved at ANY point continues the uninterrupted
 stream exactly, across file ends and passes (the property a preempted run relies on).
 
-Data: four Pile-style shards of different sizes in every format the reader takes: a
-many-frame .jsonl.zst whose frames end inside lines, a plain .jsonl (an empty line, no
-newline at its end), a one-frame .jsonl.zst, and another many-frame .jsonl.zst.
+Data: four Pile-style shards of different sizes: a many-frame .jsonl.zst whose frames
+end inside lines, a plain .jsonl (an empty line, no newline at its end), a one-frame
+.jsonl.zst, and another many-frame .jsonl.zst; and the reader's other formats (source
+level): a many-member .json.gz (members ending inside lines, zero padding), a Parquet
+file of 2-row groups, a one-member .jsonl.gz.
 
     source level    every element k of two passes and more (so saves exactly at each
                     file's end and each pass's end are among them), files in order and
@@ -20,7 +22,11 @@ from __future__ import annotations
 import json
 import random
 
+import gzip
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 
@@ -53,6 +59,17 @@ def _docs(name: str, n: int):
 
 def _write(path, docs, kind: str) -> None:
     lines = [json.dumps(d) + "\n" for d in docs]
+    if kind == "parquet":  # row groups of 2
+        pq.write_table(pa.Table.from_pylist(docs), path, row_group_size=2)
+        return
+    if kind == "gzip_one":
+        path.write_bytes(gzip.compress("".join(lines).encode()))
+        return
+    if kind == "gzip":  # members of 50 bytes, most ending inside a line, then padding
+        data = "".join(lines).encode()
+        path.write_bytes(b"".join(gzip.compress(data[i:i + 50])
+                                  for i in range(0, len(data), 50)) + b"\0" * 8)
+        return
     if kind == "plain":  # an empty line (no record) and no newline at the end
         lines.insert(1, "\n")
         path.write_bytes("".join(lines).rstrip("\n").encode())
@@ -65,10 +82,22 @@ def _write(path, docs, kind: str) -> None:
         path.write_bytes(b"".join(c.compress(data[i:i + 50]) for i in range(0, len(data), 50)))
 
 
-def _write_shards(directory, sizes):
+def _write_shards(directory, sizes, kinds=None):
     for name, n in sizes.items():
-        _write(directory / name, _docs(name, n), KINDS[name])
+        _write(directory / name, _docs(name, n), (kinds or KINDS)[name])
     return [str(directory / name) for name in sizes]
+
+
+# C4's and FineWeb's formats: a many-member .json.gz, a Parquet file of 2-row groups, and
+# a one-member .jsonl.gz (a resume inside it decompresses up to the position)
+OTHER_KINDS = {"00.json.gz": "gzip", "01.parquet": "parquet", "02.jsonl.gz": "gzip_one"}
+OTHER_SIZES = {"00.json.gz": 5, "01.parquet": 7, "02.jsonl.gz": 4}
+
+
+@pytest.fixture(scope="module")
+def other_formats(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("other_formats")
+    return _write_shards(directory, OTHER_SIZES, OTHER_KINDS)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +165,24 @@ def test_the_pile_reader_resumes_exactly_from_every_element(shards, monkeypatch,
                                                             shard, shards_n, per_call):
     """With 3 texts a read, the read that returns a file's last texts also finds its end
     (SIZES are not multiples of 3); with 1, another read does."""
+    _check_reader(shards, SIZES, monkeypatch, shuffle, shard, shards_n, per_call)
+
+
+OTHER_CASES = [(False, 0, 1, 3), (True, 1, 2, 3), (False, 0, 1, 1), (False, 3, 4, 3)]
+
+
+@pytest.mark.parametrize("shuffle,shard,shards_n,per_call", OTHER_CASES)
+def test_the_reader_resumes_exactly_in_gzip_and_parquet_files(other_formats, monkeypatch,
+                                                              shuffle, shard, shards_n,
+                                                              per_call):
+    _check_reader(other_formats, OTHER_SIZES, monkeypatch, shuffle, shard, shards_n,
+                  per_call)
+
+
+def _check_reader(files, sizes, monkeypatch, shuffle, shard, shards_n, per_call):
+    """The reader over `files`, restored after every element of two passes and more."""
     monkeypatch.setattr(sources, "TEXTS_PER_CALL", per_call)
-    source = sources.JsonlTextSource({"train": shards})
+    source = sources.TextFilesSource({"train": files})
     info = seqio.ShardInfo(index=shard, num_shards=shards_n)
 
     def build(epochs=None):
@@ -158,7 +203,7 @@ def test_the_pile_reader_resumes_exactly_from_every_element(shards, monkeypatch,
         assert all(k < total for k in file_ends + [per_pass, 2 * per_pass])
     if not shuffle and shards_n == 1:  # the files one after the other, whole
         assert [t.split()[0] for t in one_pass] == [
-            f"{i:02d}x{d}" for i, n in enumerate(SIZES.values()) for d in range(n)]
+            f"{i:02d}x{d}" for i, n in enumerate(sizes.values()) for d in range(n)]
 
 
 def test_the_in_memory_source_resumes_exactly_from_every_element(tmp_path):
@@ -182,7 +227,7 @@ TASK = "t5lite_test_four_shards"
 def _register(name, files):
     """pile_span_corruption's preprocessing over `files`."""
     pile = seqio.TaskRegistry.get("pile_span_corruption")
-    seqio.TaskRegistry.add(name, source=sources.JsonlTextSource({"train": files}),
+    seqio.TaskRegistry.add(name, source=sources.TextFilesSource({"train": files}),
                            preprocessors=pile.preprocessors,
                            output_features=pile.output_features)
 

@@ -378,3 +378,97 @@ def test_c4_data_that_is_missing_or_damaged_is_one_line(tmp_path, monkeypatch, v
     with pytest.raises(DataFormatError, match=r"c4-train.00001-of-00002.json.gz: truncated "
                                               r"gzip file"):
         _examples("c4_lm", lengths={"targets": 32})
+
+
+def _write_formats(tmp_path, docs):
+    """The same documents in every format TEXT_FILES takes, and in the Pile's layout."""
+    import gzip
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    data = "".join(json.dumps(d) + "\n" for d in docs).encode()
+    out = tmp_path / "formats"
+    out.mkdir()
+    (out / "docs.jsonl").write_bytes(data)
+    (out / "docs.jsonl.gz").write_bytes(gzip.compress(data))
+    c = zstandard.ZstdCompressor()
+    (out / "docs.jsonl.zst").write_bytes(b"".join(c.compress(data[i:i + 500])
+                                                  for i in range(0, len(data), 500)))
+    pq.write_table(pa.Table.from_pylist(docs), out / "docs.parquet", row_group_size=3)
+    (tmp_path / "pile" / "train").mkdir(parents=True)
+    (tmp_path / "pile" / "train" / "00.jsonl").write_bytes(data)
+    return out
+
+
+def _docs(n, field="text"):
+    import random
+    rng = random.Random(5)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "north"]
+    return [{field: f"doc {i}: " + " ".join(rng.choice(words) for _ in range(50)),
+             "id": f"<urn:uuid:{i}>", "score": 0.5 + i / 100} for i in range(n)]
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst",
+                                  "docs.parquet"])
+def test_text_files_of_every_format_equal_the_pile_reader(tmp_path, monkeypatch, vocab_path,
+                                                          name):
+    out = _write_formats(tmp_path, _docs(10))
+    data_env(monkeypatch, tmp_path, vocab_path, text_files=out / name,
+             pile_dir=tmp_path / "pile")
+    _same_examples(_examples("text_lm", lengths={"targets": 32}),
+                   _examples("pile_lm", lengths={"targets": 32}))
+    _same_examples(_examples("text_span_corruption"), _examples("pile_span_corruption"))
+
+
+def test_text_files_take_globs_a_field_and_a_validation_glob(tmp_path, monkeypatch,
+                                                             vocab_path):
+    import os
+    out = _write_formats(tmp_path, _docs(6, field="content"))
+    data_env(monkeypatch, tmp_path, vocab_path,
+             text_files=os.pathsep.join([str(out / "*.parquet"), str(out / "docs.jsonl*")]),
+             text_validation_files=out / "docs.jsonl.gz", text_field="content")
+    source = seqio.TaskRegistry.get("text_lm").source.resolve()
+    assert source.list_shards("train") == [str(out / n) for n in (
+        "docs.parquet", "docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst")]
+    tokens = np.concatenate([ex["targets"] for ex in _examples("text_lm",
+                                                                lengths={"targets": 32})])
+    assert int((tokens == 1).sum()) == 4 * 6  # every document of the four files, once
+    assert _examples("text_lm", split="validation", lengths={"targets": 32})
+
+
+def test_two_processes_read_disjoint_records_that_make_up_the_file(tmp_path, monkeypatch,
+                                                                   vocab_path):
+    out = _write_formats(tmp_path, _docs(11))
+    data_env(monkeypatch, tmp_path, vocab_path, text_files=out / "docs.parquet")
+    source = seqio.TaskRegistry.get("text_lm").source.resolve()
+    seen = [[ex["text"].decode() for ex in source.get_dataset(
+        "train", shuffle=False, shard_info=seqio.ShardInfo(i, 2)).as_numpy_iterator()]
+        for i in range(2)]
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == sorted(d["text"] for d in _docs(11))
+
+
+@pytest.mark.parametrize("setup,error,message", [
+    ({}, DataNotFoundError, r"no text files: set the gin macro TEXT_FILES .* T5LITE_TEXT_FILES"
+                            r" to a glob .*\.parquet files"),
+    ({"text_files": "{tmp}/nothing/*.jsonl"}, DataNotFoundError,
+     r"nothing/\*\.jsonl: no file matches it \(from environment variable T5LITE_TEXT_FILES\)"),
+    ({"text_files": "{tmp}/formats/*"}, None, None),  # every file there is a text format
+    ({"text_files": "{tmp}/notes.txt"}, DataFormatError,
+     r"notes.txt: not a text file t5lite reads .*expected .jsonl, .jsonl.gz"),
+    ({"text_files": "{tmp}/formats/docs.parquet", "text_field": "body"}, DataFormatError,
+     r"docs.parquet: no column 'body' \(its columns: text, id, score\); set TEXT_FIELD"),
+    ({"text_files": "{tmp}/formats/docs.jsonl.gz", "text_field": "body"}, DataFormatError,
+     r"docs.jsonl.gz:1: expected a JSON object with a 'body' string"),
+])
+def test_bad_text_files_are_one_line(tmp_path, monkeypatch, vocab_path, setup, error,
+                                     message):
+    _write_formats(tmp_path, _docs(4))
+    (tmp_path / "notes.txt").write_text("a note\n")
+    data_env(monkeypatch, tmp_path, vocab_path,
+             **{k: v.format(tmp=tmp_path) for k, v in setup.items()})
+    if error is None:
+        assert _examples("text_lm", lengths={"targets": 32})
+        return
+    with pytest.raises(error, match=message):
+        _examples("text_lm", lengths={"targets": 32})

@@ -85,7 +85,8 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
 
 def run_main(main: Callable[[], Optional[int]]) -> None:
     """Runs `main()`; a ConfigError becomes `error: ...` on stderr and exit status 2.
-    A failed command exits at once (`exit_now`). In a multi-process run the process then
+    A failed command, and every command of a multi-process run, exits at once
+    (`exit_now`). In a multi-process run the process first
     leaves JAX's runtime with its status, which the other processes read
     (`runtime/distributed.py`)."""
     try:
@@ -105,8 +106,9 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
         distributed.await_verdict()
         traceback.print_exc()
         status = EXIT_RUN_ERROR
+    several = distributed.watching()
     distributed.leave(status)
-    if status:
+    if status or several:  # (several: no interpreter teardown beside JAX's threads)
         exit_now(status)
     sys.exit(0)
 

@@ -6,6 +6,10 @@ dataset is built.
     vocabulary_path  VOCABULARY_PATH    T5LITE_VOCABULARY_PATH
     pile_dir         PILE_DIR           T5LITE_PILE_DIR
     c4_dir           C4_DIR             T5LITE_C4_DIR   (allenai/c4's json.gz files)
+    text_files       TEXT_FILES         T5LITE_TEXT_FILES   (globs; a list in gin, joined
+    text_validation_files  TEXT_VALIDATION_FILES  T5LITE_TEXT_VALIDATION_FILES   by ':'
+                                         in the environment, as PATH is)
+    text_field       TEXT_FIELD         T5LITE_TEXT_FIELD   (default "text")
     mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
     tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
@@ -21,13 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence, Union
 
 # setting -> (gin macro, environment variable)
 SETTINGS: Dict[str, tuple] = {
     "vocabulary_path": ("VOCABULARY_PATH", "T5LITE_VOCABULARY_PATH"),
     "pile_dir": ("PILE_DIR", "T5LITE_PILE_DIR"),
     "c4_dir": ("C4_DIR", "T5LITE_C4_DIR"),
+    "text_files": ("TEXT_FILES", "T5LITE_TEXT_FILES"),
+    "text_validation_files": ("TEXT_VALIDATION_FILES", "T5LITE_TEXT_VALIDATION_FILES"),
+    "text_field": ("TEXT_FIELD", "T5LITE_TEXT_FIELD"),
     "mnli_dir": ("MNLI_DIR", "T5LITE_MNLI_DIR"),
     "squad_dir": ("SQUAD_DIR", "T5LITE_SQUAD_DIR"),
     "tfds_data_dir": ("TFDS_DATA_DIR", "TFDS_DATA_DIR"),
@@ -41,13 +48,17 @@ _configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """The data macros of a run (VOCABULARY_PATH, PILE_DIR, C4_DIR, MNLI_DIR, SQUAD_DIR,
-    TFDS_DATA_DIR, EXTRA_IDS, DEMO_DATA_DIR); None: the environment variable (or the
-    default)."""
+    """The data macros of a run (VOCABULARY_PATH, PILE_DIR, C4_DIR, TEXT_FILES,
+    TEXT_VALIDATION_FILES, TEXT_FIELD, MNLI_DIR, SQUAD_DIR, TFDS_DATA_DIR, EXTRA_IDS,
+    DEMO_DATA_DIR); None: the environment variable (or the default). TEXT_FILES and
+    TEXT_VALIDATION_FILES take a glob or a list of globs."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
     c4_dir: Optional[str] = None
+    text_files: Optional[Union[str, Sequence[str]]] = None
+    text_validation_files: Optional[Union[str, Sequence[str]]] = None
+    text_field: Optional[str] = None
     mnli_dir: Optional[str] = None
     squad_dir: Optional[str] = None
     tfds_data_dir: Optional[str] = None
@@ -61,6 +72,8 @@ def set_values(**values: Optional[str]) -> None:
     if unknown:
         raise TypeError(f"unknown data setting(s) {unknown}; known: {sorted(SETTINGS)}")
     for name, value in values.items():
+        if isinstance(value, (list, tuple)):  # globs: joined as PATH is
+            value = os.pathsep.join(os.fspath(v) for v in value)
         _configured[name] = None if value in (None, "") else \
             str(value) if isinstance(value, int) else os.fspath(value)
 
@@ -78,6 +91,17 @@ def get(name: str) -> Optional[str]:
     if value is None and name == "tfds_data_dir":
         value = DEFAULT_TFDS_DATA_DIR
     return os.path.expanduser(value) if value else None
+
+
+def get_globs(name: str) -> List[str]:
+    """A glob-list setting (text_files, text_validation_files): its globs, `~` expanded."""
+    value = _configured[name] or os.environ.get(SETTINGS[name][1]) or ""
+    return [os.path.expanduser(g) for g in value.split(os.pathsep) if g.strip()]
+
+
+def text_field() -> str:
+    """The JSON field (or Parquet column) of the texts in TEXT_FILES: default "text"."""
+    return get("text_field") or "text"
 
 
 def extra_ids() -> int:

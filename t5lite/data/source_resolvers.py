@@ -3,19 +3,21 @@ these): a setting's local directory in the dataset's own layout (the Pile, C4, M
 else a prepared TFDS dataset in the local TFDS data directory, else one line naming both
 and how to set them.
 
-    resolve_pile / resolve_c4 / resolve_mnli / resolve_squad / resolve_tfds_only(name)
+    resolve_pile / resolve_c4 / resolve_text_files / resolve_mnli / resolve_squad /
+    resolve_tfds_only(name)
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
-from typing import Mapping, Sequence
+from typing import List, Mapping, Sequence
 
 from t5lite.data import readers, settings
-from t5lite.data.sources import (ExamplesSource, JsonlTextSource, TfdsDirSource,
+from t5lite.data.sources import (ExamplesSource, TextFilesSource, TfdsDirSource,
                                  find_tfds_dir)
 from t5lite.data.tf_env import import_tensorflow
-from t5lite.errors import DataNotFoundError
+from t5lite.errors import DataFormatError, DataNotFoundError
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
@@ -68,6 +70,46 @@ def resolve_c4(splits: Sequence[str]) -> seqio.DataSource:
     return _resolve_texts("c4_dir", "C4", C4_LAYOUT, "c4/en", splits, C4_EXPECTED)
 
 
+TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
+
+
+def resolve_text_files(splits: Sequence[str]) -> seqio.DataSource:
+    """The files the TEXT_FILES (train) and TEXT_VALIDATION_FILES (validation) globs
+    match, each a format of TEXT_SUFFIXES, their TEXT_FIELD read."""
+    layout = {"train": "text_files", "validation": "text_validation_files"}
+    files = {}
+    for split in splits:
+        globs = settings.get_globs(layout[split])
+        if globs:
+            files[split] = _match_text_files(layout[split], globs)
+    if "train" in splits and "train" not in files:
+        raise DataNotFoundError(
+            f"no text files: {settings.how_to_set('text_files')} to a glob (or a list of "
+            f"globs) of {', '.join(TEXT_SUFFIXES)} files")
+    return _PartialSplits(
+        TextFilesSource(files, field=settings.text_field()),
+        {"train": ("TEXT_FILES",), "validation": ("TEXT_VALIDATION_FILES (not set)",)},
+        "the TEXT_FILES settings", "text")
+
+
+def _match_text_files(setting: str, globs: Sequence[str]) -> List[str]:
+    """The files each glob matches, in order, sorted within a glob; one line for a glob
+    that matches nothing and for a file of another format."""
+    found: List[str] = []
+    for pattern in globs:
+        matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+        if not matched:
+            raise DataNotFoundError(f"{pattern}: no file matches it "
+                                    f"({settings.source_of(setting)})")
+        for path in matched:
+            if not path.endswith(TEXT_SUFFIXES):
+                raise DataFormatError(f"{path}: not a text file t5lite reads (from "
+                                      f"{pattern!r}): expected {', '.join(TEXT_SUFFIXES)}")
+            if path not in found:
+                found.append(path)
+    return found
+
+
 def _resolve_texts(setting: str, what: str, layout: Mapping[str, Sequence[str]],
                    tfds_name: str, splits: Sequence[str], expected: str,
                    numbered_shards: bool = False) -> seqio.DataSource:
@@ -86,7 +128,7 @@ def _resolve_texts(setting: str, what: str, layout: Mapping[str, Sequence[str]],
             raise DataNotFoundError(
                 f"no {what} files in {directory!r} ({settings.source_of(setting)}): "
                 f"expected {expected}")
-        return _PartialSplits(JsonlTextSource(files), layout, directory, what)
+        return _PartialSplits(TextFilesSource(files), layout, directory, what)
     tfds_dir = find_tfds_dir(tfds_name)
     if tfds_dir:
         return TfdsDirSource(tfds_dir, splits)

@@ -2,7 +2,7 @@
 registered: local files in the datasets' own formats, or a prepared TFDS dataset in the
 local TFDS data directory (never downloaded, never read from a cloud bucket).
 
-    JsonlTextSource    .jsonl / .jsonl.zst files, one {"text": ...} a line (the Pile)
+    TextFilesSource    JSON lines (.jsonl, .zst, .gz: the Pile, C4) or Parquet text files
     ExamplesSource     a file read whole by a reader of t5lite/data/readers.py (MNLI, SQuAD)
     TfdsDirSource      a prepared TFDS dataset directory (builder_from_directory)
     DeferredSource     asks a resolver, at build time, which of those to read
@@ -11,7 +11,7 @@ local TFDS data directory (never downloaded, never read from a cloud bucket).
 Sharding: with at least as many files as processes, each process reads its own files;
 with fewer, each process keeps every num_shards-th record (local sources skip the
 others before decoding them; TFDS sources are sharded by SeqIO after reading).
-Shuffling: the file order (JsonlTextSource, TFDS) or the whole example list
+Shuffling: the file order (TextFilesSource, TFDS) or the whole example list
 (ExamplesSource) is permuted by the seed, the same permutation on every process, so
 shards stay disjoint.
 """
@@ -38,8 +38,10 @@ def _permutation(n: int, seed: Optional[int]) -> np.ndarray:
     return np.random.RandomState(0 if seed is None else seed % 2 ** 32).permutation(n)
 
 
-class JsonlTextSource(seqio.DataSource):
-    """{"text": string} examples of .jsonl / .jsonl.zst files, one record a line.
+class TextFilesSource(seqio.DataSource):
+    """{"text": string} examples of text files: JSON lines (.jsonl, .jsonl.zst,
+    .jsonl.gz / .json.gz; the `field` string of each record) or Parquet (the `field`
+    column), read by jsonl_cursor.CursorPool from saved positions.
 
     Shards itself: with at least as many files as shards, shard i reads files i, i+n, ...;
     with fewer, every shard reads every file but decodes only its own records (record k

@@ -7,6 +7,10 @@
     c4_span_corruption    C4: C4_DIR (allenai/c4's json.gz)         train, validation
                           or TFDS c4/en (local)
     c4_lm                 the same, decoder-only language modeling
+    text_span_corruption  TEXT_FILES (globs of .jsonl, .jsonl.gz,   train, validation
+                          .json.gz, .jsonl.zst, .parquet; their   (TEXT_VALIDATION_FILES)
+                          TEXT_FIELD); FineWeb, DCLM, your own
+    text_lm               the same, decoder-only language modeling
     mnli                  MNLI_DIR (MultiNLI jsonl or GLUE TSVs)   train, validation_matched,
                           or TFDS glue/mnli                        validation_mismatched
     squad_v1_1            SQUAD_DIR (train-v1.1.json,              train, validation
@@ -48,6 +52,7 @@ NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN_LENGTH = 3.0
 PILE_SPLITS = ("train", "validation", "test")
 C4_SPLITS = ("train", "validation")
+TEXT_SPLITS = ("train", "validation")
 MNLI_SPLITS = ("train", "validation_matched", "validation_mismatched")
 SQUAD_SPLITS = ("train", "validation")
 # The GLUE builder config fields T5's glue_utils reads (name, label_classes), without
@@ -55,7 +60,8 @@ SQUAD_SPLITS = ("train", "validation")
 _MNLI_GLUE_CONFIG = types.SimpleNamespace(name="mnli", label_classes=list(MNLI_LABELS))
 
 TASK_NAMES: Tuple[str, ...] = ("pile_span_corruption", "pile_lm", "c4_span_corruption",
-                               "c4_lm", "mnli", "squad_v1_1")
+                               "c4_lm", "text_span_corruption", "text_lm", "mnli",
+                               "squad_v1_1")
 
 
 def _features(vocabulary, inputs: bool) -> Dict[str, seqio.Feature]:
@@ -109,7 +115,10 @@ def register_tasks() -> None:
                                   "the Pile (PILE_DIR or TFDS the_pile)")
     c4 = sources.DeferredSource(C4_SPLITS, lambda: source_resolvers.resolve_c4(C4_SPLITS),
                                 "C4 (C4_DIR or TFDS c4/en)")
-    for prefix, source in (("pile", pile), ("c4", c4)):
+    text = sources.DeferredSource(TEXT_SPLITS,
+                                  lambda: source_resolvers.resolve_text_files(TEXT_SPLITS),
+                                  "text files (TEXT_FILES)")
+    for prefix, source in (("pile", pile), ("c4", c4), ("text", text)):
         _add(f"{prefix}_span_corruption", source=source,
              preprocessors=_span_corruption_steps(),
              output_features=_features(vocab, inputs=True), metric_fns=[])

@@ -218,6 +218,9 @@ def leave(status: int) -> None:
         return
     monitor.leave(status)
     _shutdown_within(10.0)
+    # the watching thread ends with the client (its call into JAX fails): it must not be
+    # inside JAX when the interpreter exits, which aborts a thread that comes back then
+    monitor.join(5.0)
     if monitor.coordinator is not None:  # everyone has left (or is lost): the service goes
         monitor.coordinator.terminate()
 
@@ -354,6 +357,10 @@ class PeerMonitor:
             while time.monotonic() < deadline and \
                     self._last_round < since + self.timeout + 1:
                 self._rounds.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def join(self, seconds: float) -> None:
+        """Wait (at most `seconds`) for the watching thread to end."""
+        self._thread.join(timeout=seconds)
 
     def leave(self, status: int, grace: float = 60.0) -> None:
         """Record `status`; process 0 then waits (at most timeout + `grace` s) until every
