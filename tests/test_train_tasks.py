@@ -216,3 +216,45 @@ def test_sigterm_then_the_same_command_matches_an_uninterrupted_run(tmp_path,
     assert m and 8 <= int(m.group(1)) < RESUME_STEPS, th.tail(th.read_log(log))
     again = th.run(cmd)
     _check_same_as_uninterrupted(model_dir, uninterrupted, again, int(m.group(1)))
+
+
+def _text_files(tmp_path):
+    """The demo corpus's lines as a Parquet file of 16-row groups and a C4-style json.gz."""
+    import gzip
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=5)
+    docs = [{"text": line.strip(), "url": f"https://example.com/{i}"}
+            for i, line in enumerate(open(text)) if line.strip()]
+    half = len(docs) // 2
+    pq.write_table(pa.Table.from_pylist(docs[:half]), tmp_path / "fineweb-00.parquet",
+                   row_group_size=16)
+    (tmp_path / "c4-train.00000-of-00001.json.gz").write_bytes(gzip.compress(
+        "".join(json.dumps(d) + "\n" for d in docs[half:]).encode()))
+    return [str(tmp_path / "fineweb-00.parquet"),
+            str(tmp_path / "c4-train.00000-of-00001.json.gz")]
+
+
+def test_pretrains_on_text_files_and_resumes_as_if_uninterrupted(tmp_path, tmp_path_factory):
+    """text_span_corruption on a list of text files (Parquet and json.gz, the gin list as
+    a user writes it): stopped at step 4 and run on to 8, the parameters equal an
+    uninterrupted 8-step run's."""
+    vocab, files = vocabulary(tmp_path_factory), _text_files(tmp_path)
+
+    def train(name, steps):
+        proc = th.run([th.sys.executable, "-m", "t5lite.train",
+                       "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
+                       '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
+                       f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
+                       f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
+                       "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
+                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}"],
+                      cwd=tmp_path)
+        assert proc.returncode == 0, th.describe(proc)
+        return proc
+    train("run", 4)
+    resumed = train("run", 8)
+    assert "start: resume:4 at step 4" in resumed.stderr
+    train("whole", 8)
+    th.assert_trees_equal(th.load_state(tmp_path / "run", 8)["params"],
+                          th.load_state(tmp_path / "whole", 8)["params"], "params")

@@ -10,6 +10,10 @@ infer):
     PartitioningError, CheckpointMismatchError, TrainingError,   1
     FileNotFoundError, OutputWriteError (DiskFullError), and any
     error that says a disk is full
+
+and, from the threads that watch a run (each with its own one line): a hung step 3
+(runtime/watchdog.py), another process lost 4, processes that never joined 5
+(runtime/distributed.py).
 """
 from __future__ import annotations
 
