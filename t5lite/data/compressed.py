@@ -25,24 +25,27 @@ def check_zstd_magic(path: str, raw) -> None:
                               f"with zstd")
 
 
-def zstd_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
-    """(file offset of the frame it comes from, decompressed bytes) for every zstd frame
-    of `raw` from its current offset (a frame's start) on, streamed READ_BYTES of input
-    at a time. A file that ends inside a frame raises DataFormatError: it was cut short;
-    corrupt data raises DataFormatError too."""
-    import zstandard
-    # The Pile's files need a large window; 2**31 is zstd's maximum.
-    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
-    frame, fed, at = dctx.decompressobj(), False, raw.tell()
+def _frame_chunks(path: str, raw, new_frame, corrupt, name: str, frame_word: str,
+                  padding_ends: bool = False) -> Iterator[Tuple[int, bytes]]:
+    """(file offset of the frame it comes from, decompressed bytes) for every frame of
+    `raw` from its current offset (a frame's start) on, streamed READ_BYTES of input at a
+    time. `new_frame()` makes a decompressor of one frame (with .decompress, .eof,
+    .unused_data); `corrupt` is its error type. With `padding_ends`, zero bytes where a
+    frame would start end the file. A file that ends inside a frame, and corrupt data,
+    raise DataFormatError."""
+    frame, fed, at = new_frame(), False, raw.tell()
     while True:
         data_at, data = raw.tell(), raw.read(READ_BYTES)
         if not data:
             break
         while data:
+            if padding_ends and not fed and not data.strip(b"\0"):
+                data = b""  # padding after the last frame
+                break
             try:
                 out = frame.decompress(data)
-            except zstandard.ZstdError as e:
-                raise DataFormatError(f"{path}: corrupt zstandard data ({e}); re-copy or "
+            except corrupt as e:
+                raise DataFormatError(f"{path}: corrupt {name} data ({e}); re-copy or "
                                       f"re-compress the file") from None
             fed = True
             if out:
@@ -51,41 +54,27 @@ def zstd_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
                 break
             rest = frame.unused_data
             at = data_at = data_at + len(data) - len(rest)  # the next frame starts here
-            data, frame, fed = rest, dctx.decompressobj(), False
+            data, frame, fed = rest, new_frame(), False
     if fed:
-        raise DataFormatError(f"{path}: truncated zstandard file (it ends inside a "
-                              f"compressed frame): the file was cut short; re-copy it")
+        raise DataFormatError(f"{path}: truncated {name} file (it ends inside a compressed "
+                              f"{frame_word}): the file was cut short; re-copy it")
+
+
+def zstd_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
+    """`_frame_chunks` of a zstd file, frame by frame."""
+    import zstandard
+    # The Pile's files need a large window; 2**31 is zstd's maximum.
+    dctx = zstandard.ZstdDecompressor(max_window_size=2 ** 31)
+    return _frame_chunks(path, raw, dctx.decompressobj, zstandard.ZstdError, "zstandard",
+                         "frame")
 
 
 def gzip_chunks(path: str, raw) -> Iterator[Tuple[int, bytes]]:
-    """As `zstd_chunks`, for the members of a gzip file (zero bytes after the last
+    """`_frame_chunks` of a gzip file, member by member (zero bytes after the last
     member, as some writers pad, end it)."""
     import zlib
-    member, fed, at = zlib.decompressobj(16 + zlib.MAX_WBITS), False, raw.tell()
-    while True:
-        data_at, data = raw.tell(), raw.read(READ_BYTES)
-        if not data:
-            break
-        while data:
-            if not fed and not data.strip(b"\0") and member.unused_data == b"":
-                data = b""  # padding after the last member
-                break
-            try:
-                out = member.decompress(data)
-            except zlib.error as e:
-                raise DataFormatError(f"{path}: corrupt gzip data ({e}); re-copy or "
-                                      f"re-compress the file") from None
-            fed = True
-            if out:
-                yield at, out
-            if not member.eof:
-                break
-            rest = member.unused_data
-            at = data_at = data_at + len(data) - len(rest)  # the next member starts here
-            data, member, fed = rest, zlib.decompressobj(16 + zlib.MAX_WBITS), False
-    if fed:
-        raise DataFormatError(f"{path}: truncated gzip file (it ends inside a compressed "
-                              f"member): the file was cut short; re-copy it")
+    return _frame_chunks(path, raw, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
+                         zlib.error, "gzip", "member", padding_ends=True)
 
 
 def check_gzip_magic(path: str, raw) -> None:
