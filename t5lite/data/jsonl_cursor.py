@@ -52,8 +52,6 @@ from t5lite.data.positions import (RESUME_ANYWAY, START, STATS, Position,  # noq
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 
-
-
 def parse_record(path: str, lineno: int, line: bytes, field: str) -> str:
     """The `field` string of one JSON line; DataFormatError naming the file and line."""
     try:

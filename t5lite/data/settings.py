@@ -87,7 +87,7 @@ def reset() -> None:
 def get(name: str) -> Optional[str]:
     """The configured value of `name`, else its environment variable, else None
     (tfds_data_dir: else ~/tensorflow_datasets); `~` expanded."""
-    value = _configured[name] or os.environ.get(SETTINGS[name][1]) or None
+    value = _raw(name) or None
     if value is None and name == "tfds_data_dir":
         value = DEFAULT_TFDS_DATA_DIR
     return os.path.expanduser(value) if value else None
@@ -95,8 +95,12 @@ def get(name: str) -> Optional[str]:
 
 def get_globs(name: str) -> List[str]:
     """A glob-list setting (text_files, text_validation_files): its globs, `~` expanded."""
-    value = _configured[name] or os.environ.get(SETTINGS[name][1]) or ""
-    return [os.path.expanduser(g) for g in value.split(os.pathsep) if g.strip()]
+    return [os.path.expanduser(g) for g in (_raw(name) or "").split(os.pathsep) if g.strip()]
+
+
+def _raw(name: str) -> Optional[str]:
+    """The configured value of `name`, else its environment variable (as written)."""
+    return _configured[name] or os.environ.get(SETTINGS[name][1])
 
 
 def text_field() -> str:

@@ -70,12 +70,12 @@ def resolve_c4(splits: Sequence[str]) -> seqio.DataSource:
     return _resolve_texts("c4_dir", "C4", C4_LAYOUT, "c4/en", splits, C4_EXPECTED)
 
 
-TEXT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
+CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
 
 
 def resolve_text_files(splits: Sequence[str]) -> seqio.DataSource:
     """The files the TEXT_FILES (train) and TEXT_VALIDATION_FILES (validation) globs
-    match, each a format of TEXT_SUFFIXES, their TEXT_FIELD read."""
+    match, each a format of CORPUS_SUFFIXES, their TEXT_FIELD read."""
     layout = {"train": "text_files", "validation": "text_validation_files"}
     files = {}
     for split in splits:
@@ -85,7 +85,7 @@ def resolve_text_files(splits: Sequence[str]) -> seqio.DataSource:
     if "train" in splits and "train" not in files:
         raise DataNotFoundError(
             f"no text files: {settings.how_to_set('text_files')} to a glob (or a list of "
-            f"globs) of {', '.join(TEXT_SUFFIXES)} files")
+            f"globs) of {', '.join(CORPUS_SUFFIXES)} files")
     return _PartialSplits(
         TextFilesSource(files, field=settings.text_field()),
         {"train": ("TEXT_FILES",), "validation": ("TEXT_VALIDATION_FILES (not set)",)},
@@ -102,9 +102,9 @@ def _match_text_files(setting: str, globs: Sequence[str]) -> List[str]:
             raise DataNotFoundError(f"{pattern}: no file matches it "
                                     f"({settings.source_of(setting)})")
         for path in matched:
-            if not path.endswith(TEXT_SUFFIXES):
+            if not path.endswith(CORPUS_SUFFIXES):
                 raise DataFormatError(f"{path}: not a text file t5lite reads (from "
-                                      f"{pattern!r}): expected {', '.join(TEXT_SUFFIXES)}")
+                                      f"{pattern!r}): expected {', '.join(CORPUS_SUFFIXES)}")
             if path not in found:
                 found.append(path)
     return found
