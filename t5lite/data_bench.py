@@ -7,7 +7,8 @@ run (wiring only; the library is `t5lite.data.throughput`).
 
 Writes its own Pile-style corpus (the demo text generator) into --work_dir; prints
 examples per second and per busy-core second for span corruption at inputs 512 with
-targets 114 and 128, packed and not.
+targets 114 and 128, packed and not. Instead: --formats, each text-file format against
+the Pile reader (t5lite.data.format_throughput); --resume_rows, the cost of a resume.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import tempfile
 from typing import Optional, Sequence
 
 from t5lite.config import command
+from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
 
 LENGTHS = ({"inputs": 512, "targets": 114}, {"inputs": 512, "targets": 128})
@@ -33,12 +35,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--work_dir", help="where the corpus goes (default: a temp dir)")
     parser.add_argument("--json_out", help="write the rows here as JSON")
     parser.add_argument("--resume_rows", type=int, default=0,
-                        help="instead: measure a resume of our iterator (state size, "
-                             "restore time) with this many rows per process, inputs 512 / "
-                             "targets 128, on Pile-length documents")
+                        help="instead: a resume of our iterator (state size, restore time) "
+                             "with this many rows per process, 512 / 128, long documents")
     parser.add_argument("--mean_chars", type=int, default=4200,
-                        help="mean document length for --resume_rows (the Pile: about "
+                        help="mean document length for --resume_rows, --formats (the Pile: about "
                              "825 GiB over 211 M documents, ~4,200 characters)")
+    parser.add_argument("--formats", action="store_true", help="instead: text_span_"
+                        "corruption on each file format against the Pile reader, 512 / 114")
     return parser
 
 
@@ -51,41 +54,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.isfile(args.vocabulary):
         raise ConfigError(f"--vocabulary {args.vocabulary} is not a file (a SentencePiece "
                           f".model; `python -m t5lite.vocab` trains one)")
-    from t5lite.data import edge, throughput
-    from t5lite.data.settings import DataSettings
     work = args.work_dir or tempfile.mkdtemp(prefix="t5lite_data_bench_")
-    if args.resume_rows:
-        return _resume(args, work)
+    mode = _resume if args.resume_rows else _formats if args.formats else _compare
+    table, result = mode(args, work)
+    print(table)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"documents": args.documents, "cpu_count": os.cpu_count(), **result},
+                      f, indent=1)
+    return 0
+
+
+def _compare(args, work: str):
+    from t5lite.data import edge, throughput
     corpus = throughput.write_corpus(work, args.documents)
     edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"],
                                    vocabulary_path=args.vocabulary))
     throughput.register_plain_task(corpus["text_file"], args.vocabulary)
     rows = throughput.compare(list(LENGTHS), batch_size=args.batch_size,
                               n_batches=args.batches)
-    print(throughput.format_table(rows))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"documents": args.documents, "cpu_count": os.cpu_count(),
-                       "rows": rows}, f, indent=1)
-    return 0
+    return throughput.format_table(rows), {"rows": rows}
 
 
-def _resume(args, work: str) -> int:
+def _formats(args, work: str):
+    from t5lite.data import format_throughput as formats
+    files = formats.write_formats(work, args.documents, mean_chars=args.mean_chars)
+    return formats.report(files, args.vocabulary, LENGTHS[0], batch_size=args.batch_size,
+                          n_batches=args.batches)
+
+
+def _resume(args, work: str):
     from t5lite.data import edge, throughput
-    from t5lite.data.settings import DataSettings
     corpus = throughput.write_corpus(work, args.documents, mean_chars=args.mean_chars,
                                      compress=True)
     edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"],
                                    vocabulary_path=args.vocabulary))
     result = throughput.resume_cost({"inputs": 512, "targets": 128}, args.resume_rows,
                                     corpus["pile_file"], late=args.batches)
-    result.update(documents=args.documents, mean_chars=args.mean_chars,
-                  cpu_count=os.cpu_count())
-    print(json.dumps(result, indent=1))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    result["mean_chars"] = args.mean_chars
+    return json.dumps(result, indent=1), result
 
 
 if __name__ == "__main__":

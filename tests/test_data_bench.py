@@ -55,3 +55,46 @@ def test_data_bench_measures_a_resume(tmp_path, tmp_path_factory):
         assert r["state_bytes"] > 0 and r["restore_to_first_batch_s"] > 0
     assert late["records_parsed"] <= early["records_parsed"] + 64
     assert result["zstd_seek_bytes"] > 0 and result["zstd_seek_bytes_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_data_bench_compares_the_file_formats(tmp_path, tmp_path_factory):
+    """--formats: text_span_corruption on the same documents in each format, and the Pile
+    reader on its Pile-layout shard, packed and not; each row reads its own file."""
+    import gzip
+
+    import pyarrow.parquet as pq
+    import zstandard
+    out = tmp_path / "formats.json"
+    proc = th.run([th.sys.executable, "-m", "t5lite.data_bench",
+                   f"--vocabulary={vocabulary(tmp_path_factory)}", "--formats",
+                   "--documents=120", "--mean_chars=500", "--batches=2", "--batch_size=8",
+                   f"--work_dir={tmp_path / 'work'}", f"--json_out={out}"], timeout=600)
+    assert proc.returncode == 0, th.describe(proc)
+    rows = json.loads(out.read_text())["rows"]
+    names = ["pile reader (.jsonl.zst)", "jsonl", "jsonl.gz", "jsonl.zst", "parquet"]
+    assert [(r["pipeline"], r["pack"]) for r in rows] == \
+        [(n, p) for p in (False, True) for n in names]
+    for r in rows:
+        assert r["examples_per_core_s"] > 0 and r["file_bytes"] > 0
+        assert r["task"] == ("pile_span_corruption" if r["pipeline"] == names[0]
+                             else "text_span_corruption")
+        assert r["examples"] == 16 if not r["pack"] else r["examples"] >= 16
+        rounds = r["rounds_examples_per_core_s"]  # the median of 3 rounds
+        assert len(rounds) == 3 and sorted(rounds)[1] == r["examples_per_core_s"]
+    assert "| parquet |" in proc.stdout and "vs Pile reader" in proc.stdout
+    readers = json.loads(out.read_text())["readers"]  # the reader alone, whole files
+    assert [r["format"] for r in readers] == names[1:]
+    for r in readers:
+        assert r["documents"] == 120 and r["documents_per_core_s"] > 0
+    assert len({round(r["text_mb"], 6) for r in readers}) == 1
+    work = tmp_path / "work"
+    text = (work / "documents.txt").read_text().splitlines()
+    assert len(text) == 120
+    lines = {"jsonl": (work / "formats" / "docs.jsonl").read_bytes(),
+             "jsonl.gz": gzip.decompress((work / "formats" / "docs.jsonl.gz").read_bytes()),
+             "jsonl.zst": zstandard.ZstdDecompressor().decompressobj().decompress(
+                 (work / "pile" / "train" / "00.jsonl.zst").read_bytes())}
+    for data in lines.values():  # the same documents in every file
+        assert [json.loads(l)["text"] for l in data.decode().splitlines()] == text
+    assert pq.read_table(work / "formats" / "docs.parquet").column("text").to_pylist() == text

@@ -85,6 +85,19 @@ def test_the_read_that_finds_the_end_reopens_nothing(files):
         assert jc.STATS["bytes_skipped"] == before.get("bytes_skipped", 0)
 
 
+def test_a_closed_pool_reopens_each_file_where_it_was(files):
+    """close(): as a new process would, the next read of each file reopens it at the
+    position asked for and reads on exactly as before."""
+    pool = jc.CursorPool()
+    first = {n: pool.read(files[n], jc.START, 5) for n in NAMES}
+    pool.close()
+    reopened = jc.STATS["reopened"]
+    for name in NAMES:
+        expected = jc.CursorPool().read(files[name], first[name][1], 5)
+        assert pool.read(files[name], first[name][1], 5) == expected
+    assert jc.STATS["reopened"] - reopened == 2 * len(NAMES)  # ours and the fresh pool's
+
+
 def _positions(path):
     return [p for _, p in _reads(jc.CursorPool(), path, jc.START, 5)]
 

@@ -12,13 +12,19 @@ file of 2-row groups, a one-member .jsonl.gz.
                     shuffled, one shard, each of two shards (whole files), a shard of
                     records (more shards than files); the in-memory source too
     pipeline level  every batch k of span corruption, packed and unpacked, one process
-                    and each of two, a mixture; the range of k reaches saved states whose
-                    reader is inside every file, over more than two passes
+                    and each of two, a mixture, and of text_span_corruption and text_lm on
+                    TEXT_FILES of the other formats; saved states whose reader is inside
+                    each file (Pile shards, then the other formats), over more than two
+                    passes
 
-Each restore builds the stream anew (a new reader pool, as a new process would).
+Each restore builds the stream anew and first closes every file any reader pool holds
+open, as a new process would start: in one process a restored pipeline was seen reading
+through the saved run's pool, whose reader of a file can be at the very position
+restored (the same record of a later pass), so it never reopened the file.
 """
 from __future__ import annotations
 
+import gc
 import json
 import random
 
@@ -48,6 +54,7 @@ SIZES = {"00.jsonl.zst": 5, "01.jsonl": 2, "02.jsonl.zst": 7, "03.jsonl.zst": 4}
 # span corruption concatenates 128 documents at a time, within a pass: a stream's pass
 # must hold more than that for the reader to stop inside files between batches
 LARGE = {"00.jsonl.zst": 151, "01.jsonl": 91, "02.jsonl.zst": 121, "03.jsonl.zst": 110}
+LARGE_OTHER = {"00.json.gz": 181, "01.parquet": 163, "02.jsonl.gz": 127}
 
 
 def _docs(name: str, n: int):
@@ -59,8 +66,9 @@ def _docs(name: str, n: int):
 
 def _write(path, docs, kind: str) -> None:
     lines = [json.dumps(d) + "\n" for d in docs]
-    if kind == "parquet":  # row groups of 2
-        pq.write_table(pa.Table.from_pylist(docs), path, row_group_size=2)
+    if kind.startswith("parquet"):  # row groups of 2 (or parquet_N: of N)
+        pq.write_table(pa.Table.from_pylist(docs), path,
+                       row_group_size=int(kind.partition("_")[2] or 2))
         return
     if kind == "gzip_one":
         path.write_bytes(gzip.compress("".join(lines).encode()))
@@ -101,6 +109,13 @@ def other_formats(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def large_other_formats(tmp_path_factory):
+    # row groups of 5: reads of 3 rows mostly stop inside a group
+    return _write_shards(tmp_path_factory.mktemp("large_other_formats"), LARGE_OTHER,
+                         {**OTHER_KINDS, "01.parquet": "parquet_5"})
+
+
+@pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     return _write_shards(tmp_path_factory.mktemp("shards"), SIZES)
 
@@ -110,11 +125,26 @@ def large_shards(tmp_path_factory):
     return _write_shards(tmp_path_factory.mktemp("large_shards"), LARGE)
 
 
+POOLS: list = []  # every reader pool made in a test
+
+
 @pytest.fixture(autouse=True)
 def _fine_reads(monkeypatch):
     monkeypatch.setattr(sources, "TEXTS_PER_CALL", 3)  # several reads per file
+    made = jsonl_cursor.CursorPool.__init__
+
+    def init(pool, *args, **kwargs):
+        made(pool, *args, **kwargs)
+        POOLS.append(pool)
+    monkeypatch.setattr(jsonl_cursor.CursorPool, "__init__", init)
     yield
+    POOLS.clear()
     reset_data_settings()
+
+
+def _as_a_new_process():
+    for pool in POOLS:
+        pool.close()
 
 
 def _open(build, state=None):
@@ -137,6 +167,7 @@ def _check_every_save_point(build, total):
         states.append(pipeline.save_iterator(run))
         reference.append(_value(next(elements)))
     for k, state in enumerate(states):
+        _as_a_new_process()
         _, resumed = _open(build, state)
         for j in range(k, total):
             got = _value(next(resumed))
@@ -241,22 +272,23 @@ def task(shards, tmp_path, monkeypatch, tmp_path_factory):
 
 
 class _ReadLog:
-    """What the reader did: how many times it began a file, and the files it is inside
-    of (read from, not at their start or end)."""
+    """What the reader did: how many times it began a file, and the positions inside
+    files that it reopened a file at (after a restore)."""
 
     def __init__(self, monkeypatch):
-        self.last, self.starts = {}, 0
-        real = jsonl_cursor.CursorPool.read
+        self.starts, self.reopened = 0, []
+        real_read, real_open = jsonl_cursor.CursorPool.read, jsonl_cursor.CursorPool._open_at
 
         def read(pool, path, position, n):
-            texts, after = real(pool, path, position, n)
             self.starts += tuple(position)[:4] == jsonl_cursor.START[:4]
-            self.last[path] = (after[1], texts != [])
-            return texts, after
-        monkeypatch.setattr(jsonl_cursor.CursorPool, "read", read)
+            return real_read(pool, path, position, n)
 
-    def inside(self):
-        return {p for p, (offset, more) in self.last.items() if offset and more}
+        def open_at(pool, path, position):
+            if tuple(position)[:4] != jsonl_cursor.START[:4]:
+                self.reopened.append((path, tuple(int(p) for p in position[:4])))
+            return real_open(pool, path, position)
+        monkeypatch.setattr(jsonl_cursor.CursorPool, "read", read)
+        monkeypatch.setattr(jsonl_cursor.CursorPool, "_open_at", open_at)
 
 
 def _same_batch(a, b):
@@ -266,6 +298,7 @@ def _same_batch(a, b):
 def _check_restores(make, states, reference):
     """Each (k, state): a new stream restored from it yields reference[k:]."""
     for k, state in states:
+        _as_a_new_process()
         resumed = make()
         resumed.set_state(state)
         for j in range(k, len(reference)):
@@ -321,14 +354,46 @@ def test_a_mixture_resumes_exactly_from_every_batch(task, tmp_path, monkeypatch,
         seqio.MixtureRegistry.remove(name)
 
 
+@pytest.mark.parametrize("name,lengths,kind", [
+    ("text_span_corruption", LENGTHS, "encoder_decoder"),
+    ("text_lm", {"targets": 16}, "decoder_only")], ids=["span_corruption", "lm"])
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("process,processes", [(0, 1), (1, 2)],
+                         ids=["1_process", "process_1_of_2"])
+def test_text_files_resume_exactly_from_every_batch(other_formats, tmp_path, monkeypatch,
+                                                    tmp_path_factory, name, lengths, kind,
+                                                    pack, process, processes):
+    """The text tasks as a user runs them: TEXT_FILES naming a many-member .json.gz, a
+    Parquet file of 2-row groups and a one-member .jsonl.gz."""
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
+             text_files=":".join(other_formats))
+
+    def make():
+        return pipeline.make_iterator(name, split="train", feature_lengths=lengths,
+                                      layout=DataLayout(8, process, processes), pack=pack,
+                                      model_kind=kind, seed=1, shuffle_buffer_size=4)
+    # with 2 processes and 3 files, process 1 reads file 1 (whole files: file i, i+2, ...)
+    _check_every_batch(make, monkeypatch, len(other_formats[process::processes]))
+
+
+@pytest.mark.parametrize("formats", ["pile", "text_files"])
 def test_a_pipeline_restored_inside_its_files_reads_on_past_their_ends(
-        large_shards, tmp_path, monkeypatch, tmp_path_factory):
-    """Passes of 470 documents: the reader stops inside files between batches. Every
-    save with the reader inside a file, restored, reads on through those files' ends
-    and into the next pass exactly as the uninterrupted stream does."""
-    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory))
-    name = "t5lite_test_large_shards"
-    _register(name, large_shards)
+        formats, request, tmp_path, monkeypatch, tmp_path_factory):
+    """Passes of 473 (Pile shards: zstd and jsonl) or 471 (TEXT_FILES: gzip and Parquet)
+    documents, read 128 at a time by span corruption: the reader stops inside files
+    between batches. The stream restored from every batch of more than two passes (the
+    saved run stopped first) reopens every file inside it, Parquet inside a row group,
+    and reads on through the files' ends and into the next pass exactly as the
+    uninterrupted stream does."""
+    if formats == "pile":
+        data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory))
+        name, files = "t5lite_test_large_shards", request.getfixturevalue("large_shards")
+        _register(name, files)
+    else:
+        files = request.getfixturevalue("large_other_formats")
+        data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
+                 text_files=":".join(files))
+        name = "text_span_corruption"
     try:
         def make():
             return pipeline.make_iterator(name, split="train", layout=DataLayout(8), seed=1,
@@ -336,15 +401,20 @@ def test_a_pipeline_restored_inside_its_files_reads_on_past_their_ends(
                                           shuffle_buffer_size=4)
         log = _ReadLog(monkeypatch)
         run = make()
-        reference, inside = [], []
-        while len(inside) < 3:
-            assert len(reference) < 24, "the reader was seldom inside a file at a save"
+        reference, states = [], []
+        for _ in range(16):  # the reader runs ahead: well into the third pass
             reference.append(next(run))
-            if log.inside():
-                inside.append((len(reference), run.get_state()))
-        starts = log.starts
-        while log.starts < starts + 8:  # on through the next pass
-            reference.append(next(run))
-        _check_restores(make, inside, reference)
+            states.append((len(reference), run.get_state()))
+        assert log.starts > 2 * len(files)
+        reference += [next(run) for _ in range(2)]
+        del run  # its reader threads stop: every reopening below is a restore's
+        gc.collect()
+        _check_restores(make, states, reference)
+        reopened = {path for path, _ in log.reopened}
+        assert reopened == set(files), f"no restore reopened {set(files) - reopened}"
+        if formats == "text_files":  # a Parquet position inside a row group
+            assert any(path.endswith(".parquet") and position[1] > 0
+                       for path, position in log.reopened), log.reopened
     finally:
-        seqio.TaskRegistry.remove(name)
+        if formats == "pile":
+            seqio.TaskRegistry.remove(name)

@@ -232,6 +232,13 @@ class CursorPool:
         self._identities: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Close every open file: the next read of each reopens it at its position."""
+        with self._lock:
+            for lines in self._open.values():
+                lines.close()
+            self._open.clear()
+
     def _identity(self, path: str) -> Tuple[int, int]:
         try:
             st = os.stat(path)

@@ -118,7 +118,7 @@ def our_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
                                   seed=seed)
 
 
-def _cpu_seconds() -> float:
+def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -130,13 +130,13 @@ def measure(batches: Callable[[], Iterator[Dict[str, Any]]], n_batches: int,
     iterator = batches()
     for _ in range(warmup):
         next(iterator)
-    wall, cpu, examples = time.perf_counter(), _cpu_seconds(), 0
+    wall, cpu, examples = time.perf_counter(), cpu_seconds(), 0
     for _ in range(n_batches):
         batch = next(iterator)
         segments = batch.get("decoder_segment_ids")
         examples += (int(segments.max(axis=1).sum()) if segments is not None
                      else len(batch["decoder_target_tokens"]))
-    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     return {"examples": examples, "wall_s": wall, "cpu_s": cpu,
             "examples_per_s": examples / wall, "examples_per_core_s": examples / cpu,
             "busy_cores": cpu / wall}
