@@ -436,10 +436,12 @@ def test_text_files_take_globs_a_field_and_a_validation_glob(tmp_path, monkeypat
     assert _examples("text_lm", split="validation", lengths={"targets": 32})
 
 
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.jsonl.gz", "docs.jsonl.zst",
+                                  "docs.parquet"])
 def test_two_processes_read_disjoint_records_that_make_up_the_file(tmp_path, monkeypatch,
-                                                                   vocab_path):
+                                                                   vocab_path, name):
     out = _write_formats(tmp_path, _docs(11))
-    data_env(monkeypatch, tmp_path, vocab_path, text_files=out / "docs.parquet")
+    data_env(monkeypatch, tmp_path, vocab_path, text_files=out / name)
     source = seqio.TaskRegistry.get("text_lm").source.resolve()
     seen = [[ex["text"].decode() for ex in source.get_dataset(
         "train", shuffle=False, shard_info=seqio.ShardInfo(i, 2)).as_numpy_iterator()]
