@@ -42,13 +42,14 @@ def _parser() -> argparse.ArgumentParser:
                              "825 GiB over 211 M documents, ~4,200 characters)")
     parser.add_argument("--formats", action="store_true", help="instead: text_span_"
                         "corruption on each file format against the Pile reader, 512 / 114")
+    parser.add_argument("--rounds", type=int, default=3, help="--formats: rounds a row")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     command.setup_logging()
     args = _parser().parse_args(argv)
-    for name in ("documents", "batches", "batch_size"):
+    for name in ("documents", "batches", "batch_size", "rounds"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not os.path.isfile(args.vocabulary):
@@ -80,7 +81,7 @@ def _formats(args, work: str):
     from t5lite.data import format_throughput as formats
     files = formats.write_formats(work, args.documents, mean_chars=args.mean_chars)
     return formats.report(files, args.vocabulary, LENGTHS[0], batch_size=args.batch_size,
-                          n_batches=args.batches)
+                          n_batches=args.batches, rounds=args.rounds)
 
 
 def _resume(args, work: str):

@@ -59,7 +59,7 @@ def compare_formats(files: Mapping[str, str], vocabulary_path: str,
                     n_batches: int = 20, rounds: int = 3) -> List[Dict[str, Any]]:
     """One row for the Pile reader and one per format, for each of `packs`, each task
     configured on its own file only. Every row is measured `rounds` times, the order of
-    the rows rotated each round (so no reader always runs first, or after the same one);
+    the rows rotated each round (so no reader always runs first, just after start-up);
     a row gives the median round's figures and every round's examples per core-second."""
     names = (PILE_ROW,) + FORMATS
     rows = []

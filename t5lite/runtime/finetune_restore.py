@@ -61,11 +61,8 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     bare = "params" not in abstract_params  # a bare params tree: return one alike
     target = {"params": abstract_params if bare else abstract_params["params"]}
     src_layout = layouts.detect_layout(stored)
-    if model is not None and hasattr(model, "config"):
-        dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
-                      "scan_layers": bool(model.config.scan_layers)}
-    else:
-        dst_layout = layouts.detect_layout(target)
+    dst_layout = (_model_layout(model) if model is not None and hasattr(model, "config")
+                  else layouts.detect_layout(target))
     head = f"checkpoint {where} does not match the model: "
     cause = (f"{what} probably holds another model size or architecture — "
              "point it at a checkpoint of this model (or fix the model config)")
@@ -99,16 +96,32 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
             item=request, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(
                 restore_type=np.ndarray), request), partial_restore=True))
     loaded = loaded["params"] if item == STATE_ITEM else loaded
+    return _convert_and_place(
+        loaded["params"], model, src_layout, dst_layout, abstract_params,
+        lambda diff: head + diff + f" (after converting from {layout_str(src_layout)} to "
+                                   f"{layout_str(dst_layout)}); " + cause)
+
+
+def _model_layout(model) -> Dict[str, bool]:
+    return {"fuse_qkv": bool(model.config.fuse_qkv),
+            "scan_layers": bool(model.config.scan_layers)}
+
+
+def _convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping[str, bool],
+                       dst_layout: Mapping[str, bool], abstract_params: Mapping[str, Any],
+                       mismatch) -> Dict[str, Any]:
+    """`params` (host arrays in `src_layout`) converted on the host to `dst_layout`,
+    checked against `abstract_params`' shapes (CheckpointMismatchError(mismatch(the first
+    difference))), then cast and placed as `abstract_params` describes them."""
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        converted = layouts.convert_params({"params": loaded["params"]},
-                                           _layout_cfg(model, src_layout),
+        converted = layouts.convert_params({"params": params}, _layout_cfg(model, src_layout),
                                            _layout_cfg(model, dst_layout))
         converted = jax.tree.map(np.asarray, converted)
+    bare = "params" not in abstract_params  # a bare params tree: return one alike
+    target = {"params": abstract_params if bare else abstract_params["params"]}
     diff = first_difference(flat_shapes(converted), flat_shapes(target))
     if diff:
-        raise CheckpointMismatchError(
-            head + diff + f" (after converting from {layout_str(src_layout)} to "
-            f"{layout_str(dst_layout)}); " + cause)
+        raise CheckpointMismatchError(mismatch(diff))
     placed = jax.tree.map(place, converted, target)
     return placed["params"] if bare else placed
 
@@ -121,21 +134,10 @@ def restore_t5x_params(tree: Mapping[str, Any], path: PathLike, model: Any,
     if model is None or getattr(model, "FEATURE_CONVERTER_KIND", None) != "encoder_decoder":
         raise CheckpointMismatchError(f"{what} {path} is a T5X checkpoint; t5lite reads T5X's "
                                       f"T5 networks (examples/t5) into a T5 model only")
-    target = tree["target"]
     canonical = {"fuse_qkv": False, "scan_layers": False}
     plain = type(model)(_layout_cfg(model, canonical))
-    params = t5x_params.params_from_t5x(target, plain, origin=f"{what} {path}")
-    dst_layout = {"fuse_qkv": bool(model.config.fuse_qkv),
-                  "scan_layers": bool(model.config.scan_layers)}
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        converted = layouts.convert_params({"params": params}, _layout_cfg(model, canonical),
-                                           _layout_cfg(model, dst_layout))
-        converted = jax.tree.map(lambda x: np.asarray(x, dtype=np.float32), converted)
-    bare = "params" not in abstract_params
-    wanted = {"params": abstract_params if bare else abstract_params["params"]}
-    diff = first_difference(flat_shapes(converted), flat_shapes(wanted))
-    if diff:
-        raise CheckpointMismatchError(f"T5X checkpoint {path} does not match the model: {diff}")
+    params = t5x_params.params_from_t5x(tree["target"], plain, origin=f"{what} {path}")
     log.info("restoring parameters from T5X checkpoint %s", path)
-    placed = jax.tree.map(place, converted, wanted)
-    return placed["params"] if bare else placed
+    return _convert_and_place(
+        params, model, canonical, _model_layout(model), abstract_params,
+        lambda diff: f"T5X checkpoint {path} does not match the model: {diff}")
