@@ -196,18 +196,31 @@ def test_single_node_pretraining_then_finetuning_from_it(data, tmp_path):
     _assert_same_weights(th.load_state(model_dir, 4), th.load_state(ft_dir, 2))
 
 
-def test_multiprocess_launcher_joins_its_processes(data, tmp_path):
-    model_dir, logs = tmp_path / "tiny", tmp_path / "logs"
-    proc = _run("multiprocess_pretrain_pile.sh", "tiny", "fp32", 2, 2, logs, model_dir,
-                "--gin.TRAIN_STEPS=2", "--gin.CHECKPOINT_PERIOD=2",
-                env={**data, "PORT": str(th.free_port())})
+# the launcher's two-process run of the tiny model, 4 steps, checkpoints at 2 and 4
+LAUNCHER_ARGS = ("tiny", "fp32", 2, 2)
+LAUNCHER_FLAGS = ("--gin.TRAIN_STEPS=4", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
+                  "--peer_timeout_seconds=5")
+
+
+@pytest.fixture(scope="module")
+def launcher_run(data, tmp_path_factory):
+    """An uninterrupted launcher run: (its MODEL_DIR, its logs directory)."""
+    root = tmp_path_factory.mktemp("launcher_run")
+    model_dir, logs = root / "tiny", root / "logs"
+    proc = _run("multiprocess_pretrain_pile.sh", *LAUNCHER_ARGS, logs, model_dir,
+                *LAUNCHER_FLAGS, env={**data, "PORT": str(th.free_port())})
     assert proc.returncode == 0, th.describe(proc) + "".join(
         th.tail(p.read_text()) for p in sorted(logs.glob("proc_*.log")))
+    return model_dir, logs
+
+
+def test_multiprocess_launcher_joins_its_processes(launcher_run):
+    model_dir, logs = launcher_run
     for i in range(2):
         log = (logs / f"proc_{i}.log").read_text()
         assert f"jax.distributed: process {i} of 2, 1 local / 2 global devices" in log, log
-    assert th.complete_steps(model_dir) == [2]
-    _assert_config(model_dir, BATCH_SIZE="4", TRAIN_STEPS="2", ACTIVATION_DTYPE="'float32'",
+    assert th.complete_steps(model_dir) == [2, 4]
+    _assert_config(model_dir, BATCH_SIZE="4", TRAIN_STEPS="4", ACTIVATION_DTYPE="'float32'",
                    ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[-1, 1, 1]")
 
 
@@ -221,14 +234,14 @@ def test_multiprocess_launcher_fails_when_a_process_fails(data, tmp_path):
     assert "NO_SUCH_SETTING" in (tmp_path / "logs" / "proc_0.log").read_text()
 
 
-def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, tmp_path):
+def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, tmp_path,
+                                                                         launcher_run):
     """Process 1 hangs in step 3 (INJECT_STALL, its watchdog ends it with status 3): the
     launcher names it and its log, process 0 ends by itself (status 4, well inside the
     grace period), and the same command without the fault resumes from checkpoint 2 to
     the weights of an uninterrupted run."""
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
-    args = ("tiny", "fp32", 2, 2, logs, model_dir, "--gin.TRAIN_STEPS=4",
-            "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1", "--peer_timeout_seconds=5")
+    args = (*LAUNCHER_ARGS, logs, model_dir, *LAUNCHER_FLAGS)
     env = {**data, "GRACE_SECONDS": "60", "PORT": str(th.free_port())}
     t = time.monotonic()
     proc = _run("multiprocess_pretrain_pile.sh", *args, "--gin.INJECT_STALL='1:3:600'",
@@ -245,11 +258,7 @@ def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, t
     assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:2 at step 2" in (logs / "proc_0.log").read_text()
     assert th.complete_steps(model_dir) == [2, 4]
-    whole = tmp_path / "whole"
-    proc = _run("multiprocess_pretrain_pile.sh", *args[:5], whole, *args[6:],
-                env={**env, "PORT": str(th.free_port())})
-    assert proc.returncode == 0, th.describe(proc)
-    _assert_same_weights(th.load_state(model_dir, 4), th.load_state(whole, 4))
+    _assert_same_weights(th.load_state(model_dir, 4), th.load_state(launcher_run[0], 4))
 
 
 def test_xla_flags_are_known_to_jax(tmp_path):
