@@ -25,10 +25,9 @@ restored (the same record of a later pass), so it never reopened the file.
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import random
-
-import gzip
 
 import numpy as np
 import pyarrow as pa
