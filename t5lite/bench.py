@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from typing import Optional, Sequence
 
 import jax
@@ -55,11 +56,13 @@ def _grid(args) -> int:
 
     def measure(grid_run, per_device_batch):
         batch = per_device_batch * jax.device_count()
+        t0 = time.perf_counter()
         the_run = benchmarking.build_bench_run(
             grid_run.gin_files, [*grid_run.bindings, f"BATCH_SIZE = {batch}"],
             args.gin_search_paths)
         return benchmarking.timed(the_run, grid.steps, grid.warmup,
-                                  bench_grid.command_for(grid_run, batch))
+                                  bench_grid.command_for(grid_run, batch),
+                                  build_s=time.perf_counter() - t0)
 
     grid = bench_grid.Grid(tuple(runs), grid.steps, grid.warmup)
     rows = bench_grid.run_grid(grid, args.out_dir, measure, time_budget_s=args.time_budget_s,
@@ -75,10 +78,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = flags.parse_flags(_parser(), argv)
     if args.grid:
         return _grid(args)
+    t0 = time.perf_counter()
     the_run = benchmarking.build_bench_run(args.gin_file, args.gin_bindings,
                                            args.gin_search_paths)
     result = benchmarking.timed(the_run, args.steps, args.warmup,
-                                " ".join(["python -m t5lite.bench", *argv]))
+                                " ".join(["python -m t5lite.bench", *argv]),
+                                build_s=time.perf_counter() - t0)
     print(benchmark.format_table(result))
     with open(args.json_out, "w") as f:
         json.dump(result, f, indent=1)

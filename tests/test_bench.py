@@ -33,3 +33,8 @@ def test_bench_runs_and_writes_traceable_json(tmp_path):
     assert result["device_count"] >= 1 and result["jax_version"]
     assert "DecoderConfig.num_kv_heads = 2" in result["gin_config"]
     assert "--steps=3" in result["command"]
+    # start-up and steps dispatched ahead: 2 windows of 3 steps, the median reported
+    assert result["init_s"] > 0 and result["compile_s"] > 0 and result["build_s"] > 0
+    windows = result["async_window_step_s"]
+    assert len(windows) == 2 and abs(result["async_step_s"] - sum(windows) / 2) < 1e-12
+    assert "step dispatched ahead" in proc.stdout and "init (compile + run)" in proc.stdout

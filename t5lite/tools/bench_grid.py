@@ -235,13 +235,23 @@ def _cells(row: Dict[str, Any]) -> List[str]:
     compiled = (row.get("compiled_memory") or {}).get("peak_bytes")
     if row["status"] != "ok":
         return [row["run"], str(row["per_device_batch"]), row["status"], "", "", "", "", "",
-                _gib(compiled), row.get("message", "")]
+                "", _gib(compiled), row.get("message", "")]
     mfu = row.get("mfu")
+    ahead = row.get("async_step_s")
     return [row["run"], str(row["per_device_batch"]), "ok",
-            f"{1000 * row['median_step_s']:.1f}", f"{row['seq_per_s'] / per_device:.1f}",
+            f"{1000 * row['median_step_s']:.1f}",
+            "-" if ahead is None else f"{1000 * ahead:.1f}",
+            f"{row['seq_per_s'] / per_device:.1f}",
             "-" if row.get("tflops_per_device") is None else f"{row['tflops_per_device']:.1f}",
             "-" if mfu is None else f"{100 * mfu:.1f}%", _gib(row.get("peak_memory_bytes")),
-            _gib(compiled), f"compile {row['compile_s']:.0f} s"]
+            _gib(compiled), _seconds(row)]
+
+
+def _seconds(row: Dict[str, Any]) -> str:
+    """Where a configuration's start-up went: build, step compile, init (compile + run)."""
+    parts = [(name, row.get(key)) for name, key in
+             (("build", "build_s"), ("compile", "compile_s"), ("init", "init_s"))]
+    return ", ".join(f"{name} {value:.0f} s" for name, value in parts if value is not None)
 
 
 def markdown_table(rows: Sequence[Dict[str, Any]]) -> str:
@@ -249,7 +259,7 @@ def markdown_table(rows: Sequence[Dict[str, Any]]) -> str:
     first = next((r for r in rows if r["status"] == "ok"), None)
     head = ("" if first is None else
             f"{first['device_count']} x {first['device_kind']}, jax {first['jax_version']}\n\n")
-    columns = ["run", "batch / device", "status", "step ms", "seq/s / device",
+    columns = ["run", "batch / device", "status", "step ms", "ahead ms", "seq/s / device",
                "TFLOP/s / device", "MFU", "peak GiB (measured)", "step GiB (compiled)", "note"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]
@@ -261,8 +271,9 @@ def format_row(row: Dict[str, Any]) -> str:
     cells = _cells(row)
     if row["status"] != "ok":
         return f"{cells[0]} b{cells[1]}: {row['status']} {row.get('message', '')}"
-    return (f"{cells[0]} b{cells[1]}: {cells[3]} ms, {cells[4]} seq/s/device, "
-            f"{cells[5]} TFLOP/s/device, MFU {cells[6]}, peak {cells[7]} GiB")
+    return (f"{cells[0]} b{cells[1]}: {cells[3]} ms ({cells[4]} ms dispatched ahead), "
+            f"{cells[5]} seq/s/device, {cells[6]} TFLOP/s/device, MFU {cells[7]}, "
+            f"peak {cells[8]} GiB; {cells[10]}")
 
 
 def command_for(grid_run: GridRun, batch_size: int) -> str:

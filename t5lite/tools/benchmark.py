@@ -1,11 +1,19 @@
-"""Timing the train step: compile, warm up, time steps one by one, and report median step
-time, seq/s, target tokens/s, model TFLOP/s per device, MFU, the compiled step's memory
-per device (`tools.step_memory`) and the measured peak. The library behind
-`python -m t5lite.bench`. Needs only jax, flax, optax and orbax (no TensorFlow: run it on
-the synthetic task).
+"""Timing the train step: compile, initialize, warm up, time steps one by one, then steps
+dispatched ahead, and report the median step time, seq/s, target tokens/s, model TFLOP/s
+per device, MFU, the compiled step's memory per device (`tools.step_memory`) and the
+measured peak. The library behind `python -m t5lite.bench`. Needs only jax, flax, optax
+and orbax (no TensorFlow: run it on the synthetic task).
 
 The step is compiled once, ahead of time, for the first batch; the timed steps call that
-executable, so the compile time is reported apart from the first step's.
+executable, so the compile time is reported apart from the first step's. Two step times:
+
+    median_step_s   each step waited for before the next is dispatched (no overlap of
+                    one step's host work with the last one's device work): seq/s, MFU
+    async_step_s    steps dispatched back to back, as the training loop runs them, with
+                    one wait at the end of each window of `steps` steps: the median of
+                    `async_windows` windows' time per step
+    init_s          the state initializer (`step_fns.init`): compile + run, beside the
+                    step's `compile_s`: together what a new run waits before its first step
 
     run = build_run(...)                            # t5lite.runtime.run
     result = bench(run, steps=20, warmup=2)
@@ -52,8 +60,9 @@ def device_memory_limit() -> Optional[int]:
 
 
 def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
-          memory_limit_bytes: Optional[int] = None) -> Dict[str, Any]:
-    """Compile, warm up and time `steps` train steps of `run`.
+          memory_limit_bytes: Optional[int] = None, async_windows: int = 2) -> Dict[str, Any]:
+    """Compile, initialize, warm up and time `steps` train steps of `run` one by one, then
+    `async_windows` windows of `steps` steps dispatched ahead (module docstring).
 
     The step is compiled before any state exists; when its compiled memory per device
     exceeds `memory_limit_bytes` (default: what the device reports) it is not run and
@@ -68,7 +77,10 @@ def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
     if memory is not None and limit is not None and memory.peak_bytes > limit:
         raise StepDoesNotFit(f"the compiled step needs {memory.peak_bytes / 2**30:.2f} GiB "
                              f"per device, more than the {limit / 2**30:.2f} GiB available")
+    t0 = time.perf_counter()
     state = run.step_fns.init(jax.random.PRNGKey(0))
+    jax.block_until_ready(state)
+    init_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     state, m = step(state, batch)
     jax.block_until_ready(m)
@@ -84,12 +96,21 @@ def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
         state, m = step(state, batch)
         jax.block_until_ready(m)
         durations.append(time.perf_counter() - t)
+    windows: List[float] = []
+    for _ in range(async_windows):
+        t = time.perf_counter()
+        for _ in range(steps):
+            state, m = step(state, run.next_batch())
+        jax.block_until_ready((state, m))
+        windows.append((time.perf_counter() - t) / steps)
     median = statistics.median(durations)
     result = metrics.throughput(median, run.batch_size, run.target_tokens,
                                 run.flops_per_example, jax.device_count(),
                                 jax.devices()[0].device_kind, fp8=fp8)
     result.update(median_step_s=median, compile_s=compile_s, first_step_s=first_step_s,
-                  compile_and_first_step_s=compile_s + first_step_s,
+                  compile_and_first_step_s=compile_s + first_step_s, init_s=init_s,
+                  async_step_s=statistics.median(windows) if windows else None,
+                  async_window_step_s=windows,
                   step_durations_s=durations, peak_memory_bytes=peak_memory_bytes(),
                   compiled_memory=None if memory is None else memory.as_dict(),
                   final_loss=float(m["loss"]))
@@ -114,8 +135,15 @@ def format_table(result: Dict[str, Any]) -> str:
         ("MFU (bf16 peak)", "-" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"),
         ("peak memory (measured)", "-" if mem is None else f"{mem / 2**30:.2f} GiB"),
         ("step memory (compiled)", "-" if planned is None else f"{planned / 2**30:.2f} GiB"),
+        ("step dispatched ahead", "-" if result.get("async_step_s") is None
+         else f"{result['async_step_s'] * 1000:.1f} ms "
+              f"({len(result['async_window_step_s'])} windows)"),
         ("compile", f"{result['compile_s']:.1f} s"),
+        ("init (compile + run)", "-" if result.get("init_s") is None
+         else f"{result['init_s']:.1f} s"),
     ]
+    if result.get("build_s") is not None:
+        rows.insert(-2, ("build", f"{result['build_s']:.1f} s"))
     if result.get("mfu_fp8") is not None:
         rows.insert(6, ("MFU (fp8 peak)", f"{100 * result['mfu_fp8']:.1f}%"))
     width = max(len(k) for k, _ in rows)

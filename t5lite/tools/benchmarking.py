@@ -103,9 +103,11 @@ def provenance(the_run: run.TrainingRun, command: str) -> Dict[str, Any]:
                 flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size)
 
 
-def timed(the_run: run.TrainingRun, steps: int, warmup: int, command: str) -> Dict[str, Any]:
-    """`tools.benchmark.bench` of the run, with its provenance."""
+def timed(the_run: run.TrainingRun, steps: int, warmup: int, command: str,
+          build_s: Optional[float] = None) -> Dict[str, Any]:
+    """`tools.benchmark.bench` of the run, with its provenance (and `build_s`, the seconds
+    `build_bench_run` took, when given)."""
     result = benchmark.bench(the_run, steps, warmup,
                              fp8=bool(getattr(the_run.model.config, "fp8", False)))
-    result.update(provenance(the_run, command))
+    result.update(provenance(the_run, command), build_s=build_s)
     return result
