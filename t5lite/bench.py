@@ -8,12 +8,12 @@ of them (wiring only; the libraries are `t5lite.tools.benchmark` and
       --steps=20 --json_out=docs/perf/large_bf16.json
     python -m t5lite.bench --grid=scripts_gpu/grids/sizes.json --out_dir=/tmp/grid
 
-One configuration: compiles (timed), warms up, times `--steps` steps one by one and prints
-median step time, seq/s, target tokens/s, model TFLOP/s per device, MFU, the compiled
-step's memory and the measured peak. The JSON holds the device, versions, the command,
-the resolved gin config and every timed step, so a number in the docs traces to its run.
-A grid writes one such JSON per configuration plus `results.md` under --out_dir.
-Needs only jax, flax, optax, orbax and gin-config (no TensorFlow).
+One configuration: compiles the step and the initializer (timed), warms up, times `--steps`
+steps one by one, then steps dispatched ahead, and prints the median step time, seq/s,
+tokens/s, TFLOP/s per device, MFU, the step's memory (compiled, measured) and the start-up
+seconds (`--startup_only`: those alone). The JSON holds the device, versions, command,
+resolved gin config and every timed step; a grid writes one per configuration plus
+`results.md` under --out_dir. Needs only jax, flax, optax, orbax and gin-config.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compile")
     parser.add_argument("--json_out", default="bench.json", help="where to write the result")
+    parser.add_argument("--startup_only", action="store_true", help="time only what a new "
+                        "run waits for: building it, compiling the step, compiling and "
+                        "running the initializer (no step runs)")
     parser.add_argument("--grid", help="a grid file (JSON): run every configuration in it")
     parser.add_argument("--out_dir", help="with --grid: where results are written")
     parser.add_argument("--only", action="append", help="with --grid: run names to keep "
@@ -60,9 +63,8 @@ def _grid(args) -> int:
         the_run = benchmarking.build_bench_run(
             grid_run.gin_files, [*grid_run.bindings, f"BATCH_SIZE = {batch}"],
             args.gin_search_paths)
-        return benchmarking.timed(the_run, grid.steps, grid.warmup,
-                                  bench_grid.command_for(grid_run, batch),
-                                  build_s=time.perf_counter() - t0)
+        return benchmarking.timed(the_run, grid.steps, grid.warmup, bench_grid.command_for(
+            grid_run, batch), build_s=time.perf_counter() - t0)
 
     grid = bench_grid.Grid(tuple(runs), grid.steps, grid.warmup)
     rows = bench_grid.run_grid(grid, args.out_dir, measure, time_budget_s=args.time_budget_s,
@@ -81,10 +83,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     the_run = benchmarking.build_bench_run(args.gin_file, args.gin_bindings,
                                            args.gin_search_paths)
-    result = benchmarking.timed(the_run, args.steps, args.warmup,
-                                " ".join(["python -m t5lite.bench", *argv]),
-                                build_s=time.perf_counter() - t0)
-    print(benchmark.format_table(result))
+    build_s, command_line = time.perf_counter() - t0, " ".join(["python -m t5lite.bench", *argv])
+    if args.startup_only:
+        result = benchmarking.startup_timed(the_run, command_line, build_s)
+        print(benchmark.format_startup(result))
+    else:
+        result = benchmarking.timed(the_run, args.steps, args.warmup, command_line, build_s)
+        print(benchmark.format_table(result))
     with open(args.json_out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"result written to {args.json_out}")

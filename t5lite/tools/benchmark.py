@@ -118,6 +118,31 @@ def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
     return result
 
 
+def startup(run: TrainingRun) -> Dict[str, Any]:
+    """What a new run waits for before its first step, phase by phase, without running a
+    step: lowering and compiling the train step, then lowering, compiling and running the
+    state initializer (`init_s` is the last three together, as `bench` reports it)."""
+    batch = run.next_batch()
+    t0 = time.perf_counter()
+    lowered = run.step_fns.train_step.lower(step_memory.abstract_state(run), dict(batch))
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    rng = jax.random.PRNGKey(0)
+    init_lowered = run.step_fns.init.lower(rng)
+    t3 = time.perf_counter()
+    init = init_lowered.compile()
+    t4 = time.perf_counter()
+    state = init(rng)
+    jax.block_until_ready(state)
+    t5 = time.perf_counter()
+    del state
+    return dict(step_lower_s=t1 - t0, step_compile_s=t2 - t1, compile_s=t2 - t0,
+                init_lower_s=t3 - t2, init_compile_s=t4 - t3,
+                init_run_s=t5 - t4, init_s=t5 - t2,
+                init_program_lines=init_lowered.as_text().count("\n"))
+
+
 def format_table(result: Dict[str, Any]) -> str:
     """The result as an aligned two-column table."""
     def fmt(v, spec):
@@ -146,5 +171,19 @@ def format_table(result: Dict[str, Any]) -> str:
         rows.insert(-2, ("build", f"{result['build_s']:.1f} s"))
     if result.get("mfu_fp8") is not None:
         rows.insert(6, ("MFU (fp8 peak)", f"{100 * result['mfu_fp8']:.1f}%"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+STARTUP_ROWS = (("build", "build_s"), ("lower the step", "step_lower_s"),
+                ("compile the step", "step_compile_s"), ("lower the init", "init_lower_s"),
+                ("compile the init", "init_compile_s"), ("run the init", "init_run_s"),
+                ("init (compile + run)", "init_s"))
+
+
+def format_startup(result: Dict[str, Any]) -> str:
+    """A `startup` result as an aligned table of seconds."""
+    rows = [(name, f"{result[key]:.1f} s") for name, key in STARTUP_ROWS if key in result]
+    rows.append(("init / step compile", f"{result['init_s'] / result['compile_s']:.0%}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

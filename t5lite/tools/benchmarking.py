@@ -111,3 +111,10 @@ def timed(the_run: run.TrainingRun, steps: int, warmup: int, command: str,
                              fp8=bool(getattr(the_run.model.config, "fp8", False)))
     result.update(provenance(the_run, command), build_s=build_s)
     return result
+
+
+def startup_timed(the_run: run.TrainingRun, command: str, build_s: float) -> Dict[str, Any]:
+    """`tools.benchmark.startup` of the run (no step runs), with `build_s` and provenance."""
+    result = {"build_s": build_s, **benchmark.startup(the_run)}
+    result.update(provenance(the_run, command))
+    return result
