@@ -17,7 +17,7 @@ import train_helpers as th
     ("--gin.NUM_MICROBATCHES=0", ["NUM_MICROBATCHES must be a positive integer"]),
     ("--gin.ICI_MESH_SHAPE=[4,1", ["gin syntax error", "unclosed bracket", "ICI_MESH_SHAPE"]),
     ("--gin.MODEL_DIR=/tmp/x", ["Unable to parse value", "needs quotes", "MODEL_DIR"]),
-    ("--gin.RANDOM_SEED=None", ["RANDOM_SEED must be an integer >= 0", "None"]),
+    ("--gin.RANDOM_SEED=-1", ["RANDOM_SEED must be an integer >= 0, or None", "-1"]),
     ("--gin.INITIAL_CHECKPOINT_STATE='optimizer'", ["INITIAL_CHECKPOINT_STATE='optimizer'",
                                                     "'params'", "'train_state'"]),
     ("--gin.adafactor.learning_rate=1e999",

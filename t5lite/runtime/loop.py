@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -33,11 +32,12 @@ import jax
 
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, OutputWriteError, TrainingError, check_positive_int
-from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods
+from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods, run_seed
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, TrainData, build_run
+from t5lite.runtime.preemption import Preemption
 from t5lite.runtime.run_lock import hold
 
 log = logging.getLogger(__name__)
@@ -60,88 +60,6 @@ class InferenceEvalSettings:
                                         not isinstance(self.period, int) or self.period < 0):
             raise ConfigError(f"EVAL_PERIOD must be a positive integer (or None for no "
                               f"evaluation during training), got {self.period!r}")
-
-
-class _Preemption:
-    """Turns SIGTERM, SIGHUP (the terminal or ssh session closed) and the first Ctrl-C
-    (SIGINT) into a stop the loop checks after each step: it saves the step and exits
-    cleanly. A second Ctrl-C stops the process at once, without saving (a save in flight
-    is never counted as a checkpoint: Orbax commits a step by renaming it into place).
-    None prints a traceback. A signal the process was started ignoring (`nohup` ignores
-    SIGHUP) stays ignored.
-
-    With several processes a signal may reach only some of them (one node's preemption
-    notice, Ctrl-C in one terminal), and a process that stopped alone would leave the
-    others waiting in its collectives forever. So there the stop goes through JAX's
-    preemption service: its notifier catches SIGTERM (this class leaves SIGTERM to it),
-    SIGHUP and Ctrl-C are passed on to it as a SIGTERM to this process, and every
-    process learns of the notice and agrees on one step to stop after (the fastest
-    process's next). That agreement runs on JAX's background thread: a step asks only
-    whether it is the agreed one, and waits just while the agreement is being made."""
-
-    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C", signal.SIGHUP: "SIGHUP"}
-    ANOTHER = "a stop signal (SIGTERM, SIGHUP or Ctrl-C) to one of the processes"
-
-    def __init__(self):
-        self.requested: Optional[str] = None  # the signal's name, once one arrived here
-        self.coordinated = jax.process_count() > 1 and self._preemption_service()
-        # JAX's step counter: steps since this loop started, the same on every process (a
-        # notice that came before the first step stops them all after it)
-        self._steps = 0
-        self._previous = {}
-        for sig in self.NAMES:
-            if sig == signal.SIGTERM and self.coordinated:
-                continue  # JAX's notifier holds SIGTERM
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    @staticmethod
-    def _preemption_service() -> bool:
-        from jax.experimental import multihost_utils
-        try:
-            multihost_utils.reached_preemption_sync_point(0)
-            return True
-        except RuntimeError:  # jax_enable_preemption_service=False
-            log.warning("JAX's preemption service is off (jax_enable_preemption_service): "
-                        "a stop signal must reach every process of this run at once")
-            return False
-
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.requested == "Ctrl-C":
-            _say("error: Ctrl-C again: stopped at once, without saving this step; the "
-                 "checkpoints saved before it are kept")
-            os._exit(130)
-        if self.requested is None:
-            self.requested = self.NAMES[signum]
-            if signum == signal.SIGINT:
-                _say("Ctrl-C: saving this step, then exiting (Ctrl-C again stops at once, "
-                     "without saving)")
-            if self.coordinated:
-                os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: every process stops
-
-    def after_step(self) -> Optional[str]:
-        """Called once after every step: what asks to stop after this one, else None."""
-        if not self.coordinated:
-            return self.requested
-        from jax.experimental import multihost_utils
-        self._steps += 1
-        if multihost_utils.reached_preemption_sync_point(self._steps):
-            return self.requested or self.ANOTHER
-        return None
-
-    def restore(self):
-        """Give the handled signals back to their earlier handlers (once)."""
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
-
-
-def _say(line: str) -> None:
-    """One line on stderr from a signal handler (no logging lock, no buffering)."""
-    try:
-        os.write(2, (line + "\n").encode())
-    except OSError:
-        pass
 
 
 def _write_config(model_dir: Path) -> None:
@@ -178,7 +96,7 @@ INITIAL_CHECKPOINT_STATES = ("params", "train_state")
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           task_feature_lengths: Mapping[str, int], mixture_or_task_name: str, optimizer,
           num_microbatches: int, initial_checkpoint_path: Optional[str],
-          initial_checkpoint_state: str, random_seed: int,
+          initial_checkpoint_state: str, random_seed: Optional[int],
           pack: bool, log_period: int, mesh: MeshSettings,
           checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
           inference_eval: InferenceEvalSettings, inference_evaluator: Optional[Callable],
@@ -191,10 +109,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
     check_positive_int("TRAIN_STEPS", train_steps)
     check_positive_int("LOG_PERIOD", log_period)
-    if isinstance(random_seed, bool) or not isinstance(random_seed, int) or random_seed < 0:
-        raise ConfigError(f"RANDOM_SEED must be an integer >= 0, got {random_seed!r} (one seed "
-                          f"sets initialization, dropout and data order, so that a run "
-                          f"resumes exactly; T5X's None, a seed drawn at random, is not taken)")
+    run_seed.check(random_seed)
     if initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
         raise ConfigError(f"INITIAL_CHECKPOINT_STATE={initial_checkpoint_state!r}: use 'params' "
                           f"(the parameters only, step 0) or 'train_state' (a T5X run's step and "
@@ -204,10 +119,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     distributed.on_loss_say(lambda: _resume_from(model_dir))
     # with several processes the signals are agreed on from here: one that reaches some
     # of them while they start up must stop them all (after their first step) too
-    preempt = _Preemption() if jax.process_count() > 1 else None
+    preempt = Preemption() if jax.process_count() > 1 else None
     lock = None
     try:
         lock = hold(model_dir)
+        random_seed = run_seed.resolve(random_seed, model_dir)  # None: drawn once, kept
         eval_period = inference_eval.period
         if eval_period and mixture_or_task_name == SYNTHETIC_TASK:
             raise ConfigError("EVAL_PERIOD: the 'synthetic' task has no metrics to evaluate; set "
@@ -263,58 +179,45 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         writer = metrics.MetricWriter(str(model_dir), jax.process_index(), log_every=log_period,
                                       total_steps=train_steps, subdir="train")
         progress = metrics.Progress(train_steps, initial=step, process_index=jax.process_index())
-        device_kind = jax.devices()[0].device_kind
-        preempt = preempt or _Preemption()
+        preempt = preempt or Preemption()
         last: Dict[str, float] = {}
-        t_last, steps_since = time.perf_counter(), 0
-        t_start, start_step = t_last, step
+        t_start, start_step = time.perf_counter(), step
         dog = StepWatchdog(watchdog, model_dir, step, jax.process_index())
+        reports = _Reports(run, writer, progress, lock, dog, ckpt, model_dir, step)
         try:
+            batch = run.next_batch()  # from here on each batch is fetched while a step runs
             while step < train_steps:
-                state, step_metrics = step_fns.train_step(state, run.next_batch())
+                state, step_metrics = step_fns.train_step(state, batch)
                 step += 1
-                steps_since += 1
                 dog.beat(step)
-                report = periods.due(step, log_period, train_steps)
                 stopping = preempt.after_step()  # read once: a signal from here on waits a step
                 saving = ckpt.should_save(step) or step == train_steps or stopping
-                if report or saving:
-                    values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-                    dog.beat(step, synced=True)  # the step has run: its time is known
-                    if not _finite(values):
-                        ckpt.wait()  # an async save in flight is part of what was kept
-                        good = ckpt.latest_step()
-                        kept = (f"The last good checkpoint is step {good} in {model_dir}"
-                                if good is not None else f"No checkpoint was saved in {model_dir}")
-                        raise TrainingError(
-                            f"the loss or its gradient is not finite at step {step} (loss "
-                            f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
-                            f"without saving it. {kept}. Lower the learning rate or check the data")
-                if report:
-                    now = time.perf_counter()
-                    step_time = (now - t_last) / steps_since
-                    t_last, steps_since = now, 0
-                    values.update(metrics.throughput(step_time, data.batch_size, run.target_tokens,
-                                                     run.flops_per_example, jax.device_count(),
-                                                     device_kind))
-                    writer.write_scalars(step, values)
-                    writer.flush()  # on disk now: a crash must not lose the curve so far
-                    lock.touch()
-                    progress.update(step, values)
-                    last = values
+                evaluating = evaluator is not None and periods.due(step, eval_period, train_steps)
+                if not saving:  # a save records the data position before the next batch
+                    batch = run.next_batch()  # on the device while this step runs
+                last = reports.read_late() or last  # the step before: its successor is queued
+                if periods.due(step, log_period, train_steps):
+                    if saving or evaluating:  # they wait for this step anyway
+                        last = reports.log(step, reports.read(step, step_metrics))
+                    else:
+                        reports.later(step, step_metrics)
+                elif saving:
+                    reports.read(step, step_metrics)  # nothing non-finite is saved
                 if saving:
                     if not config_written:
                         _write_config(model_dir)
                         config_written = True
                     with dog.during(f"the checkpoint save of step {step}", watchdog.save_seconds):
                         ckpt.save(step, state, run.iterator.get_state(), force=True)
-                if evaluator is not None and periods.due(step, eval_period, train_steps):
+                if evaluating:
                     with dog.during("the inference evaluation", None):
                         last = {**last, **evaluator(step, state.variables)}
                 if stopping:
                     log.info("%s: saved step %d%s; exiting", stopping, step,
                              " on every process" if preempt.coordinated else "")
                     break
+                if saving and step < train_steps:
+                    batch = run.next_batch()
         finally:
             try:
                 with dog.during("the last checkpoint save", watchdog.save_seconds):
@@ -336,6 +239,60 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
             preempt.restore()
         if lock is not None:
             lock.release()
+
+
+class _Reports:
+    """A step's metrics read back (the loop's one wait for the device), checked and logged:
+    at once, or one step late (`later`, then `read_late` after the next step is
+    dispatched), so that reading a logged step never holds up the step after it (MaxText
+    writes its metrics one step late too). A non-finite loss stops the run unsaved."""
+
+    def __init__(self, run, writer, progress, lock, dog, ckpt, model_dir: Path, step: int):
+        self.run, self.writer, self.progress, self.lock = run, writer, progress, lock
+        self.dog, self.ckpt, self.model_dir = dog, ckpt, model_dir
+        self.device_kind = jax.devices()[0].device_kind
+        self.late: Optional[tuple] = None
+        self.t_last, self.last_logged = time.perf_counter(), step
+
+    def read(self, step: int, step_metrics) -> Dict[str, float]:
+        values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        self.dog.beat(step, synced=True)  # the step has run: its time is known
+        if not _finite(values):
+            self.ckpt.wait()  # an async save in flight is part of what was kept
+            good = self.ckpt.latest_step()
+            kept = (f"The last good checkpoint is step {good} in {self.model_dir}"
+                    if good is not None else f"No checkpoint was saved in {self.model_dir}")
+            raise TrainingError(
+                f"the loss or its gradient is not finite at step {step} (loss "
+                f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
+                f"without saving it. {kept}. Lower the learning rate or check the data")
+        return values
+
+    def log(self, step: int, values: Dict[str, float]) -> Dict[str, float]:
+        """TensorBoard, the log line and the throughput since the last logged step."""
+        now = time.perf_counter()
+        step_time = (now - self.t_last) / max(step - self.last_logged, 1)
+        self.t_last, self.last_logged = now, step
+        run = self.run
+        values.update(metrics.throughput(step_time, run.batch_size, run.target_tokens,
+                                         run.flops_per_example, jax.device_count(),
+                                         self.device_kind))
+        self.writer.write_scalars(step, values)
+        self.writer.flush()  # on disk now: a crash must not lose the curve so far
+        self.lock.touch()
+        self.progress.update(step, values)
+        return values
+
+    def later(self, step: int, step_metrics) -> None:
+        self.late = (step, step_metrics)
+
+    def read_late(self) -> Optional[Dict[str, float]]:
+        """The metrics put off by `later`, read and logged now (None when there are none)."""
+        if self.late is None:
+            return None
+        step, step_metrics = self.late
+        self.late = None
+        return self.log(step, self.read(step, step_metrics))
 
 
 def _kept(model_dir: Path) -> str:

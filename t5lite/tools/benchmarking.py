@@ -47,7 +47,7 @@ def step_run(model, *, batch_size: Optional[int] = None,
         raise ConfigError(f"the config sets no {' or '.join(missing)}; include a run config "
                           f"(e.g. runs/pretrain.gin) or bind it")
     data = run.TrainData(run.SYNTHETIC_TASK, settings["task_feature_lengths"],
-                         settings["batch_size"], seed=bound.get("random_seed", 0),
+                         settings["batch_size"], seed=bound.get("random_seed") or 0,
                          pack=bound.get("pack", False))
     try:
         return run.build_run(model=model, data=data,
