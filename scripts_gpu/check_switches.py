@@ -5,8 +5,9 @@ native FP8 and the layouts compute the function the CPU tests pin down.
     python scripts_gpu/check_switches.py --gin_file=configs/models/t5_1_1/large.gin \
       --variants=float32,cudnn,dot_product,fp8 --batch=8 --json_out=$OUT/switches.json
 
-Prints one row per variant (relative L2 error, its tolerance, verdict) and writes the
-report as JSON. Exit status 1 when a variant is outside its tolerance or fails.
+Prints a line as each variant is measured, then one row per variant (relative L2 error,
+its tolerance, verdict), and writes the report as JSON. Exit status 1 when a variant is
+outside its tolerance or fails.
 """
 import argparse
 import json
@@ -44,8 +45,15 @@ def main(argv=None) -> int:
     lengths = model.flops_report(inputs_length=args.inputs_length,
                                  targets_length=args.targets_length,
                                  seq_length=args.seq_length)["task_feature_lengths"]
+
+    def measured(name, row):  # one line as each variant is measured, before the table
+        print(f"measured {name}: " + (row["error"] if "error" in row else
+              f"rel L2 {row['rel_l2']:.2e}, max |d| {row['max_abs']:.3f}, "
+              f"argmax {row['argmax_agreement']:.3f}, loss {row['loss']:.4f}"), flush=True)
+
     report = switch_check.compare_variants(
-        model, {n: switch_check.VARIANTS[n] for n in names}, lengths, args.batch)
+        model, {n: switch_check.VARIANTS[n] for n in names}, lengths, args.batch,
+        on_row=measured)
     import jax
     report.update(device_kind=jax.devices()[0].device_kind, jax_version=jax.__version__,
                   gin_files=args.gin_file, bindings=args.gin_bindings, batch=args.batch,

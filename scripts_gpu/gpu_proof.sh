@@ -8,6 +8,10 @@
 #   VARIANTS=float32,fp8,te_fp8,te_attention TRAIN_FLAGS="--gin.FP8=True --gin.FP8_BACKEND='te'" \
 #     scripts_gpu/gpu_proof.sh "$OUT/te" configs/models/t5_1_1/large.gin 32 200
 #
+# SWITCH_TIMEOUT_S=N stops the switch check after N seconds (then the resume proof runs);
+# SWITCH_PARALLEL=1 runs it beside the training runs instead of before them (the device's
+# memory split: SWITCH_MEM_FRACTION 0.25, TRAIN_MEM_FRACTION 0.6), for compiles that
+# overlap on the host's cores.
 # Writes OUT_DIR/switches.json, OUT_DIR/{first_half,second_half,uninterrupted}.log and
 # OUT_DIR/proof.txt (losses at the first, middle and last step of each run; the exit status
 # is non-zero when a switch is out of tolerance or the resumed run's last loss differs from
@@ -29,9 +33,20 @@ use_local_python_env || exit 2
 mkdir -p "$out"
 variants=${VARIANTS:-float32,dot_product,cudnn,fused_qkv,transpose_bs,scan_layers,fp8}
 switch_rc=0
-python3 scripts_gpu/check_switches.py --gin_file="$model" --variants="$variants" \
-  --inputs_length="$inputs" --targets_length="$targets" --seq_length="$targets" \
-  --batch=4 --json_out="$out/switches.json" 2>&1 | tee "$out/switches.log" || switch_rc=$?
+switches() {
+  ${SWITCH_TIMEOUT_S:+timeout --foreground -k 10 "$SWITCH_TIMEOUT_S"} \
+    python3 scripts_gpu/check_switches.py --gin_file="$model" --variants="$variants" \
+    --inputs_length="$inputs" --targets_length="$targets" --seq_length="$targets" \
+    --batch=4 --json_out="$out/switches.json" 2>&1 | tee "$out/switches.log"
+}
+if [ "${SWITCH_PARALLEL:-0}" = 1 ]; then
+  # beside the training runs: two processes share the device's memory
+  XLA_PYTHON_CLIENT_MEM_FRACTION=${SWITCH_MEM_FRACTION:-0.25} switches > /dev/null & switch_pid=$!
+  trap 'wait "$switch_pid"; cat "$out/switches.log"' EXIT  # (a training run failed)
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${TRAIN_MEM_FRACTION:-0.6}
+else
+  switches || switch_rc=$?
+fi
 
 train() {  # MODEL_DIR TRAIN_STEPS LOG
   python3 -m t5lite.train --gin_file="$model" --gin_file=configs/synthetic_pretrain.gin \
@@ -46,6 +61,11 @@ train "$out/run_uninterrupted" "$steps" "$out/uninterrupted.log"
 last_loss() {  # LOG: the loss logged at the last step
   grep -oE "step $steps/$steps \| loss [^ ]+" "$1" | tail -1 | awk '{print $NF}'
 }
+if [ -n "${switch_pid:-}" ]; then
+  trap - EXIT
+  wait "$switch_pid" || switch_rc=$?
+  cat "$out/switches.log"
+fi
 resumed=$(last_loss "$out/second_half.log"); whole=$(last_loss "$out/uninterrupted.log")
 resume_rc=0
 {

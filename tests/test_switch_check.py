@@ -64,6 +64,8 @@ def test_script_reports_rows_and_fails_on_a_variant_it_cannot_run(tmp_path):
     assert report["device_kind"] and report["task_feature_lengths"] == {"inputs": 16,
                                                                       "targets": 8}
     assert "fused_qkv" in proc.stdout and "ok" in proc.stdout
+    # a line as each variant is measured (what a run cut off halfway still shows)
+    assert "measured fused_qkv: rel L2 " in proc.stdout and "measured cudnn: " in proc.stdout
     bad = subprocess.run([sys.executable, "scripts_gpu/check_switches.py",
                           "--gin_file=configs/models/t5_1_1/tiny.gin", "--variants=flash"],
                          cwd=th.REPO, env=th.env(devices=1), capture_output=True, text=True,

@@ -19,7 +19,7 @@ nothing averages the rounding out).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -62,9 +62,13 @@ def _variables_for(model, params, variant_model) -> Dict[str, Any]:
 
 def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
                      task_feature_lengths: Mapping[str, int], batch_size: int = 4,
-                     seed: int = 0, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                     seed: int = 0, params: Optional[Dict[str, Any]] = None,
+                     on_row: Optional[Callable[[str, Dict[str, Any]], None]] = None
+                     ) -> Dict[str, Any]:
     """Logits of `model` and of each variant (config fields replaced) on one synthetic
-    batch with the same weights (`params`, or a fresh init from `seed`).
+    batch with the same weights (`params`, or a fresh init from `seed`). `on_row(name,
+    row)` is called as each variant is measured (its verdict comes at the end, when the
+    float32 variant has set the tolerance), so a caller cut off halfway has what came.
 
     Returns {"reference": {"loss", "config"}, "bf16_error": rel_l2 of the float32 variant
     or None, "variants": {name: {"rel_l2", "max_abs", "argmax_agreement", "loss",
@@ -100,6 +104,8 @@ def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
         except Exception as e:  # noqa: BLE001 (a variant the backend cannot run is a row)
             first = (str(e).strip().splitlines() or [""])[0]
             results[name] = {"error": f"{type(e).__name__}: {first}"[:300]}
+        if on_row is not None:
+            on_row(name, results[name])
     bf16_error = results.get("float32", {}).get("rel_l2")
     for name, row in results.items():
         if "rel_l2" not in row or name == "float32":
