@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from typing import Optional, Sequence
@@ -75,7 +74,7 @@ def _grid(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, force=True)
+    command.setup_logging()  # t5lite's lines: the compilation cache's hits and misses
     argv = sys.argv[1:] if argv is None else list(argv)
     args = flags.parse_flags(_parser(), argv)
     if args.grid:

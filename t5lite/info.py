@@ -55,6 +55,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     devices = step_memory.cpu_devices(args.devices) if args.memory else None
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
                       placeholders=parsing.RUN_PLACEHOLDERS)
+    command.start_compilation_cache()  # --memory compiles the train step
     source = ", ".join(args.gin_file)
     model = parsing.resolve_macro("MODEL", origin=source)
     optimizer, origin = benchmarking.run_optimizer(args.optimizer)

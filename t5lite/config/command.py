@@ -3,7 +3,7 @@ the body of the commands that run a registered configurable with MODEL (train, e
 infer):
 
     flags -> jax.distributed (when asked) -> --gin.NAME typo check -> gin files and
-    bindings -> MODEL -> call(model)
+    bindings -> the compilation cache (COMPILATION_CACHE_DIR) -> MODEL -> call(model)
 
     error type (t5lite.errors)                                   exit status
     ConfigError (and DataError)                                  2
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from t5lite.config import flags, parsing
 from t5lite.errors import (CheckpointMismatchError, ConfigError, OutputWriteError,
                            PartitioningError, TrainingError)
-from t5lite.runtime import disk_space, distributed
+from t5lite.runtime import compilation_cache, disk_space, distributed
 
 log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
@@ -50,6 +50,19 @@ def one_line(e: BaseException) -> str:
     return str(e).split("\n  In call to configurable")[0].strip()
 
 
+def start_compilation_cache() -> None:
+    """JAX's persistent compilation cache for this command, in the directory the parsed
+    gin config's COMPILATION_CACHE_DIR names (unbound: T5LITE_COMPILATION_CACHE_DIR, ...;
+    None: off; runtime/compilation_cache.py). Call after parsing gin, before compiling;
+    a command that succeeds logs the cache's hits and misses at its end (`run_main`)."""
+    configured = parsing.macro_value(compilation_cache.MACRO, compilation_cache.UNSET)
+    try:
+        directory, source = compilation_cache.resolve(configured)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    compilation_cache.start(directory, source)
+
+
 def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser,
                       call: Callable[[Any], Any], default_gin_file: Optional[str] = None,
                       default_what: str = "") -> int:
@@ -70,6 +83,7 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
         args.peer_timeout_seconds, args.join_timeout_seconds))
     parsing.check_command_line_macros(args.gin_file, args.gin_bindings, args.gin_search_paths)
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths)
+    start_compilation_cache()
     model = parsing.resolve_macro("MODEL")
     try:
         call(model)
@@ -84,6 +98,10 @@ def run_model_command(argv: Optional[Sequence[str]], parser: argparse.ArgumentPa
             raise
         print(f"error: {disk_space.describe(e)}", file=sys.stderr)
         return EXIT_RUN_ERROR
+    else:
+        compilation_cache.finish()  # its hits and misses
+    finally:
+        compilation_cache.finish(quiet=True)  # after an error, whose line comes last
     return 0
 
 
@@ -110,6 +128,7 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
         distributed.await_verdict()
         traceback.print_exc()
         status = EXIT_RUN_ERROR
+    compilation_cache.finish(quiet=bool(status))  # bench and info: the cache's summary
     several = distributed.watching()
     distributed.leave(status)
     if status or several:  # (several: no interpreter teardown beside JAX's threads)

@@ -36,6 +36,10 @@ from t5lite.errors import ConfigError
 RUN_PLACEHOLDERS = ("MODEL_DIR = '/tmp/t5lite_placeholder'", "TRAIN_STEPS = 0",
                     "MIXTURE_OR_TASK_NAME = 'synthetic'", "INITIAL_CHECKPOINT_PATH = None")
 
+# Macros that every command reads itself (config/command.py), so no gin file need define
+# them and `--gin.NAME=` accepts them with any config: unbound, each has its own fallback.
+COMMAND_MACROS = ("COMPILATION_CACHE_DIR",)
+
 
 def _drop_gin_path_probes(record: logging.LogRecord) -> bool:
     # gin's package-resource file reader logs "Path not found" at ERROR for every search
@@ -124,6 +128,13 @@ def macro_is_bound(name: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def macro_value(name: str, unbound=None):
+    """The value the gin macro `name` is bound to (not evaluated), or `unbound`."""
+    if not macro_is_bound(name):
+        return unbound
+    return gin.query_parameter(f"{name}/gin.macro.value")
 
 
 def _macro_has_value(name: str) -> bool:
@@ -273,8 +284,9 @@ def _find_required(name: str, gin_files, paths) -> Optional[str]:
 
 def check_command_line_macros(gin_files: Sequence[str], bindings: Sequence[str],
                               extra_search_paths: Iterable[str] = ()) -> None:
-    """A `--gin.NAME=` macro that no gin file defines and nothing references is a typo
-    (`--gin.BATCH_SIZ=8`): gin would accept it and silently train with the default."""
+    """A `--gin.NAME=` macro that no gin file defines, nothing references and no command
+    reads (`COMMAND_MACROS`) is a typo (`--gin.BATCH_SIZ=8`): gin would accept it and
+    silently train with the default."""
     names = []
     for binding in bindings:
         name = binding.partition("=")[0].strip()
@@ -288,8 +300,9 @@ def check_command_line_macros(gin_files: Sequence[str], bindings: Sequence[str],
     referenced = {ref.scoped_selector.rpartition("/")[0]
                   for ref in gin.config.iterate_references(gin.config._CONFIG)}
     for name in names:
-        if name not in from_files and name not in referenced:
-            close = difflib.get_close_matches(name, sorted(from_files), n=1)
+        if name not in from_files and name not in referenced and name not in COMMAND_MACROS:
+            close = difflib.get_close_matches(name, sorted(from_files | set(COMMAND_MACROS)),
+                                              n=1)
             hint = f"did you mean {close[0]}?" if close else "check the spelling"
             raise ConfigError(f"--gin.{name}: the gin files define no macro {name} and "
                               f"nothing uses it ({hint})")

@@ -10,8 +10,9 @@ executable, so the compile time is reported apart from the first step's. Two ste
     median_step_s   each step waited for before the next is dispatched (no overlap of
                     one step's host work with the last one's device work): seq/s, MFU
     async_step_s    steps dispatched back to back, as the training loop runs them, with
-                    one wait at the end of each window of `steps` steps: the median of
-                    `async_windows` windows' time per step
+                    one wait at the end of each window of `steps` steps (timed from the end
+                    of a step with the next one queued): the median of `async_windows`
+                    windows' time per step
     init_s          the state initializer (`step_fns.init`): compile + run, beside the
                     step's `compile_s`: together what a new run waits before its first step
 
@@ -98,8 +99,14 @@ def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
         durations.append(time.perf_counter() - t)
     windows: List[float] = []
     for _ in range(async_windows):
+        # the clock starts when a step ends with the next one already queued behind it,
+        # and stops when the window's last step ends: `steps` steps ran in between, with
+        # no pipeline fill or drain counted
+        state, before = step(state, run.next_batch())
+        state, m = step(state, run.next_batch())
+        jax.block_until_ready(before)
         t = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(steps - 1):
             state, m = step(state, run.next_batch())
         jax.block_until_ready((state, m))
         windows.append((time.perf_counter() - t) / steps)

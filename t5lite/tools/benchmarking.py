@@ -16,17 +16,22 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import gin
 import jax
 
-from t5lite.config import parsing
+from t5lite.config import command, parsing
 from t5lite.errors import ConfigError, PartitioningError
-from t5lite.runtime import optimizers, run
+from t5lite.runtime import compilation_cache, optimizers, run
 from t5lite.tools import benchmark
 
 
 def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
                     search_paths: Iterable[str] = ()) -> run.TrainingRun:
-    """Parse the config (unset run macros get placeholders: a benchmark has no MODEL_DIR)
-    and build its step run (`step_run`). Raises ConfigError / PartitioningError."""
+    """Parse the config (unset run macros get placeholders: a benchmark has no MODEL_DIR),
+    start the compilation cache it names (a hit makes the compile times a load's: the
+    result says which, `provenance`) and build its step run (`step_run`). Raises
+    ConfigError / PartitioningError."""
     parsing.parse_gin(gin_files, bindings, search_paths, placeholders=parsing.RUN_PLACEHOLDERS)
+    global _cache_at_build
+    command.start_compilation_cache()
+    _cache_at_build = compilation_cache.stats()
     return step_run(parsing.resolve_macro("MODEL", origin=", ".join(gin_files)))
 
 
@@ -94,13 +99,19 @@ def global_batch(per_device_batch: Optional[int], devices: int) -> int:
 
 
 def provenance(the_run: run.TrainingRun, command: str) -> Dict[str, Any]:
-    """What a benchmark number needs to be traced to its run."""
+    """What a benchmark number needs to be traced to its run (`compilation_cache`: its
+    directory, hits and misses since `build_bench_run`, None when off: after a hit,
+    compile_s is the time to load the step)."""
     import flax
     return dict(device_kind=jax.devices()[0].device_kind, device_count=jax.device_count(),
                 process_count=jax.process_count(), jax_version=jax.__version__,
                 flax_version=flax.__version__, python=platform.python_version(),
                 command=command, gin_config=gin.config_str(),
-                flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size)
+                flops_per_example=the_run.flops_per_example, batch_size=the_run.batch_size,
+                compilation_cache=compilation_cache.stats(since=_cache_at_build))
+
+
+_cache_at_build: Optional[Dict[str, Any]] = None  # the cache's counts at build_bench_run
 
 
 def timed(the_run: run.TrainingRun, steps: int, warmup: int, command: str,
