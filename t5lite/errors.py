@@ -18,7 +18,7 @@ them into a single `error: ...` line and an exit status (t5lite/config/command.p
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Mapping, Optional
 
 
 class ConfigError(Exception):
@@ -80,3 +80,22 @@ def check_positive_int(setting: str, value, optional: bool = False) -> Optional[
         allowed = " (or None)" if optional else ""
         raise ConfigError(f"{setting} must be a positive integer{allowed}, got {value!r}")
     return value
+
+
+FEATURES = ("inputs", "targets")
+
+
+def check_feature_lengths(value, setting: str = "TASK_FEATURE_LENGTHS") -> Dict[str, int]:
+    """`value` as {feature: length} when it is a dict of 'inputs' / 'targets' to positive
+    integers (None: that feature unused); else ConfigError naming the setting and what is
+    wrong with it."""
+    example = "{'inputs': 512, 'targets': 128}"
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(f"{setting} must be a dict like {example}, got {value!r}")
+    for name, length in value.items():
+        if name not in FEATURES:
+            raise ConfigError(f"{setting} has the key {name!r}: its keys are 'inputs' and "
+                              f"'targets' (e.g. {example})")
+        if length is not None:
+            check_positive_int(f"{setting}[{name!r}]", length)
+    return dict(value)

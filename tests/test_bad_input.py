@@ -22,6 +22,11 @@ import train_helpers as th
                                                     "'params'", "'train_state'"]),
     ("--gin.adafactor.learning_rate=1e999",
      ["adafactor.learning_rate must be a finite number", "got inf"]),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs': 'x', 'targets': 8}",
+     ["TASK_FEATURE_LENGTHS['inputs'] must be a positive integer", "'x'"]),
+    ("--gin.TASK_FEATURE_LENGTHS={'input': 8, 'targets': 8}",
+     ["TASK_FEATURE_LENGTHS has the key 'input'", "'inputs' and 'targets'"]),
+    ("--gin.TASK_FEATURE_LENGTHS=[8, 8]", ["TASK_FEATURE_LENGTHS must be a dict like"]),
 ])
 def test_bad_settings_are_one_line(tmp_path, flag, needles):
     proc = th.run_train(tmp_path / "run", flag, steps=2)

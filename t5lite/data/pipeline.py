@@ -163,6 +163,16 @@ class SeqioIterator:
         ids); a model's vocabulary must be at least that large."""
         return self.provider.output_features["targets"].vocabulary
 
+    def length_cuts(self):
+        """What TASK_FEATURE_LENGTHS cut in the first examples of this stream's split,
+        logged (t5lite.data.length_check; None where the task's preprocessing makes its
+        examples to fit)."""
+        from t5lite.data import length_check
+        cuts = length_check.sample_cuts(self.provider, self.split, self.feature_lengths)
+        if cuts is not None:
+            length_check.log_cuts(cuts, self.name, self.split)
+        return cuts
+
     # -- the stream ---------------------------------------------------------------------
     def dataset(self, skip: int = 0) -> tf.data.Dataset:
         """The batched dataset of this process, from batch `skip` on."""

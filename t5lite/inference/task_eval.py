@@ -89,6 +89,8 @@ class TaskEvaluator:
             t.name: list(stream_errors.numpy_iterator(self._evaluator.cached_task_datasets[t.name],
                                                 stream))
             for t in self._evaluator.eval_tasks}
+        for task in self._evaluator.eval_tasks:
+            _check_labels_fit(task, split, self._examples[task.name], feature_lengths)
 
     @property
     def num_examples(self) -> Dict[str, int]:
@@ -137,6 +139,22 @@ class TaskEvaluator:
         metrics = {k: float(v.value if hasattr(v, "value") else v)
                    for k, v in task_metrics.items()}
         return TaskResult(metrics, inputs, preds, texts, targets)
+
+
+def _check_labels_fit(task, split: str, examples, feature_lengths: Mapping[str, int]) -> None:
+    """ConfigError (one line) when TASK_FEATURE_LENGTHS' targets cannot hold a label the
+    metrics compare predictions with: such an example could never be scored right, and
+    the evaluation would report it as the model's error."""
+    from t5lite.data import length_check
+    cuts = length_check.cut_labels(examples, task.output_features["targets"].vocabulary,
+                                   feature_lengths["targets"])
+    if cuts.cut["targets"]:
+        raise ConfigError(
+            f"TASK_FEATURE_LENGTHS['targets']={feature_lengths['targets']} cuts the labels "
+            f"of {cuts.cut['targets']} of the {cuts.examples} examples of {task.name} "
+            f"{split} (the longest takes {cuts.longest['targets']} tokens with its EOS), so "
+            f"no prediction could match them: set TASK_FEATURE_LENGTHS['targets'] to at "
+            f"least {cuts.longest['targets']}")
 
 
 def evaluate_task(session: Session, name: str, split: str,

@@ -31,7 +31,8 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, OutputWriteError, TrainingError, check_positive_int
+from t5lite.errors import (ConfigError, OutputWriteError, TrainingError, check_feature_lengths,
+                           check_positive_int)
 from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods, run_seed
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
@@ -108,6 +109,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`). Every
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
     check_positive_int("TRAIN_STEPS", train_steps)
+    check_feature_lengths(task_feature_lengths)
     check_positive_int("LOG_PERIOD", log_period)
     run_seed.check(random_seed)
     if initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
@@ -184,6 +186,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         t_start, start_step = time.perf_counter(), step
         dog = StepWatchdog(watchdog, model_dir, step, jax.process_index())
         reports = _Reports(run, writer, progress, lock, dog, ckpt, model_dir, step)
+        length_cuts = getattr(run.iterator, "length_cuts", None)  # a task's, not synthetic's
+        if length_cuts is not None and jax.process_index() == 0:
+            cuts = length_cuts()  # one line: what TASK_FEATURE_LENGTHS cut, if anything
+            if cuts is not None:
+                writer.write_scalars(step, cuts.metrics())
         try:
             batch = run.next_batch()  # from here on each batch is fetched while a step runs
             while step < train_steps:

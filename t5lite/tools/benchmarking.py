@@ -17,7 +17,7 @@ import gin
 import jax
 
 from t5lite.config import command, parsing
-from t5lite.errors import ConfigError, PartitioningError
+from t5lite.errors import ConfigError, PartitioningError, check_feature_lengths
 from t5lite.runtime import compilation_cache, optimizers, run
 from t5lite.tools import benchmark
 
@@ -51,6 +51,7 @@ def step_run(model, *, batch_size: Optional[int] = None,
     if missing:
         raise ConfigError(f"the config sets no {' or '.join(missing)}; include a run config "
                           f"(e.g. runs/pretrain.gin) or bind it")
+    check_feature_lengths(settings["task_feature_lengths"])
     data = run.TrainData(run.SYNTHETIC_TASK, settings["task_feature_lengths"],
                          settings["batch_size"], seed=bound.get("random_seed") or 0,
                          pack=bound.get("pack", False))
