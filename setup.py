@@ -20,7 +20,6 @@ RUNTIME = [
     "numpy>=2.5.2",
     "sentencepiece>=0.2.0",
     "safetensors>=0.4",
-    "clu>=0.0.12",
     # TensorBoard: the event-file writer of the training loop, and the `tensorboard
     # --logdir MODEL_DIR` the run's closing line suggests.
     "tensorboard>=2.12",
