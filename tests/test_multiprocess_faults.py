@@ -118,6 +118,36 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, vi
     th.assert_trees_equal(th.load_state(model_dir, STEPS)["params"], uninterrupted, "params")
 
 
+def test_a_peer_stopped_during_an_async_save_ends_the_other_in_one_line(tmp_path):
+    """Process 1 stopped while the save of step 4 is in flight (async saves): process 0's
+    Orbax save then waits in a barrier for it, which its shutdown cancels; that thread's
+    traceback used to follow the one line. Now the line is the last thing said."""
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_pair(model_dir, logs, "--gin.CheckpointSettings.async_save=True",
+                        "--gin.STEP_WATCHDOG=False")
+    try:
+        th.wait_for(lambda: "step 4/" in th.read_log(logs / "p0.log"), "step 4",
+                    proc=procs[0], log_path=logs / "p0.log", poll=0.005)
+        time.sleep(0.1)  # into the save: its barrier waits for process 1
+        procs[1].send_signal(signal.SIGSTOP)
+        rc0 = th.finish(procs[0], timeout=120)
+    finally:
+        for p in procs:
+            th.kill(p)
+    log = th.read_log(logs / "p0.log")
+    line = _the_line(log)
+    assert rc0 == EXIT_PEER_LOST, log
+    assert log.rstrip().endswith(line), log
+    assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
+    committed = th.complete_steps(model_dir)
+    assert committed in ([], [4]), committed
+    assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the same "
+                         f"command (every process) to resume from it" if committed else
+                         f"No checkpoint was committed in {model_dir}: running the same "
+                         f"command (every process) starts the run again"), line
+
+
 @pytest.mark.parametrize("index,needle", [
     (1, "nothing answers at 127.0.0.1:"),  # a wrong address: no coordinator there
     (0, "answers, but not all 2 processes joined"),  # the peer never starts

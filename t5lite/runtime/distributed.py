@@ -44,6 +44,7 @@ from typing import Callable, Dict, Optional, Set
 import jax
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import background_reports
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def join(settings: DistributedSettings) -> None:
         from jax._src.distributed import global_state
         _monitor = PeerMonitor(global_state.client, jax.process_index(), jax.process_count(),
                                settings.peer_timeout_seconds, coordinator=coordinator)
+        background_reports.drop(_waits_on_a_peer)
 
 
 def _resolve(settings: DistributedSettings):
@@ -225,6 +227,34 @@ def leave(status: int) -> None:
         monitor.coordinator.terminate()
 
 
+def _say_nothing_more() -> None:
+    """Once the loss line is out, this process ends in a few seconds: what its other
+    threads meet in that time (an Orbax save's barrier cancelled, a collective failed,
+    JAX's client shutting down) is that same loss, and their tracebacks would bury the
+    line. So stderr goes to /dev/null from here on (the line is already written)."""
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def _waits_on_a_peer(exc: Optional[BaseException], text: str) -> bool:
+    """A background thread's report of a barrier or collective that failed or timed out
+    (Orbax's async save waiting for the others, a cancelled barrier): in a watched run the
+    cause is another process, which the watcher names in one line, and the failure is
+    raised in the main thread too (Orbax re-raises it at the next save or wait)."""
+    if _monitor is None:
+        return False
+    return (isinstance(exc, TimeoutError) or "barrier" in text.lower()
+            or "task disconnected" in text)
+
+
 def _shutdown_within(seconds: float) -> None:
     """jax.distributed.shutdown(), given up after `seconds` (it talks to the service)."""
     done = threading.Thread(target=_quiet_shutdown, daemon=True)
@@ -323,6 +353,7 @@ class PeerMonitor:
             os.write(2, line.encode())
         except OSError:
             pass
+        _say_nothing_more()  # the other threads' failures are this loss's echoes
         self._record(EXIT_PEER_LOST)
         if self.coordinator is not None:  # the service goes once the others have seen it
             self._wait_until_alone(self.timeout + 5)
