@@ -22,8 +22,8 @@ Writes HF_DIR/config.json and model.safetensors from MODEL_DIR's latest complete
 read as the model the gin files bind (transformers' `from_pretrained(HF_DIR)` loads it).
 
 Bad input (missing directory, pickle-only weights, unsupported model, a non-empty
-output directory, a checkpoint of another model) prints one `error: ...` line and exits
-with status 2.
+output directory, a checkpoint of another model or one not all there) prints one
+`error: ...` line and exits with status 2.
 """
 from __future__ import annotations
 

@@ -146,3 +146,39 @@ def test_cli_errors(hf_t5, tmp_path):
     (full / "something").write_text("x")
     assert_one_line_error(run_cli("--from=hf", f"--input={hf_t5}", f"--output={full}"),
                           "not an empty directory")
+
+
+def test_cli_refuses_weights_not_all_there(hf_t5, tmp_path):
+    """Issue 39: a model.safetensors cut short, an index naming a shard that is gone or a
+    tensor its shard lacks: one `error:` line naming the file and tensor, status 2, no
+    traceback, nothing written."""
+    from safetensors.numpy import load_file, save_file
+
+    def copy(name):
+        out = tmp_path / name
+        out.mkdir()
+        (out / "config.json").write_text((hf_t5 / "config.json").read_text())
+        return out
+
+    cut = copy("cut")
+    weights = (hf_t5 / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+    assert_one_line_error(run_cli("--from=hf", f"--input={cut}", f"--output={tmp_path / 'o1'}"),
+                          f"{cut / 'model.safetensors'} is cut short", "tensor '")
+    sharded = copy("sharded")
+    tensors = load_file(hf_t5 / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, held in shards.items():
+        save_file({n: tensors[n] for n in held if n != names[1]}, sharded / shard)
+    (sharded / hf.INDEX_NAME).write_text(json.dumps({"weight_map": {
+        n: shard for shard, held in shards.items() for n in held}}))
+    assert_one_line_error(run_cli("--from=hf", f"--input={sharded}",
+                                  f"--output={tmp_path / 'o2'}"),
+                          f"names tensor {names[1]!r} in shard model-00002-of-00002")
+    (sharded / "model-00001-of-00002.safetensors").unlink()
+    assert_one_line_error(run_cli("--from=hf", f"--input={sharded}",
+                                  f"--output={tmp_path / 'o3'}"),
+                          "missing shard model-00001-of-00002.safetensors", repr(names[0]))
+    assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))

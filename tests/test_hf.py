@@ -381,6 +381,61 @@ def test_missing_directory_and_weights(tmp_path):
         hf.load_pretrained(tmp_path)
 
 
+def _hf_dir(tmp_path, name, source, weights: bytes):
+    out = tmp_path / name
+    out.mkdir()
+    (out / "config.json").write_text((source / "config.json").read_text())
+    (out / "model.safetensors").write_bytes(weights)
+    return out
+
+
+def _refused(path, *parts):
+    from t5lite.errors import CheckpointDamagedError
+    with pytest.raises(CheckpointDamagedError) as e:
+        hf.load_pretrained(path)
+    message = str(e.value)
+    assert "\n" not in message and "copied incompletely" in message, message
+    for part in parts:
+        assert part in message, (part, message)
+
+
+def test_weights_not_all_there_are_refused_naming_file_and_tensor(t5_v11, tmp_path):
+    """A safetensors file cut short (in its data, its header, its header length), a header
+    whose byte ranges disagree with the shapes, a shard the index names that is absent, a
+    tensor the index names that its shard lacks: one line naming the file and tensor."""
+    from safetensors.numpy import load_file, save_file
+    hf_model, single = t5_v11
+    data = (single / "model.safetensors").read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    names = [k for k in header if k != "__metadata__"]
+    last = max(names, key=lambda k: header[k]["data_offsets"][1])
+    cut = _hf_dir(tmp_path, "cut", single, data[:-1])
+    _refused(cut, f"{cut / 'model.safetensors'} is cut short", f"tensor {last!r}",
+             f"1 of its {len(names)} tensors run past the end")
+    half = _hf_dir(tmp_path, "half", single, data[:8 + length // 2])
+    _refused(half, str(half / "model.safetensors"), f"its header says {length} bytes")
+    _refused(_hf_dir(tmp_path, "stub", single, data[:5]), "5 bytes, not even")
+
+    first = min(names, key=lambda k: header[k]["data_offsets"][0])
+    header[first]["shape"] = [1]
+    text = json.dumps(header).encode()
+    _refused(_hf_dir(tmp_path, "header", single, len(text).to_bytes(8, "little") + text +
+                     data[8 + length:]), f"tensor {first!r} spans bytes", "damaged header")
+
+    sharded = save_hf(hf_model, tmp_path / "sharded", max_shard_size="20KB")
+    weight_map = json.loads((sharded / hf.INDEX_NAME).read_text())["weight_map"]
+    head_shard = sharded / weight_map["lm_head.weight"]
+    tensors = load_file(head_shard)
+    del tensors["lm_head.weight"]  # read anyway, the head would silently become the tied one
+    save_file(tensors, head_shard, metadata={"format": "pt"})
+    _refused(sharded, "names tensor 'lm_head.weight'", f"in shard {head_shard.name}",
+             str(sharded))
+    other = sorted(set(weight_map.values()) - {head_shard.name})[0]
+    (sharded / other).unlink()
+    _refused(sharded, f"missing shard {other}", str(sharded))
+
+
 @pytest.mark.parametrize("change, field", [
     ({"model_type": "bert"}, "model_type"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),

@@ -247,3 +247,128 @@ def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5, tmp_path):
     bad["decoder"]["decoder_norm"]["scale"] = np.ones(33, np.float32)
     with pytest.raises(CheckpointMismatchError, match=r"decoder_norm/scale' has shape \[33\]"):
         t5x_params.params_from_t5x(bad, model)
+
+
+# --------------------------------------------------------------- data not all there
+
+
+def _copy(ckpt, tmp_path, name):
+    out = tmp_path / name
+    shutil.copytree(ckpt, out)
+    return out
+
+
+QUERY = "target.encoder.layers_0.attention.query.kernel"
+EMBEDDING = "target.token_embedder.embedding"
+
+
+def test_a_lost_chunk_is_refused_naming_the_parameter_and_the_chunk(t5x_ckpt, tmp_path):
+    """TensorStore reads an absent chunk as the fill value: a chunk file deleted, emptied
+    or cut short is one line naming the parameter (T5X's and t5lite's name) and the chunk,
+    never zeros."""
+    ckpt, _ = t5x_ckpt
+    deleted = _copy(ckpt, tmp_path, "deleted_7")  # the query kernel: a 2 x 1 grid
+    (deleted / QUERY / "0.0").unlink()
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(deleted)
+    line = _one_line(e)
+    for part in (str(deleted), "'target/encoder/layers_0/attention/query/kernel'",
+                 "params/encoder/layers_0/attention/query/kernel", "no chunk 0.0",
+                 f"in {QUERY}/", "1 of its 2 x 1 = 2 chunks missing", "copy"):
+        assert part in line, (part, line)
+
+    both = _copy(ckpt, tmp_path, "both_7")  # the hand-written embedding, every chunk gone
+    (both / EMBEDDING / "0.0").unlink()
+    (both / EMBEDDING / "1.0").unlink()
+    with pytest.raises(CheckpointDamagedError, match=r"embedding'.*no chunk 0\.0 .*"
+                       r"2 of its 2 x 1 = 2 chunks missing: 0\.0, 1\.0"):
+        t5x_checkpoint.read_checkpoint(both)
+
+    empty = _copy(ckpt, tmp_path, "empty_7")  # a chunk of zero bytes
+    (empty / QUERY / "1.0").write_bytes(b"")
+    with pytest.raises(CheckpointDamagedError, match=r"chunk 1\.0 of parameter "
+                       r"'target/encoder/layers_0/attention/query/kernel'.* is empty \(0 bytes"):
+        t5x_checkpoint.read_checkpoint(empty)
+
+    # the steps and nothing else of the same checkpoints still read without their arrays
+    assert t5x_checkpoint.read_step(deleted) == 7 == t5x_checkpoint.read_step(empty)
+
+
+def test_tensorstore_itself_refuses_an_absent_chunk(t5x_ckpt, tmp_path, monkeypatch):
+    """Without the grid check (a chunk lost between the check and the read) TensorStore
+    reads with fill_missing_data_reads=False: still one line naming the chunk."""
+    ckpt, _ = t5x_ckpt
+    monkeypatch.setattr(t5x_checkpoint, "_check_chunks", lambda *a: None)
+    lost = _copy(ckpt, tmp_path, "lost_7")
+    (lost / QUERY / "1.0").unlink()
+    with pytest.raises(CheckpointDamagedError, match=r"query/kernel'.*has no chunk 1\.0") as e:
+        t5x_checkpoint.read_checkpoint(lost)
+    _one_line(e)
+
+
+def test_chunk_grids_of_every_layout_are_checked(tmp_path):
+    """'/'-separated keys, uncompressed chunks (their exact size), a 0-d array; and the
+    premise of refusing every absent chunk: written as T5X writes (no fill_value), an
+    all-zero array keeps every chunk file."""
+    import tensorstore as ts
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+    def write(name, **metadata):
+        store = ts.open({"driver": "zarr", "kvstore": {"driver": "file",
+                                                       "path": f"{tmp_path / name}/"},
+                         "metadata": {"shape": list(value.shape), "chunks": [2, 3],
+                                      "dtype": "<f4", **metadata}}, create=True).result()
+        store.write(value if name != "zeros" else np.zeros_like(value)).result()
+        return _spec(name, "float32", value.shape, (2, 3))
+
+    target = {"nested": write("nested", dimension_separator="/", compressor={"id": "zstd"}),
+              "raw": write("raw", compressor=None),
+              "zeros": write("zeros", compressor={"id": "gzip"})}
+    (tmp_path / "checkpoint").write_bytes(serialization.msgpack_serialize(
+        {"version": 3, "optimizer": {"target": target, "state": {"step": np.int32(1)}}}))
+    assert json.loads((tmp_path / "zeros" / ".zarray").read_text())["fill_value"] is None
+    assert sorted(p.name for p in (tmp_path / "zeros").iterdir()) == [
+        ".zarray", "0.0", "0.1", "1.0", "1.1"]
+    tree = t5x_checkpoint.read_checkpoint(tmp_path)["target"]
+    np.testing.assert_array_equal(tree["nested"], value)
+    np.testing.assert_array_equal(tree["raw"], value)
+    assert t5x_checkpoint.chunk_keys({"shape": [], "chunks": []}) == ["0"]
+    assert t5x_checkpoint.chunk_keys({"shape": [0, 3], "chunks": [2, 3]}) == []
+
+    (tmp_path / "nested" / "1" / "1").unlink()
+    with pytest.raises(CheckpointDamagedError,
+                       match=r"'target/nested' .*has no chunk 1/1 in nested/ \(1 of its 2 x 2 = 4"):
+        t5x_checkpoint.read_checkpoint(tmp_path)
+    shutil.rmtree(tmp_path / "nested")
+    (tmp_path / "checkpoint").write_bytes(serialization.msgpack_serialize(
+        {"version": 3, "optimizer": {"target": {"raw": target["raw"]}, "state": {}}}))
+    chunk = tmp_path / "raw" / "0.1"
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    with pytest.raises(CheckpointDamagedError, match=r"chunk 0\.1 of parameter 'target/raw' "
+                       r".*in raw/ has 10 bytes where an uncompressed chunk has 24"):
+        t5x_checkpoint.read_checkpoint(tmp_path)
+    (tmp_path / "raw" / ".zarray").write_text('{"shape": [4, 6]}')
+    with pytest.raises(CheckpointDamagedError, match=r"raw/\.zarray\) is not zarr v2") as e:
+        t5x_checkpoint.read_checkpoint(tmp_path)
+    _one_line(e)
+
+
+def test_the_orbax_layout_refuses_a_chunk_its_database_lacks(t5x_ckpt, tmp_path):
+    """T5X's Orbax layout keeps chunks as OCDBT keys; one the database lacks (Orbax reads
+    with fill_missing_data_reads=False) is the same one line."""
+    import tensorstore as ts
+    from t5x_helpers import write_t5x_orbax_checkpoint
+    ckpt, _ = t5x_ckpt
+    legacy = t5x_checkpoint.read_checkpoint(ckpt)
+    orbax = write_t5x_orbax_checkpoint(tmp_path / "orbax_run", legacy["target"], step=7)
+    store = ts.KvStore.open({"driver": "ocdbt",
+                             "base": f"file://{orbax / 'state'}/"}).result()
+    key = f"{QUERY}/0.0".encode()
+    assert key in store.list().result()
+    store.delete_range(ts.KvStore.KeyRange(key, key + b"\0")).result()
+    with pytest.raises(CheckpointDamagedError) as e:
+        t5x_checkpoint.read_checkpoint(orbax)
+    line = _one_line(e)
+    for part in (str(orbax), "missing data", "'target/encoder/layers_0/attention/query/kernel'",
+                 "no chunk 0.0", f"{QUERY}/0.0"):
+        assert part in line, (part, line)

@@ -149,12 +149,18 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
     missing = tmp_path / "t5x" / "checkpoint_missing"
     shutil.copytree(ckpt, missing)
     shutil.rmtree(missing / "target.encoder.layers_1.mlp.wo.kernel")
+    chunk = tmp_path / "t5x" / "checkpoint_chunk"  # one chunk file lost (issue 39)
+    shutil.copytree(ckpt, chunk)
+    (chunk / "target.decoder.layers_1.mlp.wi_1.kernel" / "1.0").unlink()
     wrong = tmp_path / "t5x" / "checkpoint_wrong"
     shutil.copytree(ckpt, wrong)
     (tmp_path / "small.gin").write_text(MODEL_GIN.format(vocab=VOCAB) +
                                         "T5Config.mlp_dim = 96\n")
     cases = [  # (INITIAL_CHECKPOINT_PATH, model gin, what the line must name)
         (missing, f"{tmp_path}/model.gin", "encoder/layers_1/mlp/wo/kernel"),
+        (chunk, f"{tmp_path}/model.gin",
+         "decoder/layers_1/mlp/wi_1/kernel' (t5lite's params/decoder/layers_1/mlp/wi_1/kernel) "
+         "has no chunk 1.0"),
         (wrong, f"{tmp_path}/small.gin", "mlp/wi_0/kernel"),
         (tmp_path / "t5x", f"{tmp_path}/model.gin", str(tmp_path / "t5x")),
     ]
@@ -176,6 +182,44 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
     lines = [l for l in capsys.readouterr().err.splitlines() if l]
     assert len(lines) == 1 and "mlp/wi/kernel" in lines[0], lines
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost(tmp_path):
+    """Issue 39's example through the real command: a chunk file deleted (TensorStore
+    would read it as zeros) or emptied is one `error:` line naming the parameter and the
+    chunk, status 2, no output; the intact checkpoint converts."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    ckpt = _tiny_t5x_checkpoint(tmp_path)
+    query = "target.encoder.layers_0.attention.query.kernel"
+
+    def convert(path, out):
+        return subprocess.run(
+            [sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={path}",
+             f"--output={out}", f"--gin_file={tmp_path}/model.gin"],
+            cwd=repo, capture_output=True, text=True, timeout=300)
+
+    deleted = tmp_path / "t5x" / "checkpoint_deleted"
+    shutil.copytree(ckpt, deleted)
+    (deleted / query / "0.0").unlink()
+    empty = tmp_path / "t5x" / "checkpoint_empty"
+    shutil.copytree(ckpt, empty)
+    (empty / "target.token_embedder.embedding" / "1.1").write_bytes(b"")
+    for path, named in ((deleted, f"'target/encoder/layers_0/attention/query/kernel' (t5lite's "
+                                  f"params/encoder/layers_0/attention/query/kernel) has no "
+                                  f"chunk 0.0 in {query}/ (1 of its 2 x 2 = 4 chunks missing)"),
+                        (empty, "chunk 1.1 of parameter 'target/token_embedder/embedding'")):
+        out = tmp_path / f"out_{path.name}"
+        proc = convert(path, out)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"error: T5X checkpoint {path} is missing data: ")
+        assert named in lines[0] and "copy" in lines[0], lines[0]
+        assert not out.exists()
+    assert convert(ckpt, tmp_path / "out").returncode == 0
 
 
 def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path, capsys):

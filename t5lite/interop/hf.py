@@ -8,6 +8,11 @@ listed in `model.safetensors.index.json`, or else every `*.safetensors` file) fo
 `model_type` "t5" (T5 v1.1 and the original T5) and "llama". Pickle files
 (`pytorch_model.bin`, `*.pt`, ...) are never opened: unpickling runs arbitrary code.
 
+Weights that are not all there are refused in one line naming the file and tensor
+(CheckpointDamagedError), before a byte of them is used: a file cut short (its 8-byte
+header length, its JSON header or a tensor's byte range running past the end), a shard
+the index names that is absent, a tensor the index names that its shard does not hold.
+
 Weights arrive as float32 host (numpy) arrays in the unfused, unscanned t5lite layout
 (the tree documented in `t5lite.models.configs`); `config_overrides` such as
 `fuse_qkv=True` or `scan_layers=True` convert them with `t5lite.models.layouts`.
@@ -25,8 +30,10 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so bf16 files load)
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
+
+from t5lite.errors import CheckpointDamagedError
 
 from t5lite.interop.hf_config import (  # noqa: F401  (read_hf_config, config_from_hf: public API)
     CONFIG_NAME, SUPPORTED_MODEL_TYPES, PathLike, config_from_hf, read_hf_config)
@@ -38,6 +45,12 @@ Model = BaseModel
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+COPY_AGAIN = "it was copied incompletely: copy the model directory again"
+MAX_HEADER_BYTES = 100_000_000  # safetensors refuses longer headers
+# safetensors' dtype names -> bytes per element (the format's own table; a dtype not here
+# is left to safetensors to check).
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 # Fields an override may change without touching the parameter layout.
 LAYOUT_FIELDS = ("fuse_qkv", "scan_layers")
 
@@ -45,18 +58,34 @@ LAYOUT_FIELDS = ("fuse_qkv", "scan_layers")
 # --------------------------------------------------------------------------- files
 
 
-def _weight_files(path: Path) -> List[Path]:
-    """The safetensors files of a model directory; refuses pickle-only directories."""
+def _index_map(path: Path) -> Dict[str, str]:
+    """tensor name -> shard file name, from model.safetensors.index.json."""
     index = path / INDEX_NAME
-    if index.is_file():
+    try:
         weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{index} lists shard(s) that do not exist: {missing}")
-        return files
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointDamagedError(f"{index} is not a readable index ({type(e).__name__}: "
+                                     f"{' '.join(str(e).split())[:200]}); {COPY_AGAIN}") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index}: no 'weight_map' object of tensor -> shard file names")
+    return weight_map
+
+
+def _weight_files(path: Path) -> List[Path]:
+    """The safetensors files of a model directory; refuses pickle-only directories and
+    an index naming a shard that is not there."""
+    if (path / INDEX_NAME).is_file():
+        weight_map = _index_map(path)
+        shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            if not (path / shard).is_file():
+                named = sorted(t for t, s in weight_map.items() if s == shard)
+                raise CheckpointDamagedError(
+                    f"the Hugging Face model {path} is missing shard {shard}: {INDEX_NAME} "
+                    f"names it for {len(named)} tensor(s), e.g. {named[0]!r} "
+                    f"({len(shards)} shards in all); {COPY_AGAIN}")
+        return [path / shard for shard in shards]
     if (path / WEIGHTS_NAME).is_file():
         return [path / WEIGHTS_NAME]
     files = sorted(path.glob("*.safetensors"))
@@ -73,15 +102,82 @@ def _weight_files(path: Path) -> List[Path]:
     raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}, {INDEX_NAME} or *.safetensors file")
 
 
+def safetensors_header(file: PathLike) -> Dict[str, Dict[str, Any]]:
+    """The tensors a safetensors file holds ({name: {dtype, shape, data_offsets}}),
+    checked against the file's size: CheckpointDamagedError naming the file (and the
+    first tensor past the end) when it is cut short or its header is not one."""
+    file = Path(file)
+    size = file.stat().st_size
+
+    def damaged(what):
+        return CheckpointDamagedError(f"the Hugging Face weights file {file} {what}; "
+                                      f"{COPY_AGAIN}")
+
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise damaged(f"is cut short: {size} bytes, not even the 8-byte header length")
+        length = int.from_bytes(head, "little")
+        if length > MAX_HEADER_BYTES:
+            raise damaged(f"is not a safetensors file: its first 8 bytes give a header of "
+                          f"{length} bytes, over the format's limit of {MAX_HEADER_BYTES}")
+        if length > size - 8:
+            raise damaged(f"is cut short: its header says {length} bytes of metadata follow, "
+                          f"but the file has {size} bytes")
+        try:
+            header = json.loads(f.read(length))
+            entries = {k: v for k, v in header.items() if k != "__metadata__"}
+            spans = {k: (int(v["data_offsets"][0]), int(v["data_offsets"][1]),
+                         int(np.prod([int(n) for n in v["shape"]])) *
+                         DTYPE_BYTES.get(v["dtype"], -1)) for k, v in entries.items()}
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise damaged(f"has no readable safetensors header ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:120]})") from None
+    data = size - 8 - length
+    past = sorted((end, name) for name, (_, end, _) in spans.items() if end > data)
+    if past:
+        end, name = past[0]
+        raise damaged(f"is cut short: tensor {name!r} ends at data byte {end} but the file "
+                      f"holds {data} bytes of data ({len(past)} of its {len(spans)} tensors "
+                      f"run past the end)")
+    for name, (begin, end, nbytes) in spans.items():
+        if begin < 0 or end < begin or (nbytes >= 0 and end - begin != nbytes):
+            raise damaged(f"has a damaged header: tensor {name!r} spans bytes {begin}..{end}, "
+                          f"not the {nbytes} bytes its dtype and shape take")
+    return entries
+
+
 def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
-    """Every tensor of a model directory's safetensors file(s), as float32 numpy arrays."""
+    """Every tensor of a model directory's safetensors file(s), as float32 numpy arrays.
+    Each file is checked complete first (`safetensors_header`), and with an index every
+    tensor it names must be in the shard it names."""
+    path = Path(path)
+    files = _weight_files(path)
+    weight_map = _index_map(path) if (path / INDEX_NAME).is_file() else {}
+    headers = {file: safetensors_header(file) for file in files}
+    for file, header in headers.items():
+        absent = sorted(t for t, shard in weight_map.items()
+                        if path / shard == file and t not in header)
+        if absent:
+            raise CheckpointDamagedError(
+                f"the Hugging Face model {path} is missing data: {INDEX_NAME} names tensor "
+                f"{absent[0]!r} in shard {file.name}, which does not hold it ({len(absent)} "
+                f"tensor(s) missing); {COPY_AGAIN}")
     tensors: Dict[str, np.ndarray] = {}
-    for file in _weight_files(Path(path)):
-        with safe_open(str(file), framework="numpy") as f:
-            for name in f.keys():
-                if name in tensors:
-                    raise ValueError(f"tensor {name!r} is in more than one shard ({file.name})")
-                tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
+    for file in headers:
+        name = None
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                for name in f.keys():
+                    if name in tensors:
+                        raise ValueError(f"tensor {name!r} is in more than one shard "
+                                         f"({file.name})")
+                    tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
+        except (SafetensorError, OSError) as e:
+            tensor = f" (tensor {name!r})" if name is not None else ""
+            raise CheckpointDamagedError(
+                f"the Hugging Face weights file {file} cannot be read{tensor}: "
+                f"{' '.join(str(e).split())[:200]}; {COPY_AGAIN}") from None
     return tensors
 
 
@@ -120,8 +216,9 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
 
     `config_overrides` replace fields of the derived config (e.g. dtype="float32",
     fuse_qkv=True, scan_layers=True, remat_policy="full"); an override that changes a
-    parameter shape is refused. Raises FileNotFoundError for a missing directory or file
-    and ValueError for pickle-only directories and unsupported configs or weights."""
+    parameter shape is refused. Raises FileNotFoundError for a missing directory or file,
+    CheckpointDamagedError (a ValueError) for weights that are not all there, and
+    ValueError for pickle-only directories and unsupported configs or weights."""
     path = Path(path)
     hf = read_hf_config(path)
     cfg = config_from_hf(hf)

@@ -27,10 +27,27 @@ It is told apart by `state/_METADATA` whose tree has `target` and `state` at the
 
 Every leaf comes back as a numpy array. Nothing here unpickles: msgpack, zarr and Orbax
 only. The zarr arrays are read with TensorStore (installed with orbax-checkpoint).
+
+Data that is not all there is refused, never read as zeros. TensorStore reads an absent
+zarr chunk as the array's fill value, so before an array is read every chunk of its grid
+(`.zarray`: shape / chunks, keys joined by its `dimension_separator`) must be a file of
+the size it can have (not empty; exactly chunk size x item size when uncompressed), and
+TensorStore reads with `fill_missing_data_reads=False` besides. No chunk of a checkpoint
+T5X wrote may legitimately be absent: TensorStore leaves out only chunks equal to an
+array's fill value, T5X's specs set none (`"fill_value": null` in every `.zarray`: its
+metadata is `compressor`, `shape`, `chunks`, from `_get_param_info` or jax's
+`_get_metadata`), and with no fill value TensorStore writes every chunk, all-zero ones
+included; Orbax writes with `store_data_equal_to_fill_value=True`. So an absent chunk is
+refused whatever the fill value (a writer that skips fill-valued chunks, e.g. zarr-python's
+`write_empty_chunks=False`, is not T5X and cannot be told from a lost file). The Orbax
+layout is read by Orbax, which reads with `fill_missing_data_reads=False` itself (OCDBT
+keys and per-array directories alike); its "chunk ... is missing" becomes the same line.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict
 
@@ -146,6 +163,14 @@ def _read_orbax(item: Path, arrays: bool) -> Dict[str, Any]:
                 tree = ckpt.restore(item, args=ocp.args.PyTreeRestore(
                     item=request, restore_args=restore_args, partial_restore=not arrays))
     except Exception as e:  # noqa: BLE001 - any unreadable part is one kind of fault
+        missing = _missing_chunk(_all_text(e), item)
+        if missing is not None:  # Orbax reads with fill_missing_data_reads=False
+            array, chunk = missing
+            name = array.replace(".", "/")
+            raise CheckpointDamagedError(
+                f"T5X checkpoint {item.parent} is missing data: parameter {name!r}"
+                f"{_ours(name)} has no chunk {chunk} (key {array}/{chunk} of its Orbax "
+                f"state); {COPY_AGAIN}") from None
         raise CheckpointDamagedError(f"T5X checkpoint {item.parent}: its Orbax state cannot "
                                      f"be read ({restore_noise.short_reason(e)}); copy the "
                                      f"whole checkpoint directory") from None
@@ -188,24 +213,36 @@ def _relative_path(spec) -> str:
     return spec.get("path") or ""
 
 
+COPY_AGAIN = "the checkpoint was copied incompletely: copy the whole checkpoint directory again"
+
+
 def _read_zarr(spec, directory: Path, version: int, name: str) -> np.ndarray:
-    """One partitioned leaf: its zarr directory, read whole (the on-disk `.zarray` is the
-    authority for chunks and compressor, as in T5X)."""
+    """One partitioned leaf: its zarr directory, every chunk checked present, read whole
+    (the on-disk `.zarray` is the authority for chunks and compressor, as in T5X)."""
     relative = _relative_path(spec)
     array_dir = (directory / relative.rstrip("/")) if relative else None
     if array_dir is None or not (array_dir / ".zarray").is_file():
         raise CheckpointDamagedError(
             f"T5X checkpoint {directory}: the array of parameter {name!r} is missing "
             f"(no {array_dir or relative!s}/.zarray); copy the whole checkpoint directory")
+    meta = _zarray(array_dir, directory, name)
+    _check_chunks(meta, array_dir, directory, name)
     import tensorstore as ts
     try:
-        store = ts.open({"driver": "zarr",
+        store = ts.open({"driver": "zarr", "fill_missing_data_reads": False,
                          "kvstore": {"driver": "file", "path": os.fspath(array_dir) + "/"}},
                         open=True, read=True).result()
         array = np.asarray(store.read().result())
     except Exception as e:  # noqa: BLE001
+        missing = _missing_chunk(_all_text(e), array_dir)
+        if missing is not None:  # gone between the check and the read
+            raise CheckpointDamagedError(
+                f"T5X checkpoint {directory} is missing data: parameter {name!r}{_ours(name)} "
+                f"has no chunk {missing[1].replace('.', meta.get('dimension_separator') or '.')}"
+                f" in {array_dir.name}/; {COPY_AGAIN}") from None
         raise CheckpointDamagedError(f"T5X checkpoint {directory}: cannot read the array of "
-                                     f"parameter {name!r} in {array_dir} ({e})") from None
+                                     f"parameter {name!r} in {array_dir} "
+                                     f"({' '.join(str(e).split())})") from None
     expected = _as_list(spec.get("metadata", {}).get("shape"))
     if expected is not None and list(array.shape) != expected:
         raise CheckpointDamagedError(
@@ -214,6 +251,120 @@ def _read_zarr(spec, directory: Path, version: int, name: str) -> np.ndarray:
     if array.dtype == np.uint16 and (version == 2 or spec.get("dtype") == "bfloat16"):
         array = _bf16_from_bits(array)
     return array
+
+
+def _zarray(array_dir: Path, directory: Path, name: str) -> Dict[str, Any]:
+    """The zarr v2 metadata of an array directory, its grid fields checked."""
+    try:
+        meta = json.loads((array_dir / ".zarray").read_text())
+        shape, chunks = [int(n) for n in meta["shape"]], [int(c) for c in meta["chunks"]]
+        ok = meta.get("zarr_format", 2) == 2 and len(shape) == len(chunks) and \
+            all(n >= 0 for n in shape) and all(c >= 1 for c in chunks)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ok, meta = False, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    if not ok:
+        raise CheckpointDamagedError(
+            f"T5X checkpoint {directory}: the metadata of parameter {name!r} "
+            f"({array_dir.name}/.zarray) is not zarr v2 array metadata ({str(meta)[:200]}); "
+            f"{COPY_AGAIN}")
+    return meta
+
+
+def chunk_grid(meta: Dict[str, Any]):
+    """The number of chunks along each axis of a zarr v2 array (`.zarray` fields)."""
+    return [-(-int(n) // int(c)) for n, c in zip(meta["shape"], meta["chunks"])]
+
+
+def chunk_keys(meta: Dict[str, Any]):
+    """Every chunk key of a zarr v2 array, in C order: '0.0', '0.1', ... (its
+    `dimension_separator`, '.' by default, joins the indices; a 0-d array has chunk '0')."""
+    grid = chunk_grid(meta)
+    if not grid:
+        return ["0"]
+    separator = meta.get("dimension_separator") or "."
+    return [separator.join(map(str, index)) for index in np.ndindex(*grid)]
+
+
+def _raw_chunk_bytes(meta: Dict[str, Any]):
+    """The size of every chunk file of an uncompressed, unfiltered array, else None."""
+    if meta.get("compressor") is not None or meta.get("filters"):
+        return None
+    dtype = meta.get("dtype")
+    try:
+        itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    except TypeError:
+        return None
+    return int(np.prod([int(c) for c in meta["chunks"]])) * itemsize
+
+
+def _check_chunks(meta: Dict[str, Any], array_dir: Path, directory: Path, name: str) -> None:
+    """CheckpointDamagedError naming the parameter and its first absent, empty or
+    wrong-sized chunk file, unless every chunk of the grid is there."""
+    raw = _raw_chunk_bytes(meta)
+    missing, bad = [], []
+    for key in chunk_keys(meta):
+        try:
+            size = os.stat(array_dir / key).st_size
+        except OSError:
+            missing.append(key)
+            continue
+        if size == 0 or (raw is not None and size != raw):
+            bad.append((key, size))
+    grid = " x ".join(map(str, chunk_grid(meta))) or "1"
+    total = int(np.prod(chunk_grid(meta)))
+    where = f"in {array_dir.name}/"
+    if missing:
+        more = f": {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}" \
+            if len(missing) > 1 else ""
+        raise CheckpointDamagedError(
+            f"T5X checkpoint {directory} is missing data: parameter {name!r}{_ours(name)} "
+            f"has no chunk {missing[0]} {where} ({len(missing)} of its {grid} = {total} "
+            f"chunks missing{more}); {COPY_AGAIN}")
+    if bad:
+        key, size = bad[0]
+        what = "is empty (0 bytes)" if size == 0 else \
+            f"has {size} bytes where an uncompressed chunk has {raw}"
+        raise CheckpointDamagedError(
+            f"T5X checkpoint {directory} is missing data: chunk {key} of parameter "
+            f"{name!r}{_ours(name)} {where} {what} ({len(bad)} of its {total} chunks cut "
+            f"short); {COPY_AGAIN}")
+
+
+def _ours(name: str) -> str:
+    """t5lite's name of a T5X parameter (its `target` subtree maps name for name)."""
+    return f" (t5lite's params/{name[len('target/'):]})" if name.startswith("target/") else ""
+
+
+_MISSING_CHUNK = re.compile(r'chunk \{([^}]*)\} stored at (?:local file )?"([^"]+)"'
+                            r'( in OCDBT database at local file "[^"]+")? is missing')
+
+
+def _all_text(e: BaseException) -> str:
+    """An error's message and those of its causes, on one line."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts.append(str(e))
+        e = e.__cause__ or e.__context__
+    return " ".join(" ".join(parts).split())
+
+
+def _missing_chunk(message: str, item: Path = None):
+    """(array, chunk key) of TensorStore's "chunk {i, j} stored at ... is missing" (a
+    read with fill_missing_data_reads=False), or None. The array is the zarr directory's
+    name (an OCDBT key's first part, or a local file's first directory under `item`); the
+    chunk key is written with '.' (Orbax's and T5X's separator)."""
+    found = _MISSING_CHUNK.search(" ".join(message.split()))
+    if found is None:
+        return None
+    indices, stored, ocdbt = found.groups()
+    chunk = ".".join(i.strip() for i in indices.split(",") if i.strip()) or "0"
+    if ocdbt:
+        return stored.partition("/")[0], chunk
+    path = Path(stored)
+    if item is not None and path.is_relative_to(item) and path != item:
+        return path.relative_to(item).parts[0], chunk
+    return path.parent.name, chunk
 
 
 def _as_list(value):
