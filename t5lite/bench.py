@@ -31,7 +31,7 @@ from t5lite.tools import bench_grid, benchmark, benchmarking
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=flags.summary(__doc__), allow_abbrev=False)
     flags.add_gin_flags(parser)
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compile")

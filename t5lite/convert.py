@@ -38,7 +38,7 @@ from t5lite.interop import convert
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m t5lite.convert",
-                                description=__doc__.split("\n")[0])
+                                description=flags.summary(__doc__))
     way = p.add_mutually_exclusive_group(required=True)
     way.add_argument("--from", dest="source", choices=["hf", "t5x"],
                      help="hf: a local Hugging Face directory (safetensors), t5x: a T5X "

@@ -18,7 +18,7 @@ import os
 import tempfile
 from typing import Optional, Sequence
 
-from t5lite.config import command
+from t5lite.config import command, flags
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
 
@@ -27,7 +27,7 @@ LENGTHS = ({"inputs": 512, "targets": 114}, {"inputs": 512, "targets": 128})
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m t5lite.data_bench", allow_abbrev=False,
-                                     description=__doc__.splitlines()[0])
+                                     description=flags.summary(__doc__))
     parser.add_argument("--vocabulary", required=True, help="a SentencePiece .model file")
     parser.add_argument("--documents", type=int, default=4000, help="documents to write")
     parser.add_argument("--batches", type=int, default=20, help="timed batches per row")

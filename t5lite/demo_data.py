@@ -22,11 +22,12 @@ from typing import Optional, Sequence
 
 from t5lite.data import demo_corpus, settings
 from t5lite.errors import DataError
+from t5lite.config import flags
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m t5lite.demo_data",
-                                     description=__doc__.splitlines()[0],
+                                     description=flags.summary(__doc__, lines=True),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[3:]))
     parser.add_argument("--output_dir", required=True, help="a new or empty directory")

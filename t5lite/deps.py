@@ -14,10 +14,11 @@ import subprocess
 import sys
 
 from t5lite.data.package_check import PACKAGES, imported_version, problems
+from t5lite.config import flags
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=flags.summary(__doc__))
     parser.add_argument("--fix", action="store_true",
                         help="reinstall the released packages' files over the nightlies'")
     args = parser.parse_args(argv)

@@ -17,7 +17,7 @@ from t5lite.config import command, flags, registry
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return command.run_model_command(argv, flags.entry_parser(__doc__.splitlines()[0]),
+    return command.run_model_command(argv, flags.entry_parser(flags.summary(__doc__)),
                                      lambda model: registry.evaluate(model=model))
 
 

@@ -28,7 +28,7 @@ from t5lite.tools import benchmarking, footprint, step_memory
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m t5lite.info", allow_abbrev=False,
-                                     description=__doc__.split("\n")[0])
+                                     description=flags.summary(__doc__))
     flags.add_gin_flags(parser)
     parser.add_argument("--inputs_length", type=int, default=512, help="enc-dec inputs length")
     parser.add_argument("--targets_length", type=int, default=128, help="enc-dec targets length")

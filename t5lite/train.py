@@ -22,7 +22,7 @@ DEMO_GIN_FILE = "configs/demo_pretrain.gin"
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return command.run_model_command(
-        argv, flags.entry_parser(__doc__.splitlines()[0]),
+        argv, flags.entry_parser(flags.summary(__doc__)),
         lambda model: registry.train(model=model),
         default_gin_file=DEMO_GIN_FILE, default_what="the demo")
 

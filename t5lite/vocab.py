@@ -14,11 +14,12 @@ from typing import Optional, Sequence
 from t5lite.data import vocab_training
 from t5lite.errors import DataError, OutputWriteError
 from t5lite.runtime import disk_space
+from t5lite.config import flags
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m t5lite.vocab", description=__doc__.splitlines()[0],
+        prog="python -m t5lite.vocab", description=flags.summary(__doc__, lines=True),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(vocab_training.__doc__.splitlines()[2:]))
     parser.add_argument("--input", action="append", required=True,

@@ -294,3 +294,20 @@ def test_run_defaults_have_one_home():
             if default is not inspect.Parameter.empty and default is not None:
                 restated.append(f"runs/{path.name}: {name}.{param} (Python: {default!r})")
     assert checked > 40 and not restated, restated
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_every_command_says_what_it_does_in_whole_sentences(module):
+    """`--help` states the command's docstring's whole first paragraph (its first line
+    alone stopped mid-sentence: 'convert a local Hugging Face model directory or a
+    T5X')."""
+    import ast
+    import subprocess
+    import sys
+    doc = ast.get_docstring(ast.parse((REPO / "t5lite" / f"{module}.py").read_text()))
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    assert first.endswith((".", ")", ".)")), first
+    proc = subprocess.run([sys.executable, "-m", f"t5lite.{module}", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert first in " ".join(proc.stdout.split()), proc.stdout

@@ -65,6 +65,16 @@ def parse_flags(parser: argparse.ArgumentParser,
     return parser.parse_args(rewrite_gin_args(argv))
 
 
+def summary(doc: str, lines: bool = False) -> str:
+    """A command's description for --help: its docstring's first paragraph (the first
+    line alone stops mid-sentence), on one line for argparse to wrap, or in its own
+    `lines` for a parser that prints its description as written."""
+    paragraph = doc.strip().split("\n\n")[0]
+    if lines:
+        return "\n".join(line.strip() for line in paragraph.splitlines())
+    return " ".join(paragraph.split())
+
+
 def entry_parser(description: str) -> argparse.ArgumentParser:
     """The flags of every entry point that runs a model (train, eval, infer): gin flags
     plus the multi-process ones."""
