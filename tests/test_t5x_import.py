@@ -5,6 +5,8 @@ through the CLI; `t5lite.convert --from=t5x` writes a t5lite checkpoint; bad inp
 line with nothing written."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ import jax  # noqa: E402
 from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
 
 import t5x_helpers as tx  # noqa: E402
+import train_helpers as th  # noqa: E402
 from data_helpers import VOCAB_SIZE, data_env, reset_data_settings, vocabulary  # noqa: E402
 from test_hf import hf_t5_logits, t5_batch  # noqa: E402
 
@@ -272,3 +275,58 @@ def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path,
         lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
         assert code != 0 and len(lines) == 1 and named in lines[0], (code, lines)
         assert not th.complete_steps(other) if (other / "checkpoints").exists() else True
+
+
+def _doc_model_file(name: str) -> str:
+    """The gin file `name` as docs/migrating_from_t5x.md shows it (a fenced block whose
+    first line is `# <name>...`)."""
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "migrating_from_t5x.md").read_text()
+    blocks = re.findall(r"```\n(# " + re.escape(name) + r"[^\n]*\n.*?)```", doc, re.S)
+    assert len(blocks) == 1, name
+    return blocks[0]
+
+
+def _t5x_target(params):
+    """t5lite's unfused, unscanned T5 params as T5X stores them: the same names, the
+    attention kernels with their heads joined."""
+    from t5lite.models.param_paths import flatten, unflatten
+    out = {}
+    for name, value in flatten(params).items():
+        value = np.asarray(value)
+        if name.endswith(("query/kernel", "key/kernel", "value/kernel")):
+            value = value.reshape(value.shape[0], -1)
+        elif name.endswith("out/kernel"):
+            value = value.reshape(-1, value.shape[-1])
+        out[name] = value
+    return unflatten(out)
+
+
+@pytest.mark.parametrize("name", ["my_t5x_v1_1.gin", "my_t5x_v1_0.gin"])
+def test_the_docs_model_files_for_a_size_no_shipped_file_matches_convert(name, tmp_path):
+    """A T5X checkpoint of the sizes docs/migrating_from_t5x.md's example files give
+    converts with those files as written (the vocabulary made small here), back to the
+    same values; the same width split into other heads is refused."""
+    from t5lite.config import parsing
+    from t5lite.interop import checkpoint_format
+    (tmp_path / name).write_text(_doc_model_file(name))
+    small_vocab = "--gin.T5Config.vocab_size=256"
+    parsing.parse_gin([str(tmp_path / name)], ["T5Config.vocab_size = 256"])
+    model = parsing.resolve_macro("MODEL")
+    params = model.init(jax.random.PRNGKey(1))["params"]
+    ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_10", _t5x_target(params),
+                                   step=10)
+    out = tmp_path / "converted"
+    proc = th.run([sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={ckpt}",
+                   f"--output={out}", f"--gin_file={tmp_path / name}", small_vocab])
+    assert proc.returncode == 0, th.describe(proc)
+    converted = checkpoint_format.load_params(out / "checkpoints" / "10" / "params")
+    th.assert_trees_equal(converted.get("params", converted), params, "converted params")
+    # the joined width of 8 heads of 64 read as 16 heads of 32: the relative position
+    # table's [num_heads, buckets] refuses it
+    wrong = th.run([sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={ckpt}",
+                    f"--output={tmp_path / 'wrong'}", f"--gin_file={tmp_path / name}",
+                    small_vocab, "--gin.T5Config.num_heads=16", "--gin.T5Config.head_dim=32"])
+    th.assert_one_error(wrong, "relpos_bias/rel_embedding", "[8, 32]", "[16, 32]")
+    assert not (tmp_path / "wrong").exists()
