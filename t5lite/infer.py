@@ -8,8 +8,10 @@
 Writes OUTPUT_DIR/predictions.jsonl, one line per example in input order:
 `{"inputs": ..., "prediction": ...}` (MODE 'predict') or
 `{"inputs": ..., "targets": ..., "score": ...}` (MODE 'score'); a rerun after a crash
-continues after the complete lines already written. Decoder-only models (GPT, LLaMA) read
-INPUT_FILE only: each input is a prompt to continue (or to score "targets" after). See
+continues after the complete lines already written. Each line of INPUT_FILE is processed
+as the model's training task processed its inputs (MIXTURE_OR_TASK_NAME, else the task
+CHECKPOINT_PATH's MODEL_DIR/config.gin records: EOS appended for mnli and squad);
+RAW_PROMPTS=True has a decoder-only model continue the lines as they are. See
 docs/eval_infer.md.
 """
 from __future__ import annotations

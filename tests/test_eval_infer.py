@@ -266,7 +266,7 @@ def test_infer_refuses_to_extend_another_jobs_predictions(setup, tmp_path, capsy
     for flags, word in [([f'--gin.INPUT_FILE="{jl}"'], "input_file"),
                         ([f'--gin.INPUT_FILE="{txt}"', '--gin.DECODING_METHOD="sample"'],
                          "decoding"),
-                        ([f'--gin.INPUT_FILE="{txt}"', '--gin.MODE="score"'], "mode")]:
+                        ([f'--gin.INPUT_FILE="{jl}"', '--gin.MODE="score"'], "mode")]:
         assert _infer(setup, out, *flags) == 2
         err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
         assert len(err) == 1 and "another job" in err[0] and word in err[0], err
@@ -390,6 +390,97 @@ def test_a_checkpoint_step_that_does_not_exist_lists_those_that_do(setup, tmp_pa
     line = _one_error(capsys)
     assert f"CHECKPOINT_PATH {checkpoints / '5'} does not exist" in line, line
     assert line.endswith("holds the checkpoints of steps 4, 6"), line
+
+
+def _assert_one_line(capsys, code, *needles):
+    """Exit status non-zero, one `error:` line, the last of stderr, holding the needles
+    (no traceback, nor a TensorFlow error's stack of frames under it)."""
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code not in (0, None) and len(lines) == 1, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == lines[0] and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["txt_line_2", "jsonl_line_2", "txt_cut_mid_character",
+                                  "jsonl_cut_mid_record", "jsonl_not_a_string",
+                                  "perplexity_jsonl_line_2"])
+def test_an_input_file_not_utf8_or_cut_short_is_one_line(setup, tmp_path, capsys, case):
+    """Every file infer (and eval's perplexity) reads: a line that is not UTF-8 or a
+    file cut short names the file and line; nothing is written."""
+    good = "mnli hypothesis: Ada built a boat. premise: Ada the pilot built a red boat."
+    record = json.dumps({"inputs": good, "targets": "entailment"}).encode()
+    name, data, needles = {
+        "txt_line_2": ("in.txt", good.encode() + b"\n\xff\xfe odd\n" + good.encode() + b"\n",
+                       [":2: not UTF-8 text", "save the file as UTF-8"]),
+        "jsonl_line_2": ("in.jsonl", record + b"\n" + record[:20] + b"\xe9" + record[20:] + b"\n",
+                         [":2: not UTF-8 text"]),
+        "txt_cut_mid_character": ("in.txt", (good + "\ncaf\u00e9").encode()[:-1],
+                                  [":2: not UTF-8 text", "cut short"]),
+        "jsonl_cut_mid_record": ("in.jsonl", record + b"\n" + record[:30],
+                                 [":2 is not JSON", "cut short"]),
+        "jsonl_not_a_string": ("in.jsonl", b'{"inputs": null}\n', [':1: "inputs" is a JSON',
+                                                                    "not a string"]),
+        "perplexity_jsonl_line_2": ("in.jsonl", record + b"\n\xff" + record + b"\n",
+                                    [":2: not UTF-8 text"]),
+    }[case]
+    path = tmp_path / name
+    path.write_bytes(data)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    if case.startswith("perplexity"):
+        code = _eval(setup, out, "--gin.MODE='perplexity'", f'--gin.INPUT_FILE="{path}"')
+    else:
+        code = _infer(setup, out, f'--gin.INPUT_FILE="{path}"')
+    line = _assert_one_line(capsys, code, f"INPUT_FILE {path}", *needles)
+    assert code == 2, line
+    assert not (out / "predictions.jsonl").exists() and not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("case", ["tmp_step_dir", "its_params_item", "tmp_name_only"])
+def test_an_uncommitted_checkpoint_is_one_line(setup, tmp_path, capsys, case):
+    """An Orbax save cut short (`N.orbax-checkpoint-tmp-*`, no commit markers), pointed
+    at directly or through its item directory, or a tmp directory alone: eval and infer
+    refuse it and name the complete steps beside it."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(setup["ckpt"] / "checkpoints" / "7", checkpoints / "7")
+    tmp = checkpoints / "9.orbax-checkpoint-tmp-1795680000"
+    shutil.copytree(setup["ckpt"] / "checkpoints" / "7", tmp)
+    if case != "tmp_name_only":  # what a save cut short leaves: no commit marker
+        for marker in tmp.rglob("commit_success.txt"):
+            marker.unlink()
+        meta = json.loads((tmp / "_CHECKPOINT_METADATA").read_text())
+        meta["commit_timestamp_nsecs"] = None
+        (tmp / "_CHECKPOINT_METADATA").write_text(json.dumps(meta))
+    target = tmp / "params" if case == "its_params_item" else tmp
+    capsys.readouterr()
+    code = _eval(setup, tmp_path / "out", "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                 "--gin.SPLIT='validation_matched'", f'--gin.CHECKPOINT_PATH="{target}"')
+    line = _assert_one_line(capsys, code, f"CHECKPOINT_PATH {target}", "incomplete checkpoint")
+    assert code == 1, line
+    if case != "tmp_step_dir":  # (resolve_item's own line says it for the step directory)
+        assert "holds the complete checkpoints of steps 7" in line, line
+    assert not (tmp_path / "out" / "metrics.json").exists()
+    _, _, txt, _ = _write_inputs(tmp_path, n=3)
+    code = _infer(setup, tmp_path / "inf", f'--gin.INPUT_FILE="{txt}"',
+                  f'--gin.CHECKPOINT_PATH="{target}"')
+    _assert_one_line(capsys, code, "incomplete checkpoint")
+    assert not (tmp_path / "inf" / "predictions.jsonl").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "infer"])
+def test_a_vocabulary_cut_short_is_one_line_for_a_task_split(setup, tmp_path, capsys, command):
+    """VOCABULARY_PATH cut short: one line naming it before the split is read (not
+    TensorFlow's error with the stack of the dataset function under it)."""
+    bad = tmp_path / "spm.model"
+    bad.write_bytes(Path(setup["vocab"]).read_bytes()[:1000])
+    run = _eval if command == "eval" else _infer
+    capsys.readouterr()
+    code = run(setup, tmp_path / "out", "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+               "--gin.SPLIT='validation_matched'", f'--gin.VOCABULARY_PATH="{bad}"')
+    _assert_one_line(capsys, code, str(bad), "not a SentencePiece model")
 
 
 def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):

@@ -1,8 +1,10 @@
 """`python -m t5lite.infer` with decoder-only models (tiny LLaMA with GQA and RoPE, tiny GPT
 with learned positions): predictions equal a step-by-step argmax continuation computed
-with full forward passes (no KV cache, no batching or padding), scores equal
-log-softmax sums over the target positions, and what a decoder-only model cannot do
-(task splits, `t5lite.eval`, prompts beyond its positions) ends in one `error:` line."""
+with full forward passes (no KV cache, no batching or padding), of raw prompts (a
+checkpoint without a recorded task) or of a named task's inputs (EOS appended); scores
+equal log-softmax sums over the target positions, and prompts beyond the positions end in
+one `error:` line. (tests/test_infer_file_agreement.py: a finetuned model's file inputs
+against the task's.)"""
 from __future__ import annotations
 
 import json
@@ -93,12 +95,18 @@ def _reference_continuation(setup, ids):
     return new
 
 
-def test_decoder_only_predict_continues_prompts(setup, tmp_path):
+def test_decoder_only_predict_continues_prompts(setup, tmp_path, capsys):
+    """A checkpoint no training run recorded a task for (save_params: no config.gin),
+    as a converted pretrained LM: each line is a raw prompt, continued as it is, and the
+    log says so (and how to name the task a finetuned model needs)."""
     texts = _prompts(11)  # not a multiple of BATCH: a padded last batch
     path = tmp_path / "prompts.txt"
     path.write_text("".join(t + "\n" for t in texts))
     out = tmp_path / "out"
+    capsys.readouterr()
     assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"') == 0
+    err = capsys.readouterr().err
+    assert "no known task says how the model was trained" in err and "MIXTURE_OR_TASK_NAME" in err
     rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
     assert [r["inputs"] for r in rows] == texts
     vocab = _vocab(setup)
@@ -106,6 +114,32 @@ def test_decoder_only_predict_continues_prompts(setup, tmp_path):
     expected = [vocab.decode(_reference_continuation(setup, vocab.encode(t))) for t in texts]
     assert [r["prediction"] for r in rows] == expected
     assert any(r["prediction"] for r in rows)
+
+
+def test_a_named_tasks_inputs_end_in_eos(setup, tmp_path):
+    """MIXTURE_OR_TASK_NAME='mnli' with INPUT_FILE: each line is processed as the task's
+    inputs (the first inputs - 1 tokens, then EOS), as in its prefix-LM training
+    sequence; RAW_PROMPTS=True continues the same lines as they are."""
+    from t5lite.models import features
+    texts = _prompts(9)
+    path = tmp_path / "prompts.txt"
+    path.write_text("".join(t + "\n" for t in texts))
+    vocab = _vocab(setup)
+    assert any(len(vocab.encode(t)) > LENGTHS["inputs"] for t in texts)
+    out = tmp_path / "task"
+    assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"',
+                  "--gin.MIXTURE_OR_TASK_NAME='mnli'") == 0
+    rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
+    expected = [vocab.decode(_reference_continuation(
+        setup, features.tokenize(vocab, t, LENGTHS["inputs"]))) for t in texts]
+    assert [r["prediction"] for r in rows] == expected
+    raw = tmp_path / "raw"
+    assert _infer(setup, raw, f'--gin.INPUT_FILE="{path}"', "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                  "--gin.RAW_PROMPTS=True") == 0
+    raw_rows = [json.loads(l) for l in (raw / "predictions.jsonl").open()]
+    assert [r["prediction"] for r in raw_rows] == [
+        vocab.decode(_reference_continuation(setup, vocab.encode(t))) for t in texts]
+    assert [r["prediction"] for r in raw_rows] != expected
 
 
 def test_decoder_only_score_is_the_continuation_log_likelihood(setup, tmp_path):

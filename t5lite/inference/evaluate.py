@@ -21,7 +21,7 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int
 from t5lite.inference import perplexity, task_eval
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.runtime import disk_space, metrics
@@ -40,6 +40,8 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
     'decode'), or measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given).
     Returns {task: {metric: value}}. Every keyword is bound by configs/runs/eval.gin, the
     one home of their defaults."""
+    check_feature_lengths(task_feature_lengths)
+    check_positive_int("BATCH_SIZE", batch_size)
     if not output_dir:
         raise ConfigError("OUTPUT_DIR is not set")
     if mode not in MODES:
@@ -55,7 +57,9 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
         raise ConfigError("INPUT_FILE is read by MODE 'perplexity' (decoding reads a task "
                           "split); set MODE='perplexity' or drop INPUT_FILE")
     tasks = edge.import_tasks(data_settings)
-    edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
+    provider = edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
+    # loads the vocabulary: a bad file is one line here, not an error inside tf.data
+    model.check_vocabulary(provider.output_features["targets"].vocabulary)
     session = load_session(model, checkpoint_path, batch_size=batch_size,
                            feature_lengths=task_feature_lengths, decoding_settings=decoding,
                            mesh=mesh)
@@ -81,10 +85,17 @@ def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, 
         if not Path(input_file).is_file():
             raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
         from t5lite.data import vocabularies
+        from t5lite.inference import file_inputs
+        file_inputs.check_file(input_file, "perplexity")  # a bad line: one error, before loading
         vocab = vocabularies.get_vocabulary()
         model.check_vocabulary(vocab)  # before restoring (the batches are read lazily)
+        rule = None
+        if perplexity.is_pairs_file(input_file):  # processed as infer's MODE 'score' does
+            rule = file_inputs.file_inputs(model, task_name=name,
+                                           checkpoint_path=checkpoint_path, raw_prompts=False)
+            model.check_vocabulary(rule.vocabularies["targets"])
         batches = perplexity.file_batches(model, input_file, vocab, task_feature_lengths,
-                                          batch_size)
+                                          batch_size, rule)
         name, split = Path(input_file).name, None
     else:
         edge.check_split(tasks, name, split)  # fail before restoring

@@ -15,7 +15,8 @@ example order: the result is deterministic and the same for any process count.
 A file (INPUT_FILE) is either text, one sequence a line (decoder-only models: the line's
 tokens and EOS, the first `targets` kept, as a language-modeling task reads a document),
 or jsonl with "inputs" and "targets" (any model: the targets' log-likelihood after the
-inputs, as `t5lite.infer` MODE 'score' gives it per line).
+inputs, processed and scored as `t5lite.infer` MODE 'score' does per line: as the
+training task processes its inputs and targets, `t5lite.inference.file_inputs`).
 """
 from __future__ import annotations
 
@@ -66,16 +67,25 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
     return _first_rows(iterator, num_examples)
 
 
+def is_pairs_file(path: str) -> bool:
+    """Whether INPUT_FILE holds inputs -> targets pairs (jsonl) rather than sequences."""
+    return Path(path).suffix in (".jsonl", ".json")
+
+
 def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int],
-                 batch_size: int) -> Iterator[Batch]:
-    """Batches of INPUT_FILE (see the module docstring)."""
-    from t5lite.inference.predict import tokenized_file
+                 batch_size: int, rule=None) -> Iterator[Batch]:
+    """Batches of INPUT_FILE (see the module docstring); a jsonl file's pairs are
+    processed as `rule` says (`t5lite.inference.file_inputs`, as `t5lite.infer`
+    MODE 'score' processes them)."""
+    from t5lite.inference.file_inputs import read_lines, tokenized_file
     lengths = {k: int(v) for k, v in feature_lengths.items() if v}
-    if Path(path).suffix in (".jsonl", ".json"):
+    if is_pairs_file(path):
         if set(lengths) != {"inputs", "targets"}:
             raise ConfigError(f"TASK_FEATURE_LENGTHS needs 'inputs' and 'targets' for the "
                               f"inputs -> targets pairs of {path}, got {dict(feature_lengths)}")
-        examples = tokenized_file(path, "score", vocabulary, lengths, model)
+        if rule is None:
+            raise ValueError("a jsonl INPUT_FILE needs the rule that processes its pairs")
+        examples = tokenized_file(path, "score", rule, lengths, model)
         for chunk in _chunks(examples, batch_size):
             yield model.inference_batch([ex["inputs_ids"] for ex in chunk], lengths,
                                         [ex["targets_ids"] for ex in chunk])
@@ -87,13 +97,11 @@ def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int
         raise ConfigError(f"TASK_FEATURE_LENGTHS needs a 'targets' length (the sequence "
                           f"length), got {dict(feature_lengths)}")
     lm = {"inputs": 0, "targets": lengths["targets"]}
-    with open(path, encoding="utf-8") as f:
-        lines = (line.rstrip("\n") for line in f)
-        eos = int(vocabulary.eos_id)
-        sequences = ([int(t) for t in vocabulary.encode(line)][:lm["targets"] - 1] + [eos]
-                     for line in lines if line.strip())
-        for chunk in _chunks(sequences, batch_size):
-            yield model.inference_batch([[] for _ in chunk], lm, chunk)
+    eos = int(vocabulary.eos_id)
+    sequences = ([int(t) for t in vocabulary.encode(line)][:lm["targets"] - 1] + [eos]
+                 for _, line, _ in read_lines(path) if line.strip())
+    for chunk in _chunks(sequences, batch_size):
+        yield model.inference_batch([[] for _ in chunk], lm, chunk)
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:

@@ -10,9 +10,16 @@ the next example, but only for the same job: OUTPUT_DIR/predictions.job.json rec
 checkpoint, inputs, mode, lengths and decoding, and output of another job is refused in
 one line instead of extended.
 
-A decoder-only model reads each input as a prompt (a task's inputs, or a line of
-INPUT_FILE), continued by up to TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or
-followed by its targets, whose log-likelihood is the score (score).
+INPUT_FILE's texts are processed exactly as the model's training task processed its
+inputs and targets (`t5lite.inference.file_inputs`): the task MIXTURE_OR_TASK_NAME
+names, else the one the checkpoint's run recorded in MODEL_DIR/config.gin; for t5lite's
+inputs -> targets tasks that is trimmed to the feature's length with EOS appended, for
+both families. A decoder-only model with RAW_PROMPTS=True, a language-modeling task or
+no known task continues each line as it is instead (no EOS: a pretrained LM's prompt).
+
+A decoder-only model reads each input as a prompt (BOS, then the input's tokens),
+continued by up to TASK_FEATURE_LENGTHS['targets'] new tokens (predict), or followed by
+its targets, whose log-likelihood is the score (score).
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, DataError, DiskFullError
+from t5lite.errors import (ConfigError, DataError, DiskFullError, check_feature_lengths,
+                           check_positive_int)
+from t5lite.inference import file_inputs
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
 from t5lite.models.features import decode_tokens
@@ -45,13 +54,16 @@ JOB_FILE = "predictions.job.json"
 
 def job_record(*, checkpoint_path: str, step: int, mode: str, input_file: Optional[str],
                task: Optional[str], split: str, lengths: Mapping[str, int],
-               decoding: DecodingSettings) -> Dict[str, Any]:
+               decoding: DecodingSettings, rule: Optional[file_inputs.FileInputs] = None
+               ) -> Dict[str, Any]:
     """What makes the lines of predictions.jsonl: the checkpoint, the inputs (a file's
-    path, size and modification time, or the task split), the mode, lengths and decoding."""
+    path, size and modification time and how its texts are processed, or the task
+    split), the mode, lengths and decoding."""
     if input_file:
         stat = Path(input_file).stat()
         source = {"input_file": str(Path(input_file).resolve()), "size": stat.st_size,
-                  "mtime_ns": stat.st_mtime_ns}
+                  "mtime_ns": stat.st_mtime_ns,
+                  "processed_as": rule.record() if rule else None}
     else:
         source = {"task": task, "split": split}
     return {"checkpoint": str(Path(checkpoint_path).resolve()), "step": int(step),
@@ -128,62 +140,6 @@ def _count_lines_readonly(path: Path) -> int:
 # ----------------------------------------------------------------------------- inputs
 
 
-def _has_text(path: Path) -> bool:
-    """Whether the file holds anything but whitespace (read a block at a time)."""
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            if block.strip():
-                return True
-    return False
-
-
-def _file_examples(path: str, mode: str) -> Iterator[Dict[str, str]]:
-    """{"inputs": text[, "targets": text]} per record of a jsonl file (by extension
-    .jsonl / .json) or per line of a text file."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"INPUT_FILE {path} does not exist")
-    is_jsonl = p.suffix in (".jsonl", ".json")
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not is_jsonl:
-                if mode == "score":
-                    raise ConfigError(
-                        f"INPUT_FILE {path} is plain text: MODE 'score' needs targets, give "
-                        f"a .jsonl file with \"inputs\" and \"targets\" fields")
-                yield {"inputs": line}
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"INPUT_FILE {path}:{n} is not JSON ({e})") from None
-            if not isinstance(record, dict) or "inputs" not in record:
-                raise ConfigError(f"INPUT_FILE {path}:{n} has no \"inputs\" field")
-            if mode == "score" and "targets" not in record:
-                raise ConfigError(f"INPUT_FILE {path}:{n} has no \"targets\" field (MODE "
-                                  f"'score' needs one)")
-            ex = {"inputs": str(record["inputs"])}
-            if "targets" in record:
-                ex["targets"] = str(record["targets"])
-            yield ex
-
-
-def tokenized_file(path: str, mode: str, vocabulary, lengths: Mapping[str, int],
-                    model) -> Iterator[Dict[str, Any]]:
-    """Each example with its token ids, as the model reads inference text
-    (`model.inference_ids`)."""
-    for ex in _file_examples(path, mode):
-        out = dict(ex, inputs_ids=model.inference_ids(vocabulary, ex["inputs"],
-                                                      lengths["inputs"]))
-        if "targets" in ex:
-            out["targets_ids"] = model.inference_ids(vocabulary, ex["targets"],
-                                                     lengths["targets"])
-        yield out
-
-
 def _task_examples(provider, split: str, lengths: Mapping[str, int]
                    ) -> Iterator[Dict[str, Any]]:
     from t5lite.data import stream_errors
@@ -216,11 +172,16 @@ def _batches(it: Iterator, size: int) -> Iterator[List]:
 def infer(*, model, checkpoint_path: str, output_dir: str,
           task_feature_lengths: Mapping[str, int], batch_size: int, mode: str,
           mixture_or_task_name: Optional[str], split: str, input_file: Optional[str],
-          decoding: DecodingSettings, mesh: MeshSettings, data_settings: DataSettings) -> int:
+          raw_prompts: bool, decoding: DecodingSettings, mesh: MeshSettings,
+          data_settings: DataSettings) -> int:
     """Predict or score every example of INPUT_FILE (else of the task split) into
-    OUTPUT_DIR/predictions.jsonl, resuming after the lines already there. Returns the
-    number of lines written by this call. Every keyword is bound by configs/runs/infer.gin,
-    the one home of their defaults."""
+    OUTPUT_DIR/predictions.jsonl, resuming after the lines already there. INPUT_FILE's
+    texts are processed as `file_inputs.file_inputs` says (the training task's inputs
+    by default; RAW_PROMPTS: a decoder-only model's raw prompts). Returns the number of
+    lines written by this call. Every keyword is bound by configs/runs/infer.gin, the one home
+    of their defaults."""
+    check_feature_lengths(task_feature_lengths)
+    check_positive_int("BATCH_SIZE", batch_size)
     if mode not in MODES:
         raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
     if not output_dir:
@@ -230,23 +191,35 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
                           "SPLIT) to say what to run on")
     if input_file and not Path(input_file).is_file():
         raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
-    if input_file and not _has_text(Path(input_file)):
+    if input_file and not file_inputs.has_text(Path(input_file)):
         raise DataError(f"INPUT_FILE {input_file} is empty: there is nothing to {mode}; give "
                         f"it one input a line (text) or one JSON record a line (.jsonl)")
+    if raw_prompts and not input_file:
+        raise ConfigError("RAW_PROMPTS applies to INPUT_FILE's lines; a task split is read "
+                          "as its task processes it: drop RAW_PROMPTS or give INPUT_FILE")
+    if input_file:  # a line that is not UTF-8 (or JSON) fails here, before anything loads
+        log.info("INPUT_FILE %s: %d inputs", input_file,
+                 file_inputs.check_file(input_file, mode))
     # one infer per OUTPUT_DIR: two would interleave their lines in one file
     lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
     try:
         tasks = edge.import_tasks(data_settings)
         lengths = {"inputs": int(task_feature_lengths["inputs"]),
                    "targets": int(task_feature_lengths["targets"])}
+        rule = None
         if input_file:
-            from t5lite.data import vocabularies
-            vocab = vocabularies.get_vocabulary()
+            rule = file_inputs.file_inputs(
+                model, task_name=mixture_or_task_name, checkpoint_path=checkpoint_path,
+                raw_prompts=raw_prompts)
+            vocab = rule.vocabularies["targets"]
+            model.check_vocabulary(rule.vocabularies["inputs"])
             model.check_vocabulary(vocab)
-            examples = tokenized_file(input_file, mode, vocab, lengths, model)
+            examples = file_inputs.tokenized_file(input_file, mode, rule, lengths,
+                                                         model)
         else:
             provider = edge.check_split(tasks, mixture_or_task_name, split)
             vocab = provider.output_features["targets"].vocabulary
+            model.check_vocabulary(vocab)  # loads it: a bad file is one line, here
             examples = _task_examples(provider, split, lengths)
         session = load_session(model, checkpoint_path, batch_size=batch_size,
                                feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
@@ -259,7 +232,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
             check_same_job(out_path.parent, job_record(
                 checkpoint_path=checkpoint_path, step=session.step, mode=mode,
                 input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
-                decoding=decoding), done)
+                decoding=decoding, rule=rule), done)
         else:
             done = _count_lines_readonly(out_path)
         if done:

@@ -133,8 +133,10 @@ class DecoderOnlyModel(BaseModel):
                 f"{cfg.max_length} (learned positions); shorten them")
 
     def inference_ids(self, vocabulary, text, length):
-        # plain ids: a prompt keeps its last tokens, a target is scored as the
-        # continuation (inference_batch trims both)
+        # a raw prompt: plain ids, no EOS (a pretrained LM continues text as it is); a
+        # prompt keeps its last tokens, a target is scored as the continuation
+        # (inference_batch trims both). A task's inputs end in EOS instead
+        # (features.tokenize with the task's add_eos).
         return [int(t) for t in vocabulary.encode(text)]
 
     def inference_batch(self, inputs, lengths, targets=None):

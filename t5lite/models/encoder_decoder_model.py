@@ -96,7 +96,8 @@ class EncoderDecoderModel(BaseModel):
                     self.config, inputs_length, targets_length)}
 
     def inference_ids(self, vocabulary, text, length):
-        return features.tokenize(vocabulary, text, length)  # trimmed, EOS appended
+        # trimmed, EOS appended: what every T5 task does to its inputs and targets
+        return features.tokenize(vocabulary, text, length)
 
     def inference_batch(self, inputs, lengths, targets=None):
         return features.encdec_features(inputs, lengths, targets)

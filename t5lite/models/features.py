@@ -45,9 +45,10 @@ def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str
                           targets: Optional[Sequence[Sequence[int]]] = None,
                           bos_id: int = 0) -> Dict[str, np.ndarray]:
     """A decoder-only model's batch for token lists (a task's inputs and targets end in
-    EOS, a prompt file's do not). Every sequence starts with `bos_id` (the model's), as
-    the LM and prefix-LM feature converters' decoder_input_tokens do in training; a
-    prompt longer than `lengths["inputs"]` tokens keeps its last tokens.
+    EOS, as do an INPUT_FILE's processed as the task's; raw prompts do not). Every
+    sequence starts with `bos_id` (the model's), as the LM and prefix-LM feature
+    converters' decoder_input_tokens do in training; a prompt longer than
+    `lengths["inputs"]` tokens keeps its last tokens.
 
     Without targets (predict): decoder_input_tokens [rows, inputs + 1] = BOS + prompt and
     decoder_prompt_lengths [rows]. With targets (score): decoder_target_tokens
@@ -77,11 +78,15 @@ def decoder_only_features(prompts: Sequence[Sequence[int]], lengths: Mapping[str
             "decoder_loss_weights": weights, "decoder_causal_attention": prompt}
 
 
-def tokenize(vocabulary, text: str, length: int) -> List[int]:
-    """`text` encoded, trimmed to `length - 1` and the vocabulary's EOS appended (seqio's
-    append_eos_after_trim)."""
-    ids = list(vocabulary.encode(text))[: length - 1]
-    return ids + [int(vocabulary.eos_id)]
+def tokenize(vocabulary, text: str, length: int, add_eos: bool = True) -> List[int]:
+    """`text` as a SeqIO task's feature of `length` tokens: encoded (seqio's `tokenize`),
+    then, for a feature with `add_eos` (every t5lite task's), trimmed to `length - 1` and
+    the vocabulary's EOS appended (seqio's `append_eos_after_trim`); without, trimmed to
+    `length` (`Task.get_dataset`'s trim)."""
+    ids = [int(t) for t in vocabulary.encode(text)]
+    if not add_eos:
+        return ids[:length]
+    return ids[: length - 1] + [int(vocabulary.eos_id)]
 
 
 def decode_tokens(vocabulary, tokens: Iterable[int]) -> str:
