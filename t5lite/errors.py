@@ -99,3 +99,36 @@ def check_feature_lengths(value, setting: str = "TASK_FEATURE_LENGTHS") -> Dict[
         if length is not None:
             check_positive_int(f"{setting}[{name!r}]", length)
     return dict(value)
+
+
+def check_bool(setting: str, value) -> bool:
+    """`value` if it is True or False; else ConfigError naming the setting."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{setting} must be True or False, got {value!r}")
+    return value
+
+
+def check_number(setting: str, value, low: Optional[float] = None,
+                 below: Optional[float] = None) -> float:
+    """`value` if it is a number (not a bool) >= `low` and < `below` (each when given);
+    else ConfigError naming the setting and the range."""
+    import math
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or (low is not None and value < low) or \
+            (below is not None and value >= below):
+        bounds = " and ".join(b for b in (f">= {low:g}" if low is not None else "",
+                                          f"< {below:g}" if below is not None else "") if b)
+        raise ConfigError(f"{setting} must be a number{' ' + bounds if bounds else ''}, "
+                          f"got {value!r}")
+    return value
+
+
+def check_text(setting: str, value, optional: bool = False) -> Optional[str]:
+    """`value` if it is a string (or None when `optional`); else ConfigError naming the
+    setting (a gin string needs quotes: --gin.NAME=\\"value\\")."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{setting} must be a string{' (or None)' if optional else ''}, "
+                          f"got {value!r} (in gin, quoted: --gin.{setting}=\\\"...\\\")")
+    return value

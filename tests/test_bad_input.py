@@ -95,3 +95,69 @@ def test_vocabulary_mistakes_are_one_line(tmp_path):
                         f'--gin.PILE_DIR="{tmp_path / "pile"}"',
                         f'--gin.VOCABULARY_PATH="{garbage}"', steps=2)
     th.assert_one_error(proc, "garbage.model", "is not a SentencePiece model", "VOCABULARY_PATH")
+
+
+# Every macro of a training run, given a value of the wrong type or out of its range.
+WRONG_VALUES = {
+    "ACTIVATION_DTYPE": ["'bf16'", "3"], "ALLOW_CHANGED_INPUTS": ["'yes'"],
+    "ATTENTION_IMPL": ["'flash'", "3"], "BATCH_SIZE": ["None", "[8]"],
+    "CHECKPOINT_PERIOD": ["'x'", "0", "2.5"], "DCN_MESH_SHAPE": ["'x'", "[1,1]", "[1,'a',1]"],
+    "DROPOUT_RATE": ["'x'", "1.5", "-0.1"], "EVAL_BATCH_SIZE": ["'x'", "0"],
+    "EVAL_NUM_EXAMPLES": ["'x'", "0"], "EVAL_PERIOD": ["'x'", "-1"], "EVAL_SPLIT": ["3"],
+    "EXTRA_IDS": ["'x'", "-1"], "FP8": ["'x'"], "FP8_BACKEND": ["'x'"], "FP8_RECIPE": ["'x'"],
+    "FUSE_QKV": ["'x'"], "ICI_MESH_SHAPE": ["'x'", "[1,1]", "[0,1,1]", "[1.5,1,1]"],
+    "INITIAL_CHECKPOINT_PATH": ["3", "'/nonexistent'"], "INJECT_STALL": ["'x'", "3"],
+    "KEEP_CHECKPOINTS": ["'x'", "0", "-1"], "LABEL_SMOOTHING": ["'x'", "1.5", "-1"],
+    "LOG_PERIOD": ["'x'", "0"], "LOSS_NORMALIZING_FACTOR": ["'x'", "-1", "[1]"],
+    "MIXTURE_OR_TASK_NAME": ["3", "'nope'"], "MODEL_DIR": ["3", "None"],
+    "NUM_MICROBATCHES": ["'x'", "3"], "PACK": ["'x'", "2"],
+    "PARTITION_RULES": ["'x'", "[('embed',)]", "[3]", "[('embed', 'rows')]"],
+    "RANDOM_SEED": ["'x'", "1.5"], "REMAT_POLICY": ["'x'", "3"], "SCAN_LAYERS": ["'x'"],
+    "STEP_WATCHDOG": ["'x'"], "TEXT_FIELD": ["3"], "TEXT_FILES": ["3", "[3]"],
+    "TRAIN_STEPS": ["'x'", "None"], "TRANSPOSE_BS": ["'x'"], "VOCABULARY_PATH": ["3"],
+    "WATCHDOG_FACTOR": ["'x'", "0", "-1"], "WATCHDOG_FLOOR_SECONDS": ["'x'", "-1"],
+    "WATCHDOG_SAVE_SECONDS": ["'x'", "-1"], "WATCHDOG_WARMUP_STEPS": ["'x'", "-1"],
+    "Z_LOSS": ["'x'", "-1"],
+}
+
+_EVERY_MACRO = r"""
+import contextlib, io, json, shutil, sys
+from t5lite import train
+from t5lite.config import command
+from t5lite.errors import ConfigError
+cases, model_dir, base = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+for macro, value in cases:
+    shutil.rmtree(model_dir, ignore_errors=True)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = train.main(base + [f"--gin.{macro}={value}"])
+        except ConfigError as e:  # what command.run_main makes of it
+            print(f"error: {command.one_line(e)}", file=sys.stderr)
+            status = 2
+        except BaseException as e:
+            status = f"{type(e).__name__}: {e}"
+    print(json.dumps([macro, value, status, err.getvalue()]), flush=True)
+"""
+
+
+def test_every_run_macro_wrong_in_type_or_range_is_one_line(tmp_path):
+    """All the cases run in one process (`train.main`, as the command runs it): each ends
+    with one `error:` line, status 2 (1 for the run errors: no such checkpoint, a batch
+    that does not split into the microbatches), and no traceback or stray exception."""
+    import json
+    import sys
+    cases = [(m, v) for m, values in WRONG_VALUES.items() for v in values]
+    base = th.train_command(tmp_path / "run", steps=2)[3:]
+    proc = th.run([sys.executable, "-c", _EVERY_MACRO, json.dumps(cases), str(tmp_path / "run"),
+                   json.dumps(base)], cwd=th.REPO)
+    assert proc.returncode == 0, th.describe(proc)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == len(cases)
+    bad = []
+    for macro, value, status, err in results:
+        lines = th.error_lines(err)
+        if status not in (1, 2) or len(lines) != 1 or "Traceback" in err or macro not in lines[0] \
+                and macro not in ("INITIAL_CHECKPOINT_PATH", "MIXTURE_OR_TASK_NAME"):
+            bad.append((macro, value, status, err[-300:]))
+    assert not bad, bad

@@ -27,7 +27,7 @@ from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 MODEL_FILE = "configs/models/llama2/tiny.gin"
 VOCAB = 512
-LENGTHS = {"inputs": 64, "targets": 8}
+LENGTHS = {"inputs": 64, "targets": 16}  # the labels take up to 10 tokens with EOS
 BATCH = 8
 DEV = 11  # validation_matched examples: a padded last batch
 

@@ -27,6 +27,8 @@ import dataclasses
 import os
 from typing import Dict, List, Optional, Sequence, Union
 
+from t5lite.errors import ConfigError
+
 # setting -> (gin macro, environment variable)
 SETTINGS: Dict[str, tuple] = {
     "vocabulary_path": ("VOCABULARY_PATH", "T5LITE_VOCABULARY_PATH"),
@@ -64,6 +66,25 @@ class DataSettings:
     tfds_data_dir: Optional[str] = None
     extra_ids: Optional[int] = None
     demo_dir: Optional[str] = None
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            macro = SETTINGS[field.name][0] if field.name in SETTINGS else "DEMO_DATA_DIR"
+            if value is None:
+                continue
+            if field.name == "extra_ids":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ConfigError(f"{macro} must be a whole number >= 0 (or None), got "
+                                      f"{value!r}")
+            elif field.name in ("text_files", "text_validation_files") and \
+                    isinstance(value, (list, tuple)):
+                if not value or not all(isinstance(v, str) for v in value):
+                    raise ConfigError(f"{macro} must be a glob or a list of globs (strings), "
+                                      f"got {value!r}")
+            elif not isinstance(value, str):
+                what = "a glob or a list of globs" if "files" in field.name else "a string"
+                raise ConfigError(f"{macro} must be {what} (or None), got {value!r}")
 
 
 def set_values(**values: Optional[str]) -> None:

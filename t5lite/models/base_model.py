@@ -29,7 +29,8 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     bos_id, eos_id             the tokens its sequences start and end with (its config's)
     check_features(names)      whether its network reads batches with these features
     tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
-    inference_ids(...)         text -> the token ids of one inference input or target
+    inference_ids(...)         text no task processes -> the token ids of one inference
+                               input or target (T5: EOS appended; decoder-only: as is)
     inference_batch(...)       token lists -> the batch predict_batch / score_batch read
 
 The families: `t5lite.models.encoder_decoder_model.EncoderDecoderModel` and
@@ -47,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, check_number
 from t5lite.models import decoding, layouts, losses, te_backend
 
 Batch = Mapping[str, jax.Array]
@@ -72,9 +73,16 @@ class BaseModel:
             te_backend.require("FP8_BACKEND='te'", "FP8_BACKEND='native'")
         if config.attention_impl == "te":
             te_backend.require("ATTENTION_IMPL='te'", "ATTENTION_IMPL='cudnn'")
-        self.z_loss = z_loss
-        self.label_smoothing = label_smoothing
-        self.loss_normalizing_factor = loss_normalizing_factor
+        self.z_loss = check_number("Z_LOSS", z_loss, low=0)
+        self.label_smoothing = check_number("LABEL_SMOOTHING", label_smoothing, low=0, below=1)
+        factor = loss_normalizing_factor
+        if factor is not None and factor != losses.NUM_REAL_TARGET_TOKENS and (
+                isinstance(factor, (bool, str)) or not isinstance(factor, (int, float))
+                or not 0 < factor < float("inf")):
+            raise ConfigError(f"LOSS_NORMALIZING_FACTOR must be None (the token sum), a "
+                              f"positive number or {losses.NUM_REAL_TARGET_TOKENS!r}, got "
+                              f"{factor!r}")
+        self.loss_normalizing_factor = factor
         self.module = self.NETWORK(config)
 
     # -- construction ---------------------------------------------------------------
@@ -263,7 +271,10 @@ class BaseModel:
         do not fit the model."""
 
     def inference_ids(self, vocabulary, text: str, length: int) -> List[int]:
-        """Token ids of one inference input (or target) text of at most `length`."""
+        """Token ids of one inference input (or target) text of at most `length` that no
+        task processes (`t5lite.infer` with RAW_PROMPTS, or a checkpoint whose training
+        task is unknown; a known task's features process the text instead,
+        `features.tokenize`): the family's own reading of plain text."""
         raise NotImplementedError
 
     def inference_batch(self, inputs: Sequence[Sequence[int]], lengths: Mapping[str, int],

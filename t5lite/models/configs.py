@@ -188,14 +188,18 @@ def _check_special_ids(cfg) -> None:
 
 
 def _check_switches(cfg) -> None:
-    if cfg.remat_policy not in REMAT_POLICIES:
-        raise ValueError(f"remat_policy must be one of {REMAT_POLICIES}, got {cfg.remat_policy!r}")
-    if cfg.attention_impl not in ATTENTION_IMPLS:
-        raise ValueError(
-            f"attention_impl must be one of {ATTENTION_IMPLS}, got {cfg.attention_impl!r}")
-    if cfg.fp8_backend not in FP8_BACKENDS:
-        raise ValueError(f"fp8_backend must be one of {FP8_BACKENDS}, got {cfg.fp8_backend!r}")
-    if cfg.fp8_recipe not in FP8_RECIPES:
-        raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {cfg.fp8_recipe!r}")
-    if cfg.dtype not in ("bfloat16", "float32", "float16"):
-        raise ValueError(f"dtype must be bfloat16, float32 or float16, got {cfg.dtype!r}")
+    macros = switch_macros()
+    for name in ("fuse_qkv", "transpose_bs", "fp8", "scan_layers"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{macros[name]} ({name}) must be True or False, got "
+                             f"{getattr(cfg, name)!r}")
+    rate = cfg.dropout_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise ValueError(f"DROPOUT_RATE (dropout_rate) must be a number >= 0 and < 1, got "
+                         f"{rate!r}")
+    for name, allowed in (("remat_policy", REMAT_POLICIES), ("attention_impl", ATTENTION_IMPLS),
+                          ("fp8_backend", FP8_BACKENDS), ("fp8_recipe", FP8_RECIPES),
+                          ("dtype", ("bfloat16", "float32", "float16"))):
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{macros[name]} ({name}) must be one of {', '.join(allowed)}; "
+                             f"got {getattr(cfg, name)!r}")

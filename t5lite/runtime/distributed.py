@@ -228,10 +228,8 @@ def leave(status: int) -> None:
 
 
 def _say_nothing_more() -> None:
-    """Once the loss line is out, this process ends in a few seconds: what its other
-    threads meet in that time (an Orbax save's barrier cancelled, a collective failed,
-    JAX's client shutting down) is that same loss, and their tracebacks would bury the
-    line. So stderr goes to /dev/null from here on (the line is already written)."""
+    """stderr to /dev/null once the loss line is out: what the other threads meet in the
+    seconds left (a save's barrier cancelled, a collective failed) is that same loss."""
     try:
         sys.stderr.flush()
     except (OSError, ValueError):
@@ -245,10 +243,8 @@ def _say_nothing_more() -> None:
 
 
 def _waits_on_a_peer(exc: Optional[BaseException], text: str) -> bool:
-    """A background thread's report of a barrier or collective that failed or timed out
-    (Orbax's async save waiting for the others, a cancelled barrier): in a watched run the
-    cause is another process, which the watcher names in one line, and the failure is
-    raised in the main thread too (Orbax re-raises it at the next save or wait)."""
+    """A background report of a barrier or collective that failed (Orbax's async save):
+    the watcher names its cause, another process; the main thread meets it too."""
     if _monitor is None:
         return False
     return (isinstance(exc, TimeoutError) or "barrier" in text.lower()

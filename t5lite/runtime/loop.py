@@ -31,8 +31,8 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 
 from t5lite.data.settings import DataSettings
-from t5lite.errors import (ConfigError, OutputWriteError, TrainingError, check_feature_lengths,
-                           check_positive_int)
+from t5lite.errors import (ConfigError, OutputWriteError, TrainingError, check_bool,
+                           check_feature_lengths, check_positive_int, check_text)
 from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods, run_seed
 from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
@@ -55,6 +55,9 @@ class InferenceEvalSettings:
     num_examples: Optional[int] = None
 
     def __post_init__(self):
+        check_text("EVAL_SPLIT", self.split)
+        check_positive_int("EVAL_BATCH_SIZE", self.batch_size, optional=True)
+        check_positive_int("EVAL_NUM_EXAMPLES", self.num_examples, optional=True)
         if self.period == 0:
             object.__setattr__(self, "period", None)
         if self.period is not None and (isinstance(self.period, bool) or
@@ -110,6 +113,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
     check_positive_int("TRAIN_STEPS", train_steps)
     check_feature_lengths(task_feature_lengths)
+    check_text("MODEL_DIR", model_dir)
+    check_text("MIXTURE_OR_TASK_NAME", mixture_or_task_name)
+    check_text("INITIAL_CHECKPOINT_PATH", initial_checkpoint_path, optional=True)
+    check_bool("PACK", pack)
+    check_bool("ALLOW_CHANGED_INPUTS", allow_changed_inputs)
     check_positive_int("LOG_PERIOD", log_period)
     run_seed.check(random_seed)
     if initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:

@@ -30,7 +30,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.data.data_layout import DataLayout
-from t5lite.errors import PartitioningError
+from t5lite.errors import ConfigError, PartitioningError
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +300,23 @@ class MeshSettings:
     dcn_mesh_shape: Sequence[int]
     partition_rules: Sequence[Tuple[str, Any]]
 
+    def __post_init__(self):
+        for name, shape in (("ICI_MESH_SHAPE", self.ici_mesh_shape),
+                            ("DCN_MESH_SHAPE", self.dcn_mesh_shape)):
+            if not isinstance(shape, (list, tuple)) or len(shape) != len(MESH_AXES) or any(
+                    isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
+                    for s in shape):
+                raise ConfigError(f"{name} must be {len(MESH_AXES)} whole numbers "
+                                  f"{list(MESH_AXES)}, each >= 1 or one -1 (the rest of the "
+                                  f"devices), e.g. [-1, 1, 1]; got {shape!r}")
+        rules = self.partition_rules
+        if not isinstance(rules, (list, tuple)) or any(
+                not isinstance(r, (list, tuple)) or len(r) != 2 or not isinstance(r[0], str)
+                or not _is_mesh_axes(r[1]) for r in rules):
+            raise ConfigError(f"PARTITION_RULES must be a list of (logical axis, mesh axes) "
+                              f"pairs, the mesh axes None, one of {list(MESH_AXES)} or a tuple "
+                              f"of them, e.g. [('embed', 'fsdp')]; got {rules!r}")
+
     @classmethod
     def data_parallel(cls) -> "MeshSettings":
         """Every device on the data axis, no extra rules: the mesh of a library caller that
@@ -316,6 +333,12 @@ class MeshSettings:
         axes = {name: name for name in MESH_AXES}
         return Partitioner(mesh, self.partition_rules,
                            model_context=lambda: model.tracing_context(axes))
+
+
+def _is_mesh_axes(axes) -> bool:
+    if axes is None or axes in MESH_AXES:
+        return True
+    return isinstance(axes, (list, tuple)) and all(a in MESH_AXES for a in axes)
 
 
 def _derived_spec(shape, param_shape, param_spec: P) -> P:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, check_bool
 from t5lite.runtime import distributed
 
 EXIT_HUNG = 3
@@ -52,6 +52,7 @@ class WatchdogSettings:
     stall: Optional[str] = None
 
     def __post_init__(self):
+        check_bool("STEP_WATCHDOG", self.enabled)
         for name, value in (("WATCHDOG_FACTOR", self.factor),
                             ("WATCHDOG_FLOOR_SECONDS", self.floor_seconds),
                             ("WATCHDOG_SAVE_SECONDS", self.save_seconds)):
