@@ -617,3 +617,42 @@ def test_bad_sampling_settings_are_one_line(setup, tmp_path, capsys):
                   "--gin.DECODING_METHOD='sample'", "--gin.TOP_P=0.0")
     lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "TOP_P" in lines[0]
+
+
+# Every macro of eval and infer, given a value of the wrong type or out of its range.
+_DECODING_WRONG = {"DECODING_METHOD": ["3", "'x'"], "BEAM_SIZE": ["'x'", "0"],
+                   "TEMPERATURE": ["'x'", "-1"], "TOP_K": ["'x'", "-1"],
+                   "TOP_P": ["'x'", "0", "2"], "ALPHA": ["'x'"], "SEED": ["'x'", "-1", "1.5"]}
+_COMMON_WRONG = {"CHECKPOINT_PATH": ["3"], "OUTPUT_DIR": ["3"], "SPLIT": ["3"],
+                 "BATCH_SIZE": ["'x'", "0", "None"], "MODE": ["3", "'x'"], "INPUT_FILE": ["3"],
+                 "MIXTURE_OR_TASK_NAME": ["3"], "TASK_FEATURE_LENGTHS": ["'x'", "{'inputs': 0}"],
+                 **_DECODING_WRONG}
+WRONG_VALUES = {"eval": {**_COMMON_WRONG, "NUM_EXAMPLES": ["'x'", "0"]},
+                "infer": {**_COMMON_WRONG, "RAW_PROMPTS": ["'x'", "2"]}}
+
+
+@pytest.mark.parametrize("command", ["eval", "infer"])
+def test_every_macro_wrong_in_type_or_range_is_one_line(setup, tmp_path, capsys, command):
+    """Each ends before anything loads, in one `error:` line naming the macro, and writes
+    nothing; every decoding setting is checked, whichever DECODING_METHOD reads it."""
+    run = _eval if command == "eval" else _infer
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("mnli hypothesis: a. premise: b.\n")
+    bad = []
+    for macro, values in WRONG_VALUES[command].items():
+        for value in values:
+            out = tmp_path / f"out_{len(bad)}"
+            extra = [f'--gin.INPUT_FILE="{inputs}"'] if command == "infer" else \
+                ["--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.SPLIT='validation_matched'"]
+            capsys.readouterr()
+            try:
+                status = run(setup, out, *extra, f"--gin.{macro}={value}")
+            except Exception as e:  # noqa: BLE001 - what the command would have printed
+                bad.append((macro, value, f"{type(e).__name__}: {e}"))
+                continue
+            err = capsys.readouterr().err
+            lines = [l for l in err.splitlines() if l.startswith("error:")]
+            if status not in (1, 2) or len(lines) != 1 or "Traceback" in err or \
+                    macro not in lines[0] or out.exists() and any(out.iterdir()):
+                bad.append((macro, value, status, err[-300:]))
+    assert not bad, bad

@@ -21,7 +21,7 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int
+from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int, check_text
 from t5lite.inference import perplexity, task_eval
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.runtime import disk_space, metrics
@@ -42,6 +42,11 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
     one home of their defaults."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
+    check_positive_int("NUM_EXAMPLES", num_examples, optional=True)
+    for macro, value in (("CHECKPOINT_PATH", checkpoint_path), ("OUTPUT_DIR", output_dir),
+                         ("MIXTURE_OR_TASK_NAME", mixture_or_task_name),
+                         ("INPUT_FILE", input_file), ("SPLIT", split), ("MODE", mode)):
+        check_text(macro, value, optional=macro not in ("SPLIT", "MODE"))
     if not output_dir:
         raise ConfigError("OUTPUT_DIR is not set")
     if mode not in MODES:

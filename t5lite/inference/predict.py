@@ -37,8 +37,8 @@ import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
-from t5lite.errors import (ConfigError, DataError, DiskFullError, check_feature_lengths,
-                           check_positive_int)
+from t5lite.errors import (ConfigError, DataError, DiskFullError, check_bool,
+                           check_feature_lengths, check_positive_int, check_text)
 from t5lite.inference import file_inputs
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
@@ -182,6 +182,11 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     of their defaults."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
+    check_bool("RAW_PROMPTS", raw_prompts)
+    for macro, value in (("CHECKPOINT_PATH", checkpoint_path), ("OUTPUT_DIR", output_dir),
+                         ("MIXTURE_OR_TASK_NAME", mixture_or_task_name),
+                         ("INPUT_FILE", input_file), ("SPLIT", split), ("MODE", mode)):
+        check_text(macro, value, optional=macro not in ("SPLIT", "MODE"))
     if mode not in MODES:
         raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
     if not output_dir:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, check_number, check_positive_int
 from t5lite.models import decoding
 from t5lite.runtime import checkpoint_files, finetune_restore
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
@@ -48,6 +48,17 @@ class DecodingSettings:
     seed: int
 
     def __post_init__(self):
+        # every setting is checked, whichever the method reads: a wrong one is a mistake
+        check_positive_int("BEAM_SIZE", self.beam_size)
+        check_number("ALPHA", self.alpha)
+        check_number("TEMPERATURE", self.temperature, low=0)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"TOP_K must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or \
+                not 0 < self.top_p <= 1:
+            raise ConfigError(f"TOP_P must be in (0, 1] (1: off), got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"SEED must be an integer >= 0, got {self.seed!r}")
         self.decoder()
 
     def decoder(self):
@@ -56,19 +67,8 @@ class DecodingSettings:
         if method == "greedy":
             return decoding.GreedyDecoder()
         if method in ("beam", "beam_search"):
-            if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) \
-                    or self.beam_size < 1:
-                raise ConfigError(f"BEAM_SIZE must be a positive integer, got "
-                                  f"{self.beam_size!r}")
             return decoding.BeamSearch(num_beams=self.beam_size, alpha=float(self.alpha))
         if method in ("sample", "sampling"):
-            if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-                raise ConfigError(f"TEMPERATURE must be >= 0, got {self.temperature!r}")
-            if not isinstance(self.top_k, int) or self.top_k < 0:
-                raise ConfigError(f"TOP_K must be an integer >= 0 (0: off), got "
-                                  f"{self.top_k!r}")
-            if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-                raise ConfigError(f"TOP_P must be in (0, 1] (1: off), got {self.top_p!r}")
             return decoding.Sampling(temperature=float(self.temperature), top_k=self.top_k,
                                      top_p=float(self.top_p))
         raise ConfigError(f"DECODING_METHOD {method!r} is not one of "
