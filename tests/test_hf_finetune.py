@@ -56,7 +56,7 @@ def test_a_converted_llama_finetuned_on_mnli_exports_back_with_the_same_logits(e
     assert "DecoderConfig.bos_id = 1" in model_gin and "DecoderConfig.eos_id = 2" in model_gin
     assert train.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/finetune_mnli.gin",
                        f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
-                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
+                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
                        "--gin.BATCH_SIZE=8", "--gin.TRAIN_STEPS=3", "--gin.EVAL_PERIOD=3",
                        "--gin.EXTRA_IDS=0",
                        "--gin.CHECKPOINT_PERIOD=3", "--gin.CheckpointSettings.async_save=False",

@@ -148,6 +148,33 @@ def test_a_peer_stopped_during_an_async_save_ends_the_other_in_one_line(tmp_path
                          f"command (every process) starts the run again"), line
 
 
+def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_path):
+    """Process 1 stopped as soon as both have joined, while they compile: process 0 waits
+    for it in the first computation they share, and its watcher ends it in one line that
+    says nothing was committed yet."""
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_pair(model_dir, logs, "--gin.STEP_WATCHDOG=False")
+    try:
+        th.wait_for(lambda: "jax.distributed: process 1 of 2" in th.read_log(logs / "p1.log"),
+                    "process 1 joined", proc=procs[1], log_path=logs / "p1.log", poll=0.005)
+        procs[1].send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        rc0 = th.finish(procs[0], timeout=120)
+        took = time.monotonic() - t
+    finally:
+        for p in procs:
+            th.kill(p)
+    log = th.read_log(logs / "p0.log")
+    line = _the_line(log)
+    assert rc0 == EXIT_PEER_LOST and log.rstrip().endswith(line), log
+    assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
+    assert line.endswith(f"No checkpoint was committed in {model_dir}: running the same "
+                         f"command (every process) starts the run again"), line
+    assert not th.logged_steps(log) and not th.complete_steps(model_dir)
+    assert took < PEER_TIMEOUT + 20, took
+
+
 @pytest.mark.parametrize("index,needle", [
     (1, "nothing answers at 127.0.0.1:"),  # a wrong address: no coordinator there
     (0, "answers, but not all 2 processes joined"),  # the peer never starts
