@@ -175,6 +175,43 @@ def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_pat
     assert took < PEER_TIMEOUT + 20, took
 
 
+def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path,
+                                                                       tmp_path_factory):
+    """Training on MNLI with EVAL_PERIOD=6: process 1 stopped as soon as process 0 has logged
+    step 6, as their inference evaluation starts (it compiles the decoding first); process 0's evaluation (decoding shares the mesh of
+    both) then waits for it, and its watcher ends it in one line naming checkpoint 4."""
+    from t5lite.data import demo_corpus
+    from data_helpers import vocabulary
+    mnli = tmp_path / "multinli"
+    demo_corpus.write_multinli(str(mnli), train=16, dev=11)
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_pair(model_dir, logs, "--gin.STEP_WATCHDOG=False",
+                        "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.EVAL_PERIOD=6",
+                        "--gin.EVAL_SPLIT='validation_matched'", "--gin.T5Config.vocab_size=512",
+                        f'--gin.VOCABULARY_PATH="{vocabulary(tmp_path_factory)}"',
+                        f'--gin.MNLI_DIR="{mnli}"')
+    try:
+        th.wait_for(lambda: "step 6/" in th.read_log(logs / "p0.log"), "step 6",
+                    proc=procs[0], log_path=logs / "p0.log", poll=0.005)
+        procs[1].send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        rc0 = th.finish(procs[0], timeout=120)
+        took = time.monotonic() - t
+    finally:
+        for p in procs:
+            th.kill(p)
+    log = th.read_log(logs / "p0.log")
+    line = _the_line(log)
+    assert rc0 == EXIT_PEER_LOST and log.rstrip().endswith(line), log
+    assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
+    assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the same "
+                         f"command (every process) to resume from it"), line
+    assert max(th.logged_steps(log)) == 6 and th.complete_steps(model_dir) == [4], log
+    assert "mnli validation_matched: accuracy" not in log, log  # ended inside the evaluation
+    assert took < PEER_TIMEOUT + 20, took
+
+
 @pytest.mark.parametrize("index,needle", [
     (1, "nothing answers at 127.0.0.1:"),  # a wrong address: no coordinator there
     (0, "answers, but not all 2 processes joined"),  # the peer never starts
