@@ -65,7 +65,7 @@ def _the_line(log):
 
 
 @pytest.mark.parametrize("fault,victim", [("SIGKILL", 1), ("SIGSTOP", 1), ("hung", 1),
-                                          ("SIGKILL", 0)])  # 0: the coordinator's host
+                                          ("SIGKILL", 0), ("SIGSTOP", 0)])  # 0: the coordinator's host
 def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, victim, tmp_path,
                                                                        uninterrupted):
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
