@@ -1,6 +1,6 @@
 """`python -m t5lite.data_bench`: the input pipeline alone, t5lite's span corruption
 against plain SeqIO with T5's preprocessors, on the same documents and vocabulary, in one
-run (wiring only; the library is `t5lite.data.throughput`).
+run (wiring only; the library is `t5lite.tools.data_throughput`).
 
     python -m t5lite.data_bench --vocabulary=/data/spm.model [--documents=4000] \
         [--batches=20 --batch_size=64] [--json_out=data_bench.json]
@@ -8,7 +8,7 @@ run (wiring only; the library is `t5lite.data.throughput`).
 Writes its own Pile-style corpus (the demo text generator) into --work_dir; prints
 examples per second and per busy-core second for span corruption at inputs 512 with
 targets 114 and 128, packed and not. Instead: --formats, each text-file format against
-the Pile reader (t5lite.data.format_throughput); --resume_rows, the cost of a resume.
+the Pile reader (t5lite.tools.format_throughput); --resume_rows, the cost of a resume.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import tempfile
 from typing import Optional, Sequence
 
 from t5lite.config import command, flags
-from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError
 
 LENGTHS = ({"inputs": 512, "targets": 114}, {"inputs": 512, "targets": 128})
@@ -67,10 +66,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _compare(args, work: str):
-    from t5lite.data import edge, throughput
+    from t5lite.tools import data_throughput as throughput
     corpus = throughput.write_corpus(work, args.documents)
-    edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"],
-                                   vocabulary_path=args.vocabulary))
+    throughput.use_corpus(corpus, args.vocabulary)
     throughput.register_plain_task(corpus["text_file"], args.vocabulary)
     rows = throughput.compare(list(LENGTHS), batch_size=args.batch_size,
                               n_batches=args.batches)
@@ -78,18 +76,17 @@ def _compare(args, work: str):
 
 
 def _formats(args, work: str):
-    from t5lite.data import format_throughput as formats
+    from t5lite.tools import format_throughput as formats
     files = formats.write_formats(work, args.documents, mean_chars=args.mean_chars)
     return formats.report(files, args.vocabulary, LENGTHS[0], batch_size=args.batch_size,
                           n_batches=args.batches, rounds=args.rounds)
 
 
 def _resume(args, work: str):
-    from t5lite.data import edge, throughput
+    from t5lite.tools import data_throughput as throughput
     corpus = throughput.write_corpus(work, args.documents, mean_chars=args.mean_chars,
                                      compress=True)
-    edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"],
-                                   vocabulary_path=args.vocabulary))
+    throughput.use_corpus(corpus, args.vocabulary)
     result = throughput.resume_cost({"inputs": 512, "targets": 128}, args.resume_rows,
                                     corpus["pile_file"], late=args.batches)
     result["mean_chars"] = args.mean_chars

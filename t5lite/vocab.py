@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from t5lite.data import vocab_training
 from t5lite.errors import DataError, OutputWriteError
-from t5lite.runtime import disk_space
+from t5lite.runtime.process import disk_space
 from t5lite.config import flags
 
 

@@ -96,7 +96,7 @@ def pile_tfds(data_dir: str, docs: Dict[str, int]) -> None:
 
 def mnli_tfds(data_dir: str, n: int = 9) -> None:
     import tensorflow_datasets as tfds
-    from t5lite.data.readers import MNLI_LABELS
+    from t5lite.data.files.readers import MNLI_LABELS
     features = tfds.features.FeaturesDict({
         "premise": tfds.features.Text(), "hypothesis": tfds.features.Text(),
         "label": tfds.features.ClassLabel(names=list(MNLI_LABELS)), "idx": tf_int32()})

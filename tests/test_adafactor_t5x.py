@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts, param_paths, t5x_params
+from t5lite.models import layouts, param_paths
+from t5lite.formats import t5x_params
 from t5lite.models.configs import T5Config
 from t5lite.models.model import model_for_config
-from t5lite.runtime import adafactor, finetune_restore, optimizers, t5x_checkpoint
-from t5lite.runtime import t5x_optimizer_state
+from t5lite.optim import adafactor, optimizers
+from t5lite.runtime.checkpointing import finetune_restore
+from t5lite.formats import t5x_checkpoint
+from t5lite.formats import t5x_optimizer_state
 
 import t5x_helpers as tx
 

@@ -1,7 +1,10 @@
 """The house rules of t5lite/ (docs/architecture.md), read from the source with `ast`:
 
-- imports run one way: errors <- models <- data <- runtime <- inference / interop <-
-  config <- tools <- commands; function-local imports count;
+- imports run one way, room by room (a sub-room such as runtime/process/ is a room of its
+  own): errors <- models, optim <- data/files, formats, runtime/process <- data,
+  runtime/checkpointing <- runtime <- inference / interop <- config <- tools <- commands;
+  rooms on one floor do not import each other; function-local imports count;
+- no room's own modules pass 3,000 lines;
 - no import cycle between modules;
 - a command never imports another command, and is thin wiring;
 - no module passes 400 lines;
@@ -25,9 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "t5lite"
 COMMANDS = {"train", "eval", "infer", "bench", "data_bench", "info", "convert", "vocab", "deps",
             "demo_data"}
-LAYERS = {"errors": 0, "models": 1, "data": 2, "runtime": 3, "inference": 4, "interop": 4,
-          "config": 5, "tools": 6}
-COMMAND_LAYER = 7
+LAYERS = {"errors": 0, "models": 1, "optim": 1,
+          "data.files": 2, "formats": 2, "runtime.process": 2,
+          "data": 3, "runtime.checkpointing": 3,
+          "runtime": 4, "inference": 5, "interop": 5, "config": 6, "tools": 7}
+SUB_ROOMS = {room for room in LAYERS if "." in room}
+COMMAND_LAYER = 8
+ROOM_LINES = 3000
 FAMILY_NAMES = {"T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel"}
 
 
@@ -42,12 +49,15 @@ MODULES: Dict[str, Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.
 
 
 def _room(module: str) -> str:
-    """'errors', 'models', ..., 'command:<name>', or 'root' (the package itself)."""
+    """'errors', 'models', ..., a sub-room 'runtime.process', 'command:<name>', or 'root'
+    (the package itself)."""
     parts = module.split(".")
     if len(parts) == 1:
         return "root"
     if parts[1] in COMMANDS and len(parts) == 2:
         return f"command:{parts[1]}"
+    if len(parts) >= 3 and f"{parts[1]}.{parts[2]}" in SUB_ROOMS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1]
 
 
@@ -98,13 +108,27 @@ def test_imports_run_one_way():
         for target in targets:
             if _layer(target) > _layer(module):
                 against.append(f"{module} -> {target}")
-            elif {_room(module), _room(target)} == {"inference", "interop"}:
-                against.append(f"{module} -> {target} (sibling rooms)")
             elif _room(module).startswith("command:") and _room(target).startswith("command:"):
                 against.append(f"{module} -> {target} (a command borrows from another)")
-    assert not against, "imports against errors <- models <- data <- runtime <- " \
-                        "inference / interop <- config <- tools <- commands:\n" + \
-        "\n".join(sorted(against))
+            elif (_layer(target) == _layer(module) and _room(target) != _room(module)
+                  and "root" not in (_room(module), _room(target))):
+                against.append(f"{module} -> {target} (rooms on one floor)")
+    assert not against, "imports against the floors (LAYERS):\n" + "\n".join(sorted(against))
+
+
+def test_the_floor_rule_holds_sub_rooms_apart():
+    assert _room("t5lite.runtime.process.distributed") == "runtime.process"
+    assert _room("t5lite.runtime.loop") == "runtime"
+    assert _room("t5lite.data.files") == "data.files"
+    assert _layer("t5lite.runtime.checkpointing.checkpoints") > _layer("t5lite.formats.t5x_params")
+    assert _layer("t5lite.runtime.process.distributed") < _layer("t5lite.runtime.loop")
+
+
+def test_no_room_over_3000_lines():
+    lines: Dict[str, int] = {}
+    for module, path in MODULES.items():
+        lines[_room(module)] = lines.get(_room(module), 0) + len(path.read_text().splitlines())
+    assert not {r: n for r, n in lines.items() if n > ROOM_LINES}, lines
 
 
 def _strongly_connected(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -207,14 +231,14 @@ def test_no_project_file_sends_users_to_shared():
 
 
 def _map() -> Dict[str, Set[str]]:
-    """docs/architecture.md's rooms block: room ('' for the top level: commands and
-    errors.py) -> the names on its lines (`x.py` and bare words)."""
+    """docs/architecture.md's rooms block: room ('' for the top level: the commands;
+    'runtime/process' for a sub-room) -> the names on its lines (`x.py` and bare words)."""
     text = (REPO / "docs" / "architecture.md").read_text()
     block = text.split("## The rooms", 1)[1].split("```", 2)[1]
     rooms: Dict[str, Set[str]] = {"": set()}
     room = ""
     for line in block.splitlines():
-        start = re.match(r"^  (\w+)/\s", line)
+        start = re.match(r"^  ([\w/]+)/(\s|$)", line)
         if start:
             room = start.group(1)
             rooms.setdefault(room, set())
@@ -238,8 +262,9 @@ def test_the_map_names_every_module_in_its_room():
         if room.startswith("command:"):
             if room.split(":")[1] not in rooms[""]:
                 missing.append(f"{module} (a command: name it on the commands' lines)")
-        elif path.name not in rooms.get("" if room in ("root", "errors") else room, set()):
-            missing.append(f"{path.relative_to(REPO)} (under {room}/)")
+        elif path.name not in rooms.get("" if room == "root" else room.replace(".", "/"),
+                                        set()):
+            missing.append(f"{path.relative_to(REPO)} (under {room.replace('.', '/')}/)")
     assert not missing, "docs/architecture.md's map lacks:\n" + "\n".join(missing)
 
 

@@ -13,12 +13,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSh
 
 from t5lite.errors import CheckpointMismatchError
 from t5lite.interop import checkpoint_format
-from t5lite.runtime.checkpoints import Checkpointer, restore_or_init
-from t5lite.runtime.finetune_restore import restore_params_for_finetuning
+from t5lite.runtime.checkpointing.checkpoints import Checkpointer, restore_or_init
+from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
 from t5lite.models import layouts
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel
-from t5lite.runtime.train_state import TrainState
+from t5lite.optim.train_state import TrainState
 
 T5_TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=2,
                    num_decoder_layers=2, mlp_dim=32, dtype="float32")

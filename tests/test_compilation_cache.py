@@ -21,7 +21,7 @@ import pytest
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
-from t5lite.runtime import compilation_cache as cc
+from t5lite.runtime.process import compilation_cache as cc
 
 GIN_FILES = (th.MODEL_FILES["t5"], th.SYNTHETIC)
 

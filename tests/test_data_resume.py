@@ -14,7 +14,8 @@ from data_helpers import data_env, pile_tfds, reset_data_settings, vocabulary
 
 pytest.importorskip("seqio")
 
-from t5lite.data import jsonl_cursor, pipeline, sources  # noqa: E402
+from t5lite.data.files import jsonl_cursor  # noqa: E402
+from t5lite.data import pipeline, sources
 
 EARLY, LATE, AFTER = 2, 60, 3
 LENGTHS = {"inputs": 32, "targets": 8}

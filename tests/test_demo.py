@@ -125,7 +125,7 @@ def test_interrupted_corpus_write_leaves_nothing(tmp_path, monkeypatch):
 
 def test_demo_data_command_writes_the_corpus_and_refuses_a_used_directory(tmp_path, capsys):
     from t5lite import demo_data
-    from t5lite.data import readers
+    from t5lite.data.files import readers
     out = tmp_path / "corpus"
     assert demo_data.main([f"--output_dir={out}", "--docs_per_file=20", "--vocab_size=300"]) == 0
     exports = dict(line.split()[1].split("=", 1) for line in capsys.readouterr().out.splitlines()

@@ -19,10 +19,10 @@ import pytest
 
 import train_helpers as th
 from t5lite.errors import DiskFullError, OutputWriteError
-from t5lite.runtime import disk_space
-from t5lite.runtime.checkpoints import Checkpointer
+from t5lite.runtime.process import disk_space
+from t5lite.runtime.checkpointing.checkpoints import Checkpointer
 from t5lite.runtime.event_files import ScalarWriter, read_scalars
-from t5lite.runtime.train_state import TrainState
+from t5lite.optim.train_state import TrainState
 
 MB = 1 << 20
 TENSORSTORE_FULL = ('RESOURCE_EXHAUSTED: Error writing "params.x/0" in OCDBT database: Failed '

@@ -12,7 +12,8 @@ import pytest
 from t5lite.models import layouts
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
-from t5lite.runtime import optimizers, partitioning, train_step
+from t5lite.optim import optimizers
+from t5lite.runtime import partitioning, train_step
 
 T5 = T5Config(vocab_size=96, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
               num_decoder_layers=3, mlp_dim=48, relpos_num_buckets=8, relpos_max_distance=12)

@@ -1,4 +1,4 @@
-"""t5lite.data.jsonl_cursor: reading a .jsonl / .jsonl.zst / .jsonl.gz from a saved
+"""t5lite.data.files.jsonl_cursor: reading a .jsonl / .jsonl.zst / .jsonl.gz from a saved
 position gives exactly the records that follow it (zstd frames and gzip members that
 split lines, shards by record), at a cost that does not depend on how much was read
 before; missing shards are named; a gzip file that is cut short, corrupt or not gzip at
@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from t5lite.data import jsonl_cursor as jc
-from t5lite.data import readers
+from t5lite.data.files import jsonl_cursor as jc
+from t5lite.data.files import readers
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 import train_helpers as th
-from t5lite.runtime.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST
-from t5lite.runtime.watchdog import EXIT_HUNG
+from t5lite.runtime.process.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST
+from t5lite.runtime.process.watchdog import EXIT_HUNG
 
 STEPS = 8
 PEER_TIMEOUT = 5

@@ -13,8 +13,8 @@ import pytest
 
 import t5lite.config.registry  # noqa: F401  (gin registrations)
 from t5lite.errors import ConfigError
-from t5lite.runtime import optimizers as opt
-from t5lite.runtime.adafactor import AdafactorState
+from t5lite.optim import optimizers as opt
+from t5lite.optim.adafactor import AdafactorState
 
 
 def _updates(optimizer, params, grads, num_steps):

@@ -1,4 +1,4 @@
-"""runtime/distributed.py's watcher against a stand-in for JAX's coordination client: who
+"""runtime/process/distributed.py's watcher against a stand-in for JAX's coordination client: who
 is reported lost and when, what a leaving process records, how long process 0 waits,
 and the line a process that cannot join writes. The real thing (two processes, a
 killed, a stopped and a hung one) is tests/test_multiprocess_faults.py."""
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from t5lite.runtime import distributed
-from t5lite.runtime.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST, PeerMonitor
+from t5lite.runtime.process import distributed
+from t5lite.runtime.process.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST, PeerMonitor
 
 
 class FakeClient:

@@ -60,7 +60,8 @@ def test_a_damaged_seed_file_is_one_line_and_nothing_is_drawn_over_it(tmp_path):
 _TWO_PROCESSES = """
 import sys
 from pathlib import Path
-from t5lite.runtime import distributed, run_seed
+from t5lite.runtime.process import distributed
+from t5lite.runtime import run_seed
 distributed.join(distributed.DistributedSettings(sys.argv[1], 2, int(sys.argv[2])))
 print("SEED", run_seed.resolve(None, Path(sys.argv[3])), flush=True)
 distributed.leave(0)

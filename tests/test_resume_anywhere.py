@@ -41,8 +41,8 @@ pytest.importorskip("seqio")
 
 import seqio  # noqa: E402
 
-from t5lite.data import (demo_corpus, jsonl_cursor, pipeline, readers,  # noqa: E402
-                         source_resolvers, sources, stream_errors)
+from t5lite.data import demo_corpus, pipeline, source_resolvers, sources, stream_errors  # noqa: E402
+from t5lite.data.files import jsonl_cursor, readers
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 
 WORDS = ("red green blue black white stone river cloud field light house garden "

@@ -11,7 +11,7 @@ import pytest
 
 import train_helpers as th
 from t5lite.errors import ConfigError
-from t5lite.runtime import run_lock
+from t5lite.runtime.process import run_lock
 
 
 def test_a_second_run_on_a_live_model_dir_refuses_and_the_first_finishes(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.models import configs, model as model_lib
-from t5lite.runtime import optimizers, run
+from t5lite.optim import optimizers
+from t5lite.runtime import run
 from t5lite.tools import benchmarking, footprint, step_memory
 from t5lite.runtime.partitioning import MeshSettings
 

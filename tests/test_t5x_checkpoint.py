@@ -11,7 +11,7 @@ import pytest
 from flax import serialization
 
 from t5lite.errors import CheckpointDamagedError, ConfigError
-from t5lite.runtime import t5x_checkpoint
+from t5lite.formats import t5x_checkpoint
 
 from t5x_helpers import spec as _spec, t5x_tree_from_hf  # noqa: E402
 from t5x_helpers import write_zarr_by_hand as _write_zarr_by_hand  # noqa: E402
@@ -209,7 +209,7 @@ def test_t5x_tree_maps_onto_the_model_hugging_face_imports(hf_t5, tmp_path):
     """A T5X v1.1 checkpoint of the same weights gives exactly the parameters the Hugging
     Face import gives (whose logits match transformers', tests/test_hf.py)."""
     from t5lite.interop import hf
-    from t5lite.models import t5x_params
+    from t5lite.formats import t5x_params
     transformers = pytest.importorskip("transformers")
     model, variables = hf.load_pretrained(hf_t5, dtype="float32")
     state = transformers.T5ForConditionalGeneration.from_pretrained(str(hf_t5)).state_dict()

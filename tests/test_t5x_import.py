@@ -56,7 +56,7 @@ def _abstract(model):
 ])
 def test_a_t5x_checkpoint_gives_transformers_logits(tmp_path, v1_0, dtype, layout, orbax):
     from t5lite.interop import hf as hf_import
-    from t5lite.runtime import finetune_restore
+    from t5lite.runtime.checkpointing import finetune_restore
     hf = _hf_t5(tmp_path / "hf", v1_0, bf16_weights=dtype == "bfloat16")
     target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
     if orbax:
@@ -116,8 +116,8 @@ def test_initial_checkpoint_path_at_a_t5x_checkpoint_finetunes_and_converts(env,
             "--gin.CHECKPOINT_PERIOD=2", "--gin.CheckpointSettings.async_save=False"]
     assert train.main(args) == 0
     import train_helpers as th
-    from t5lite.runtime import t5x_checkpoint
-    from t5lite.models import t5x_params
+    from t5lite.formats import t5x_checkpoint
+    from t5lite.formats import t5x_params
     from t5lite.config import parsing
     parsing.parse_gin([f"{tmp_path}/model.gin"])
     model = parsing.resolve_macro("MODEL")

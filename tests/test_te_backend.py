@@ -80,7 +80,8 @@ def test_packed_batches_with_te_attention_are_refused(monkeypatch):
     with pytest.raises(ConfigError, match="PACK=False") as err:
         model.check_features(["encoder_input_tokens", "encoder_segment_ids"])
     assert "ATTENTION_IMPL='cudnn'" in str(err.value) and "\n" not in str(err.value)
-    from t5lite.runtime import optimizers, run
+    from t5lite.optim import optimizers
+    from t5lite.runtime import run
     with pytest.raises(ConfigError, match="packed"):
         data = run.TrainData("synthetic", {"inputs": 8, "targets": 4}, batch_size=2, seed=0,
                              pack=True)
@@ -153,7 +154,8 @@ def test_te_attention_matches_xla_attention_with_relative_bias():
 def test_fp8_microbatches_give_the_same_update(backend):
     """1 vs 4 microbatches: the same parameters after one step and the same FP8 state
     (native runs everywhere and keeps this test honest on CPU)."""
-    from t5lite.runtime import optimizers, run
+    from t5lite.optim import optimizers
+    from t5lite.runtime import run
     from t5lite.runtime.partitioning import MeshSettings
     import optax
     cfg = dataclasses.replace(T5_SMALLISH, fp8=True, fp8_backend=backend, dtype="float32")

@@ -260,7 +260,7 @@ def test_a_signal_the_process_ignores_stays_ignored():
     """`nohup` starts a run with SIGHUP ignored: the loop's handler leaves it so (a closed
     terminal must not stop a run started to survive it); the others it handles, and
     gives back when the loop ends."""
-    from t5lite.runtime.preemption import Preemption
+    from t5lite.runtime.process.preemption import Preemption
     before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM)}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from t5lite.runtime import optimizers, partitioning, train_step
+from t5lite.optim import optimizers
+from t5lite.runtime import partitioning, train_step
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel

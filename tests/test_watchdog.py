@@ -9,7 +9,7 @@ import time
 import pytest
 
 from t5lite.errors import ConfigError
-from t5lite.runtime.watchdog import EXIT_HUNG, StepWatchdog, WatchdogSettings
+from t5lite.runtime.process.watchdog import EXIT_HUNG, StepWatchdog, WatchdogSettings
 
 import train_helpers as th
 

@@ -253,7 +253,7 @@ def checkpoints_dir(model_dir: PathLike) -> Path:
 
 def complete_steps(model_dir: PathLike) -> List[int]:
     """Committed training checkpoints under MODEL_DIR, oldest first."""
-    from t5lite.runtime import checkpoint_files
+    from t5lite.formats import checkpoint_files
     return checkpoint_files.complete_steps(str(checkpoints_dir(model_dir)))
 
 

@@ -12,8 +12,8 @@ infer):
     error that says a disk is full
 
 and, from the threads that watch a run (each with its own one line): a hung step 3
-(runtime/watchdog.py), another process lost 4, processes that never joined 5
-(runtime/distributed.py).
+(runtime/process/watchdog.py), another process lost 4, processes that never joined 5
+(runtime/process/distributed.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from t5lite.config import flags, parsing
 from t5lite.errors import (CheckpointMismatchError, ConfigError, OutputWriteError,
                            PartitioningError, TrainingError)
-from t5lite.runtime import compilation_cache, disk_space, distributed
+from t5lite.runtime.process import compilation_cache, disk_space, distributed
 
 log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
@@ -53,7 +53,7 @@ def one_line(e: BaseException) -> str:
 def start_compilation_cache() -> None:
     """JAX's persistent compilation cache for this command, in the directory the parsed
     gin config's COMPILATION_CACHE_DIR names (unbound: T5LITE_COMPILATION_CACHE_DIR, ...;
-    None: off; runtime/compilation_cache.py). Call after parsing gin, before compiling;
+    None: off; runtime/process/compilation_cache.py). Call after parsing gin, before compiling;
     a command that succeeds logs the cache's hits and misses at its end (`run_main`)."""
     configured = parsing.macro_value(compilation_cache.MACRO, compilation_cache.UNSET)
     try:
@@ -110,7 +110,7 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
     A failed command, and every command of a multi-process run, exits at once
     (`exit_now`). In a multi-process run the process first
     leaves JAX's runtime with its status, which the other processes read
-    (`runtime/distributed.py`)."""
+    (`runtime/process/distributed.py`)."""
     try:
         status = main() or 0
     except ConfigError as e:

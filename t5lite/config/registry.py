@@ -28,11 +28,11 @@ from t5lite.inference import session as _session
 from t5lite.inference import train_eval as _train_eval
 from t5lite.models import configs as _configs
 from t5lite.models import model as _model
-from t5lite.runtime import checkpoints as _checkpoints
+from t5lite.runtime.checkpointing import checkpoints as _checkpoints
 from t5lite.runtime import loop as _loop
-from t5lite.runtime import optimizers as _optimizers
+from t5lite.optim import optimizers as _optimizers
 from t5lite.runtime import partitioning as _partitioning
-from t5lite.runtime import watchdog as _watchdog
+from t5lite.runtime.process import watchdog as _watchdog
 
 MODULE = "t5lite"
 

@@ -20,7 +20,7 @@ import os
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from t5lite.data.readers import MNLI_LABELS
+from t5lite.data.files.readers import MNLI_LABELS
 
 _NAMES = ("Ada", "Alan", "Grace", "Edsger", "Barbara", "Donald", "Frances", "John",
           "Margaret", "Ken", "Radia", "Niklaus", "Sophie", "Tim", "Hedy", "Claude")

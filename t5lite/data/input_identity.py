@@ -18,7 +18,7 @@ import hashlib
 import os
 from typing import Any, Dict, List, Mapping, Optional
 
-from t5lite.data.positions import file_identity
+from t5lite.data.files.positions import file_identity
 from t5lite.data.tf_env import import_tensorflow
 
 tf = import_tensorflow()

@@ -325,7 +325,7 @@ class SeqioIterator:
         return position
 
 
-ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/data_iterator_item.py)
+ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/checkpointing/data_iterator_item.py)
 # The layout of the readers' state inside it: 2 = the Pile reader's six-integer positions
 # (t5lite/data/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
 FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2

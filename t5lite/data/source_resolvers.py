@@ -13,7 +13,8 @@ import os
 import re
 from typing import List, Mapping, Sequence
 
-from t5lite.data import readers, settings
+from t5lite.data.files import readers
+from t5lite.data import settings
 from t5lite.data.sources import (ExamplesSource, TextFilesSource, TfdsDirSource,
                                  find_tfds_dir)
 from t5lite.data.tf_env import import_tensorflow

@@ -25,7 +25,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from t5lite.data import jsonl_cursor, readers, settings
+from t5lite.data.files import jsonl_cursor, readers
+from t5lite.data import settings
 from t5lite.data.stream_errors import park_error, stream_id
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError

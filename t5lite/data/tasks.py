@@ -37,7 +37,7 @@ import types
 from typing import Dict, List, Optional, Tuple
 
 from t5lite.data import settings, source_resolvers, sources, vocabularies
-from t5lite.data.readers import MNLI_LABELS
+from t5lite.data.files.readers import MNLI_LABELS
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, UnknownTaskError
 

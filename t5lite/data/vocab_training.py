@@ -25,7 +25,7 @@ import itertools
 import os
 from typing import Iterable, Iterator, List, Optional, Sequence
 
-from t5lite.data.readers import TEXT_SUFFIXES, iter_texts
+from t5lite.data.files.readers import TEXT_SUFFIXES, iter_texts
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, -1

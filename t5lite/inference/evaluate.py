@@ -24,7 +24,8 @@ from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int, check_text
 from t5lite.inference import perplexity, task_eval
 from t5lite.inference.session import DecodingSettings, load_session
-from t5lite.runtime import disk_space, metrics
+from t5lite.runtime.process import disk_space
+from t5lite.runtime import metrics
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ import numpy as np
 
 from t5lite.errors import ConfigError, check_number, check_positive_int
 from t5lite.models import decoding
-from t5lite.runtime import checkpoint_files, finetune_restore
+from t5lite.formats import checkpoint_files
+from t5lite.runtime.checkpointing import finetune_restore
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
 DECODER_NAMES = ("greedy", "beam_search", "sample")
@@ -171,7 +172,7 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
 
 
 # Step directories that are not (or no longer) checkpoints: a save in flight or cut short
-# (Orbax's tmp name), one set aside uncommitted or damaged (runtime/checkpoint_files.py).
+# (Orbax's tmp name), one set aside uncommitted or damaged (formats/checkpoint_files.py).
 _WHAT_MARK = {".orbax-checkpoint-tmp": "a save that never finished (Orbax's tmp name)",
               ".incomplete-": "a save that never finished, set aside",
               ".damaged-": "a checkpoint set aside as damaged"}
@@ -183,7 +184,7 @@ def check_committed(checkpoint_path: str) -> None:
     incomplete or damaged, or a step (or an item inside one) without its commit marker.
     Its parameters may be partly written: evaluating them would report numbers of no
     checkpoint."""
-    from t5lite.runtime import t5x_checkpoint
+    from t5lite.formats import t5x_checkpoint
     if "://" in str(checkpoint_path) or t5x_checkpoint.is_t5x_checkpoint(checkpoint_path):
         return
     item_dir, _ = checkpoint_files.resolve_item(checkpoint_path, "CHECKPOINT_PATH")

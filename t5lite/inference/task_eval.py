@@ -23,7 +23,7 @@ import numpy as np
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
 from t5lite.models.features import decode_tokens
-from t5lite.runtime import disk_space
+from t5lite.runtime.process import disk_space
 
 
 def _jsonable(x):

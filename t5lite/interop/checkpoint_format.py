@@ -25,8 +25,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM, resolve_item
-from t5lite.runtime.checkpoint_trees import item_metadata_tree
+from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM, resolve_item
+from t5lite.formats.checkpoint_trees import item_metadata_tree
 
 PathLike = Union[str, Path]
 

@@ -96,7 +96,8 @@ def convert_t5x(input_dir: str, output_dir: str, model, *, fuse_qkv: bool = Fals
     `input_dir`, read as `model` (the gin files' MODEL, in the layout and dtype asked
     for), written as a converted checkpoint under `step` (default: the T5X step).
     Returns (output directory, step)."""
-    from t5lite.runtime import finetune_restore, t5x_checkpoint
+    from t5lite.runtime.checkpointing import finetune_restore
+    from t5lite.formats import t5x_checkpoint
     out = _new_output(output_dir)
     overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
     if dtype:
@@ -126,7 +127,7 @@ def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
     """The parameters at `checkpoint_path` (a MODEL_DIR's latest complete step, a step
     directory or a converted checkpoint), read as `model`, written as a Hugging Face
     directory (`hf.save_pretrained`). Returns the output directory."""
-    from t5lite.runtime import finetune_restore
+    from t5lite.runtime.checkpointing import finetune_restore
     out = _new_output(output_dir)
     params = finetune_restore.restore_params_for_finetuning(checkpoint_path, model,
                                                             _host_abstract(model), what="--input")

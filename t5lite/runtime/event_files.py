@@ -15,7 +15,7 @@ import time
 import types
 from typing import Dict, List, Mapping, Tuple
 
-from t5lite.runtime import disk_space
+from t5lite.runtime.process import disk_space
 
 
 def _tensorboard_without_tensorflow() -> None:

@@ -33,13 +33,15 @@ import jax
 from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, OutputWriteError, TrainingError, check_bool,
                            check_feature_lengths, check_positive_int, check_text)
-from t5lite.runtime import checkpoints, disk_space, distributed, metrics, periods, run_seed
-from t5lite.runtime.checkpoint_files import CHECKPOINTS_DIR, complete_steps
-from t5lite.runtime.watchdog import StepWatchdog, WatchdogSettings
+from t5lite.runtime.checkpointing import checkpoints
+from t5lite.runtime.process import disk_space, distributed
+from t5lite.runtime import metrics, periods, run_seed
+from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, complete_steps
+from t5lite.runtime.process.watchdog import StepWatchdog, WatchdogSettings
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, TrainData, build_run
-from t5lite.runtime.preemption import Preemption
-from t5lite.runtime.run_lock import hold
+from t5lite.runtime.process.preemption import Preemption
+from t5lite.runtime.process.run_lock import hold
 
 log = logging.getLogger(__name__)
 

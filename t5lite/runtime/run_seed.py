@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from t5lite.errors import ConfigError
-from t5lite.runtime import disk_space
+from t5lite.runtime.process import disk_space
 
 log = logging.getLogger(__name__)
 SEED_FILE = "random_seed.json"

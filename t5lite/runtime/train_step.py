@@ -20,7 +20,7 @@ import optax
 from t5lite.models import precision
 from t5lite.models.precision import FP8_COLLECTION
 from t5lite.runtime.partitioning import Partitioner
-from t5lite.runtime.train_state import TrainState
+from t5lite.optim.train_state import TrainState
 
 Metrics = Dict[str, jax.Array]
 

@@ -18,7 +18,9 @@ import jax
 
 from t5lite.config import command, parsing
 from t5lite.errors import ConfigError, PartitioningError, check_feature_lengths
-from t5lite.runtime import compilation_cache, optimizers, run
+from t5lite.runtime.process import compilation_cache
+from t5lite.optim import optimizers
+from t5lite.runtime import run
 from t5lite.tools import benchmark
 
 

@@ -25,8 +25,8 @@ import json
 import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from t5lite.data import jsonl_cursor
-from t5lite.data.compressed import PILE_FORMAT, compression
+from t5lite.data.files import jsonl_cursor
+from t5lite.data.files.compressed import PILE_FORMAT, compression
 from t5lite.errors import DataFormatError, DataNotFoundError
 
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS glue/mnli label order

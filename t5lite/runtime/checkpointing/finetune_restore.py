@@ -3,7 +3,8 @@ converted checkpoint, or CHECKPOINT_PATH for eval / infer / export) as the model
 them. A training checkpoint gives its `params` only; a stored layout other than the
 model's (fused / unfused QKV, scanned / unscanned layers) is converted on the host; a
 checkpoint of another architecture or size is refused in one line
-(CheckpointMismatchError).
+(CheckpointMismatchError). A T5X run continued at its step (INITIAL_CHECKPOINT_STATE=
+'train_state') also gets its Adafactor state (`continue_t5x_run`).
 """
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts, t5x_params
-from t5lite.runtime import t5x_checkpoint
-from t5lite.runtime.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike, resolve_item
-from t5lite.runtime.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
+from t5lite.errors import CheckpointMismatchError, ConfigError
+from t5lite.formats import t5x_checkpoint, t5x_optimizer_state, t5x_params
+from t5lite.models import layouts
+from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike, resolve_item
+from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
                                              layout_str)
 
 log = logging.getLogger(__name__)
@@ -141,3 +142,24 @@ def restore_t5x_params(tree: Mapping[str, Any], path: PathLike, model: Any,
     return _convert_and_place(
         params, model, canonical, _model_layout(model), abstract_params,
         lambda diff: f"T5X checkpoint {path} does not match the model: {diff}")
+
+
+def continue_t5x_run(path, model, abstract_state, init_fn, factoring):
+    """The train state of the T5X checkpoint at `path` (INITIAL_CHECKPOINT_STATE=
+    'train_state'): its parameters, its step and its Adafactor state; FP8 state and the
+    dropout rng fresh from `init_fn()`. Everything is mapped and checked before anything
+    is placed on the devices."""
+    if not t5x_checkpoint.is_t5x_checkpoint(path):
+        raise ConfigError(f"INITIAL_CHECKPOINT_STATE='train_state' continues a T5X run, and "
+                          f"INITIAL_CHECKPOINT_PATH {path} is no T5X checkpoint (a t5lite run "
+                          f"continues from its own MODEL_DIR); or set "
+                          f"INITIAL_CHECKPOINT_STATE='params'")
+    tree = t5x_checkpoint.read_checkpoint(path)
+    origin = f"INITIAL_CHECKPOINT_PATH {path}"
+    opt_state = t5x_optimizer_state.opt_state_from_t5x(
+        tree["state"], model, abstract_state.opt_state, factoring, origin)
+    params = restore_t5x_params(tree, path, model, abstract_state.params,
+                                "INITIAL_CHECKPOINT_PATH")
+    opt_state = jax.tree.map(place, opt_state, abstract_state.opt_state)
+    step = place(np.asarray(tree["state"]["step"], np.int32), abstract_state.step)
+    return init_fn().replace(step=step, params=params, opt_state=opt_state)

@@ -14,7 +14,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from t5lite.data import edge, pipeline, throughput
+from t5lite.data import edge, pipeline
+from t5lite.tools import data_throughput as throughput
 from t5lite.data.data_layout import DataLayout
 from t5lite.data.settings import DataSettings
 
@@ -108,7 +109,7 @@ def reader_rates(files: Mapping[str, str], rounds: int = 3,
     """The reader alone (jsonl_cursor.iter_texts: a CursorPool read `per_read` texts a
     call, as TextFilesSource reads) through each format's whole file, the fastest of `rounds` reads: the
     documents and MB of text per second of one busy core (it runs in one thread)."""
-    from t5lite.data import jsonl_cursor
+    from t5lite.data.files import jsonl_cursor
     rows = []
     for name in FORMATS:
         best = None

@@ -45,9 +45,9 @@ import os
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from t5lite.data.compressed import PILE_FORMAT, compression, plain_chunks
-from t5lite.data.parquet_cursor import ParquetRows
-from t5lite.data.positions import (RESUME_ANYWAY, START, STATS, Position,  # noqa: F401
+from t5lite.data.files.compressed import PILE_FORMAT, compression, plain_chunks
+from t5lite.data.files.parquet_cursor import ParquetRows
+from t5lite.data.files.positions import (RESUME_ANYWAY, START, STATS, Position,  # noqa: F401
                                    file_identity)
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Optional
 
-from t5lite.runtime import background_reports
+from t5lite.errors import background_reports
 
 
 _ABANDONED_READ_MARKS = ("read_array_index", "Encountered error while reading array",

@@ -40,7 +40,7 @@ import numpy as np
 import optax
 
 from t5lite.errors import ConfigError
-from t5lite.runtime import adafactor as adafactor_rule
+from t5lite.optim import adafactor as adafactor_rule
 
 Schedule = Callable[[Any], jax.Array]
 ScheduleOrFloat = Union[Schedule, float, int]
@@ -236,7 +236,7 @@ def adafactor(learning_rate: ScheduleOrFloat, decay_rate: float = 0.8,
     - optional global-norm clipping of all gradients to `clip_norm` (T5X's
       `global_norm_clip_threshold`; off by default);
     - second moment with beta2_t = 1 - (t + 1 - decay_offset) ** -decay_rate of
-      g**2 + epsilon1, factored (`t5lite.runtime.adafactor`: a row and a column vector,
+      g**2 + epsilon1, factored (`t5lite.optim.adafactor`: a row and a column vector,
       over T5X's view of the parameter, heads joined and each layer apart) when
       `factored` and the smaller of the two dimensions is >= `min_dim_size_to_factor`,
       full otherwise; y = g / sqrt(v);

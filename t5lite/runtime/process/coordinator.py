@@ -1,6 +1,6 @@
 """JAX's coordination service in a process of its own, beside training process 0.
 
-    python -m t5lite.runtime.coordinator BIND_ADDRESS PROCESS_COUNT PEER_TIMEOUT
+    python -m t5lite.runtime.process.coordinator BIND_ADDRESS PROCESS_COUNT PEER_TIMEOUT
 
 `jax.distributed.initialize()` runs the service inside process 0, so the loss of process
 0 would end every other process with JAX's C++ abort before any of them could say

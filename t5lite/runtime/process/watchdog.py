@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from t5lite.errors import ConfigError, check_bool
-from t5lite.runtime import distributed
+from t5lite.runtime.process import distributed
 
 EXIT_HUNG = 3
 

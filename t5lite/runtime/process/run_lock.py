@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from t5lite.errors import ConfigError
-from t5lite.runtime import disk_space
+from t5lite.runtime.process import disk_space
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def hold(directory: Path, setting: str = "MODEL_DIR", what: str = "training run"
     """`directory`'s lock, taken by process 0 for the whole run; every process raises
     when another live run holds it (call it on every process)."""
     import jax
-    from t5lite.runtime.partitioning import process_0_decides
+    from t5lite.runtime.process.agreement import process_0_decides
 
     lock = RunLock(directory, jax.process_count(), setting, what)
     process_0_decides(lock.acquire, lambda: ConfigError(

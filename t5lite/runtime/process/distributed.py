@@ -19,7 +19,7 @@ main thread is blocked in (a collective, a save's barrier, an NCCL kernel).
 
 **The service's own process.** JAX runs the service inside process 0, where its loss
 would end every other process with JAX's abort before any Python runs. Process 0 starts
-it instead as a process of its own (`runtime/coordinator.py`, the same service, where
+it instead as a process of its own (`runtime/process/coordinator.py`, the same service, where
 JAX would bind it), so that process 0 is lost like any other.
 
 **Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
@@ -44,7 +44,7 @@ from typing import Callable, Dict, Optional, Set
 import jax
 
 from t5lite.errors import ConfigError
-from t5lite.runtime import background_reports
+from t5lite.errors import background_reports
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +130,11 @@ def _resolve(settings: DistributedSettings):
 
 
 def _start_coordinator(address: str, count: int, timeout: int) -> subprocess.Popen:
-    """The coordination service in a process of its own (runtime/coordinator.py), bound
+    """The coordination service in a process of its own (runtime/process/coordinator.py), bound
     where JAX would bind it; ConfigError (one line) when it cannot listen there."""
     bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS",
                           "[::]:" + address.rsplit(":", 1)[-1])
-    proc = subprocess.Popen([sys.executable, "-m", "t5lite.runtime.coordinator", bind,
+    proc = subprocess.Popen([sys.executable, "-m", "t5lite.runtime.process.coordinator", bind,
                              str(count), str(timeout)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
                             start_new_session=True)

@@ -60,6 +60,13 @@ def write_corpus(directory: str, documents: int, seed: int = 0,
             "pile_file": pile_file}
 
 
+def use_corpus(corpus: Mapping[str, str], vocabulary_path: str) -> None:
+    """Register the tasks over `corpus` (from `write_corpus`) and `vocabulary_path`."""
+    from t5lite.data import edge
+    from t5lite.data.settings import DataSettings
+    edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"], vocabulary_path=vocabulary_path))
+
+
 def _joined(docs: List[str], n: int, mean_chars: int, seed: int) -> List[str]:
     rng, out, i = random.Random(seed), [], 0
     for _ in range(n):
@@ -175,7 +182,7 @@ def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: in
     meanwhile; beside them the time per batch (what a replay would pay per batch
     skipped) and the zstd decompression rate of seeking in the one-frame `pile_file`
     (what reopening a Pile shard mid-file costs per byte before the position)."""
-    from t5lite.data import jsonl_cursor
+    from t5lite.data.files import jsonl_cursor
 
     def make():
         return pipeline.make_iterator("pile_span_corruption", split="train",

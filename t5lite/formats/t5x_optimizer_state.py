@@ -3,7 +3,7 @@ t5lite at its step (INITIAL_CHECKPOINT_STATE='train_state').
 
 T5X keeps, per parameter (its 2-D view: heads joined, one parameter per layer),
 `{m, v, v_row, v_col}` (an unused slot is a float32 zero of shape [1]) and one `step`.
-t5lite's Adafactor (`t5lite.runtime.adafactor`) factors the same view, so each moment
+t5lite's Adafactor (`t5lite.optim.adafactor`) factors the same view, so each moment
 maps by a reshape in the unfused, unscanned layout:
 
     T5X v_row [d1], v_col [d0]   ->  v_row / v_col of the leaf (e.g. [embed], [heads, kv])
@@ -27,7 +27,7 @@ import optax
 from t5lite.errors import CheckpointMismatchError
 from t5lite.models import layouts
 from t5lite.models.param_paths import flatten, unflatten
-from t5lite.runtime import adafactor
+from t5lite.optim import adafactor
 
 SLOTS = ("v_row", "v_col", "v", "m")
 FRESH = "set INITIAL_CHECKPOINT_STATE='params' to start the optimizer fresh at step 0"
@@ -174,27 +174,3 @@ def opt_state_from_t5x(t5x_state: Mapping[str, Any], model, abstract_opt_state,
         raise CheckpointMismatchError(f"{origin}: the T5X run's Adafactor had {theirs}, this "
                                       f"run's has {ours} (adafactor.momentum); {FRESH}")
     return state
-
-
-def continue_t5x_run(path, model, abstract_state, init_fn, factoring):
-    """The train state of the T5X checkpoint at `path` (INITIAL_CHECKPOINT_STATE=
-    'train_state'): its parameters, its step and its Adafactor state; FP8 state and the
-    dropout rng fresh from `init_fn()`. Everything is mapped and checked before anything
-    is placed on the devices."""
-    from t5lite.errors import ConfigError
-    from t5lite.runtime import finetune_restore, t5x_checkpoint
-    if not t5x_checkpoint.is_t5x_checkpoint(path):
-        raise ConfigError(f"INITIAL_CHECKPOINT_STATE='train_state' continues a T5X run, and "
-                          f"INITIAL_CHECKPOINT_PATH {path} is no T5X checkpoint (a t5lite run "
-                          f"continues from its own MODEL_DIR); or set "
-                          f"INITIAL_CHECKPOINT_STATE='params'")
-    tree = t5x_checkpoint.read_checkpoint(path)
-    origin = f"INITIAL_CHECKPOINT_PATH {path}"
-    opt_state = opt_state_from_t5x(tree["state"], model, abstract_state.opt_state, factoring,
-                                   origin)
-    params = finetune_restore.restore_t5x_params(tree, path, model, abstract_state.params,
-                                                 "INITIAL_CHECKPOINT_PATH")
-    opt_state = jax.tree.map(finetune_restore.place, opt_state, abstract_state.opt_state)
-    step = finetune_restore.place(np.asarray(tree["state"]["step"], np.int32),
-                                  abstract_state.step)
-    return init_fn().replace(step=step, params=params, opt_state=opt_state)

@@ -150,8 +150,8 @@ def _read_orbax(item: Path, arrays: bool) -> Dict[str, Any]:
     (`arrays=False`: `state/step` only, nothing else read)."""
     import jax
     import orbax.checkpoint as ocp
-    from t5lite.runtime import restore_noise
-    from t5lite.runtime.checkpoint_trees import item_metadata_tree
+    from t5lite.formats import restore_noise
+    from t5lite.formats.checkpoint_trees import item_metadata_tree
     try:
         with restore_noise.failure_output_dropped():
             meta = item_metadata_tree(item)

@@ -52,7 +52,7 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 from jax import monitoring
 
-from t5lite.runtime.disk_space import human
+from t5lite.runtime.process.disk_space import human
 
 log = logging.getLogger(__name__)
 

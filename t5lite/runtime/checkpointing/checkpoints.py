@@ -1,14 +1,14 @@
 """Training checkpoints (Orbax): save, resume, and the finetuning restore.
 
-The layout on disk and which steps count as complete: `t5lite.runtime.checkpoint_files`.
+The layout on disk and which steps count as complete: `t5lite.formats.checkpoint_files`.
 A training step holds the items `state` (TrainState.as_dict(), StandardSave) and `data`
 (the data iterator position, JSON); a converted checkpoint holds `params` instead.
 
 Restore order (`restore_or_init`): the latest complete checkpoint in MODEL_DIR (the whole
 state and data position) -> else INITIAL_CHECKPOINT_PATH (parameters only, converted to
-the model's fuse_qkv / scan_layers layout: `t5lite.runtime.finetune_restore`) -> else
+the model's fuse_qkv / scan_layers layout: `t5lite.runtime.checkpointing.finetune_restore`) -> else
 fresh initialization. A failed restore's Orbax noise is dropped
-(`t5lite.runtime.restore_noise`).
+(`t5lite.formats.restore_noise`).
 
 `CheckpointSettings` carries CHECKPOINT_PERIOD, KEEP_CHECKPOINTS and whether saves run in
 the background. Nothing here imports TensorFlow, SeqIO or t5.
@@ -29,15 +29,16 @@ from etils import epath
 
 from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, OutputWriteError,
                            check_positive_int)
-from t5lite.runtime import (data_iterator_item, disk_space, periods, restore_noise,
-                            t5x_optimizer_state)
-from t5lite.runtime.checkpoint_trees import check_state_matches, item_metadata_tree
-from t5lite.runtime.finetune_restore import restore_params_for_finetuning
-from t5lite.runtime.partitioning import process_0_decides
-from t5lite.runtime.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
+from t5lite.formats import restore_noise
+from t5lite.formats.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              set_aside_damaged, set_aside_uncommitted)
-from t5lite.runtime.train_state import TrainState
+from t5lite.formats.checkpoint_trees import check_state_matches, item_metadata_tree
+from t5lite.optim.train_state import TrainState
+from t5lite.runtime.checkpointing import data_iterator_item, finetune_restore
+from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
+from t5lite.runtime.process import disk_space
+from t5lite.runtime.process.agreement import process_0_decides
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         """Whether `save` writes `step` without being forced (every call when period is
         None)."""
-        return self.period is None or periods.due(int(step), self.period)
+        return self.period is None or int(step) % self.period == 0
 
     def save(self, step: int, state: TrainState, data_state: Optional[dict] = None,
              force: bool = False) -> bool:
@@ -302,7 +303,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     and named in a warning; CheckpointDamagedError when none restores) -> else
     `initial_checkpoint_path`: its parameters only (step 0, fresh optimizer and FP8 state
     from `init_fn()`), or with `initial_checkpoint_state` 'train_state' a T5X run's
-    parameters, step and Adafactor state (`t5x_optimizer_state`; `factoring`: the run's
+    parameters, step and Adafactor state (`finetune_restore.continue_t5x_run`; `factoring`: the run's
     Adafactor options) -> else `init_fn()`.
 
     Returns (state, data_state or None, source) with source "resume:<step>",
@@ -329,7 +330,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
             + "; ".join(f"step {s}: {r}" for s, r in damaged)
             + " — nothing was moved or deleted; repair or remove them, or use a new MODEL_DIR")
     if initial_checkpoint_path and initial_checkpoint_state == "train_state":
-        state = t5x_optimizer_state.continue_t5x_run(initial_checkpoint_path, model,
+        state = finetune_restore.continue_t5x_run(initial_checkpoint_path, model,
                                                      abstract_state, init_fn, factoring)
         return state, None, f"initial:{initial_checkpoint_path}"
     if initial_checkpoint_path:

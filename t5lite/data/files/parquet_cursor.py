@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from t5lite.data.positions import RESUME_ANYWAY, STATS
+from t5lite.data.files.positions import RESUME_ANYWAY, STATS
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
 
 PARQUET_FORMAT = "a Parquet file with a string column of the texts"

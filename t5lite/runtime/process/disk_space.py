@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Union
 
 from t5lite.errors import DiskFullError
-from t5lite.runtime import background_reports
+from t5lite.errors import background_reports
 
 PathLike = Union[str, os.PathLike]
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

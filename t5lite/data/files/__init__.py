@@ -1,0 +1,1 @@
+"""Reading local data files resumably, in plain Python."""

@@ -1,0 +1,1 @@
+"""The optimizers and the state they update."""

@@ -1,0 +1,1 @@
+"""Saving and restoring a run's state."""
