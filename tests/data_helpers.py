@@ -60,10 +60,10 @@ def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
 
 
 def reset_data_settings() -> None:
-    """Forget configured data settings (the environment applies again) and register the
-    tasks again with them: a test's teardown, so that none leaks into the next."""
-    from t5lite.data import settings, tasks
-    settings.reset()
+    """Forget configured data settings (the environment applies again): register the
+    tasks again with DataSettings(), a test's teardown, so that none leaks into the
+    next."""
+    from t5lite.data import tasks
     tasks.register_tasks()
 
 

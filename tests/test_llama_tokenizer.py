@@ -123,7 +123,7 @@ def test_a_model_and_a_vocabulary_with_another_eos_are_refused_in_one_line(
 def test_extra_ids_must_be_a_whole_number(env, monkeypatch, value):
     monkeypatch.setenv("T5LITE_EXTRA_IDS", value)
     with pytest.raises(ConfigError) as e:
-        settings.extra_ids()
+        tasks.configured().resolve().extra_ids()
     assert "\n" not in str(e.value) and "EXTRA_IDS" in str(e.value) and repr(value) in \
         str(e.value)
 

@@ -48,7 +48,6 @@ def _text(ex, key):
 def test_tasks_register_on_import_without_data_or_vocabulary(monkeypatch):
     for env in ("T5LITE_PILE_DIR", "T5LITE_VOCABULARY_PATH"):
         monkeypatch.delenv(env, raising=False)
-    settings.reset()
     tasks.register_tasks()
     for name in tasks.TASK_NAMES:
         assert name in seqio.TaskRegistry.names()
@@ -213,7 +212,7 @@ def test_configure_sets_locations_and_registers_again(tmp_path, monkeypatch, voc
                          lengths={"inputs": 128, "targets": 16})) == 3
     # A configured value wins over the environment.
     monkeypatch.setenv("T5LITE_SQUAD_DIR", str(tmp_path / "elsewhere"))
-    assert settings.get("squad_dir") == str(tmp_path / "squad")
+    assert tasks.configured().resolve().get("squad_dir") == str(tmp_path / "squad")
 
 
 # -- errors: one clear line saying what was expected where -------------------------------
@@ -252,7 +251,6 @@ def test_missing_data_names_the_setting_and_the_files(tmp_path, monkeypatch, voc
     demo_corpus.write_squad(str(only_train), train_articles=1, dev_articles=1)
     (only_train / "dev-v1.1.json").unlink()
     monkeypatch.setenv("T5LITE_SQUAD_DIR", str(only_train))
-    settings.reset()
     info = _error("squad_v1_1", split="validation")
     assert info.type is DataNotFoundError and "dev-v1.1.json" in str(info.value)
 

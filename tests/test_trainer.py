@@ -43,7 +43,7 @@ def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS):
     state = fns.init(jax.random.PRNGKey(0))
     losses = []
     for step in range(steps):
-        batch = part.host_to_global(task.global_batch(step, BATCH), BATCH)
+        batch = part.host_to_global(task.global_batch(step, BATCH), part.data_layout(BATCH))
         state, metrics = fns.train_step(state, batch)
         losses.append(float(metrics["loss"]))
     return losses, jax.device_get(state), state
@@ -102,7 +102,7 @@ def test_fp8_state_is_overwritten_not_optimized():
     state = fns.init(jax.random.PRNGKey(0))
     assert set(state.fp8) == {FP8_COLLECTION}
     assert FP8_COLLECTION not in jax.tree_util.tree_structure(state.opt_state).__repr__()
-    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    batch = part.host_to_global(task.global_batch(0, BATCH), part.data_layout(BATCH))
     expected = jax.grad(lambda v: model.loss_sums(v, batch)[0])(state.variables)[FP8_COLLECTION]
     expected = jax.device_get(expected)
     new_state, _ = fns.train_step(state, batch)
@@ -127,7 +127,7 @@ def test_learning_rate_used_is_the_schedule():
     state = fns.init(jax.random.PRNGKey(0))
     # by hand: warmup 0 -> 0.1 over 2 steps, then linear to 0 at step 6
     expected = [0.0, 0.05, 0.1, 0.075, 0.05]
-    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    batch = part.host_to_global(task.global_batch(0, BATCH), part.data_layout(BATCH))
     for step, lr in enumerate(expected):
         before = jax.device_get(state.params["params"]["decoder"]["decoder_norm"]["scale"])
         state, metrics = fns.train_step(state, batch)
@@ -147,7 +147,7 @@ def test_state_is_created_sharded_and_donated():
     assert emb.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
     mu = state.opt_state[0].mu["token_embedder"]["embedding"]
     assert mu.sharding.spec == emb.sharding.spec  # optimizer moments follow the params
-    batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+    batch = part.host_to_global(task.global_batch(0, BATCH), part.data_layout(BATCH))
     new_state, _ = fns.train_step(state, batch)
     assert emb.is_deleted()  # the old state was donated
 
@@ -162,7 +162,7 @@ def test_the_models_activation_constraints_reach_the_compiled_step(monkeypatch):
         part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
         fns = train_step.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
         state = fns.init(jax.random.PRNGKey(0))
-        batch = part.host_to_global(task.global_batch(0, BATCH), BATCH)
+        batch = part.host_to_global(task.global_batch(0, BATCH), part.data_layout(BATCH))
         return fns.train_step.lower(state, batch).as_text().count("sharding_constraint")
 
     with_model = constraints()
@@ -174,9 +174,9 @@ def test_the_models_activation_constraints_reach_the_compiled_step(monkeypatch):
 def test_batch_size_must_divide_data_shards():
     part = partitioning.Partitioner(partitioning.make_mesh((4, 2, 1)))
     with pytest.raises(partitioning.PartitioningError, match="multiple of 8"):
-        part.check_batch_size(12)
+        part.data_layout(12)
     with pytest.raises(partitioning.PartitioningError, match="NUM_MICROBATCHES"):
-        part.check_batch_size(16, num_microbatches=3)
+        part.data_layout(16, num_microbatches=3)
     with pytest.raises(partitioning.PartitioningError, match="devices"):
         partitioning.make_mesh((3, 1, 1))
     assert dict(partitioning.make_mesh((-1, 2, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
@@ -203,7 +203,7 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
         start = jax.device_get(state.params)
         losses = []
         for step in range(2):
-            batch = part.host_to_global(task.global_batch(step, BATCH), BATCH)
+            batch = part.host_to_global(task.global_batch(step, BATCH), part.data_layout(BATCH))
             state, metrics = fns.train_step(state, batch)
             losses.append(float(metrics["loss"]))
         return start, losses, layouts.convert_params(jax.device_get(state.params), cfg, T5)

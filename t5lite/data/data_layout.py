@@ -10,6 +10,11 @@ A batch is split into `shard_count` data shards of `rows` rows; this process fee
 `shard_index`, rows [shard_index * rows, (shard_index + 1) * rows). With the batch split
 over every process the shard index is the process index; processes that hold the same
 rows (a model-parallel axis across hosts) share a shard.
+
+The layout carries the batch size from where it is first split (BATCH_SIZE is checked
+once, at the edge: `TrainData`, `evaluate`, `infer`; whether it divides over the data
+shards and microbatches once, in `Partitioner.data_layout`) to every reader and to
+`Partitioner.host_to_global`, which takes the layout rather than the size again.
 """
 from __future__ import annotations
 
@@ -17,11 +22,7 @@ import dataclasses
 
 import numpy as np
 
-
-def positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+from t5lite.errors import check_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +35,8 @@ class DataLayout:
     shard_count: int = 1
 
     def __post_init__(self):
-        batch_size = positive_int("batch_size", self.batch_size)
-        shard_count = positive_int("shard_count", self.shard_count)
+        batch_size = check_positive_int("batch_size", self.batch_size, error=ValueError)
+        shard_count = check_positive_int("shard_count", self.shard_count, error=ValueError)
         if isinstance(self.shard_index, bool) or \
                 not isinstance(self.shard_index, (int, np.integer)) or \
                 not 0 <= self.shard_index < shard_count:

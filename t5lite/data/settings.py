@@ -1,6 +1,6 @@
-"""Where the data edge finds its files: set by gin (a `DataSettings` that the commands
-hand to `t5lite.data.tasks.configure`) or by environment variables, and read only when a
-dataset is built.
+"""Where the data edge finds its files: a `DataSettings` value (built by gin from the
+macros below, or by hand) handed to `t5lite.data.tasks.configure`, with environment
+variables for what it leaves None. Nothing here is module state: the value travels.
 
     setting          gin macro          environment variable
     vocabulary_path  VOCABULARY_PATH    T5LITE_VOCABULARY_PATH
@@ -19,13 +19,25 @@ dataset is built.
     demo_dir         DEMO_DATA_DIR      (none: the generated demo corpus, written there
                                          on first use, supplies every path not given)
 
-A configured value wins over the environment; `None` falls back to it. No TensorFlow here.
+A configured value wins over the environment; `None` falls back to it. The environment
+is read when a dataset is built, not when the value is made: `DataSettings.resolve()`
+reads it then and returns a `ResolvedDataSettings`, every setting's value and where it
+came from at that moment (frozen and hashable: the key under which a task's source is
+cached). The task, source and vocabulary builders are handed these values; none reads a
+module-level setting.
+
+The one process-wide place left is SeqIO's TaskRegistry: seqio looks tasks up by name
+(`seqio.get_mixture_or_task("pile_span_corruption")`), so the registered t5lite tasks
+hold the `DataSettings` of the last `t5lite.data.tasks.configure(data)`, which registers
+them again with the new value (a task object taken from the registry before keeps the
+settings it was built with). `t5lite.data.tasks.configured()` reads the value back from
+there. No TensorFlow here.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from t5lite.errors import ConfigError
 
@@ -44,8 +56,8 @@ SETTINGS: Dict[str, tuple] = {
 }
 DEFAULT_TFDS_DATA_DIR = os.path.join("~", "tensorflow_datasets")
 DEFAULT_EXTRA_IDS = 100
-
-_configured: Dict[str, Optional[str]] = {name: None for name in SETTINGS}
+_INDEX = {name: i for i, name in enumerate(SETTINGS)}
+GIN, ENVIRONMENT, DEFAULT = "gin", "environment", "default"  # where a value came from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +65,8 @@ class DataSettings:
     """The data macros of a run (VOCABULARY_PATH, PILE_DIR, C4_DIR, TEXT_FILES,
     TEXT_VALIDATION_FILES, TEXT_FIELD, MNLI_DIR, SQUAD_DIR, TFDS_DATA_DIR, EXTRA_IDS,
     DEMO_DATA_DIR); None: the environment variable (or the default). TEXT_FILES and
-    TEXT_VALIDATION_FILES take a glob or a list of globs."""
+    TEXT_VALIDATION_FILES take a glob or a list of globs (kept as a tuple: the value is
+    hashable)."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
@@ -82,75 +95,96 @@ class DataSettings:
                 if not value or not all(isinstance(v, str) for v in value):
                     raise ConfigError(f"{macro} must be a glob or a list of globs (strings), "
                                       f"got {value!r}")
+                object.__setattr__(self, field.name, tuple(value))
             elif not isinstance(value, str):
                 what = "a glob or a list of globs" if "files" in field.name else "a string"
                 raise ConfigError(f"{macro} must be {what} (or None), got {value!r}")
 
-
-def set_values(**values: Optional[str]) -> None:
-    """Set settings by name (None: use the environment variable)."""
-    unknown = sorted(set(values) - set(SETTINGS))
-    if unknown:
-        raise TypeError(f"unknown data setting(s) {unknown}; known: {sorted(SETTINGS)}")
-    for name, value in values.items():
-        if isinstance(value, (list, tuple)):  # globs: joined as PATH is
-            value = os.pathsep.join(os.fspath(v) for v in value)
-        _configured[name] = None if value in (None, "") else \
-            str(value) if isinstance(value, int) else os.fspath(value)
-
-
-def reset() -> None:
-    """Forget configured values (the environment applies again)."""
-    for name in _configured:
-        _configured[name] = None
-
-
-def get(name: str) -> Optional[str]:
-    """The configured value of `name`, else its environment variable, else None
-    (tfds_data_dir: else ~/tensorflow_datasets); `~` expanded."""
-    value = _raw(name) or None
-    if value is None and name == "tfds_data_dir":
-        value = DEFAULT_TFDS_DATA_DIR
-    return os.path.expanduser(value) if value else None
+    def resolve(self) -> "ResolvedDataSettings":
+        """Every setting as it stands now: this value where it gives one, else its
+        environment variable (read now), else unset."""
+        values, origins = [], []
+        for name, (_, env) in SETTINGS.items():
+            value = _as_text(getattr(self, name))
+            if value:
+                values.append(value)
+                origins.append(GIN)
+            elif os.environ.get(env):
+                values.append(os.environ[env])
+                origins.append(ENVIRONMENT)
+            else:
+                values.append(None)
+                origins.append(DEFAULT)
+        return ResolvedDataSettings(tuple(values), tuple(origins))
 
 
-def get_globs(name: str) -> List[str]:
-    """A glob-list setting (text_files, text_validation_files): its globs, `~` expanded."""
-    return [os.path.expanduser(g) for g in (_raw(name) or "").split(os.pathsep) if g.strip()]
+def _as_text(value) -> Optional[str]:
+    """A configured value as the environment would write it (globs joined as PATH is)."""
+    if isinstance(value, (list, tuple)):
+        value = os.pathsep.join(os.fspath(v) for v in value)
+    if value is None or value == "":
+        return None
+    return str(value) if isinstance(value, int) else os.fspath(value)
 
 
-def _raw(name: str) -> Optional[str]:
-    """The configured value of `name`, else its environment variable (as written)."""
-    return _configured[name] or os.environ.get(SETTINGS[name][1])
+@dataclasses.dataclass(frozen=True)
+class ResolvedDataSettings:
+    """Every setting's value as written (None: unset) and where it came from (GIN,
+    ENVIRONMENT or DEFAULT), in SETTINGS' order, read at one moment by
+    `DataSettings.resolve()`: what a task's source and vocabulary are built from."""
 
+    values: Tuple[Optional[str], ...]
+    origins: Tuple[str, ...]
 
-def text_field() -> str:
-    """The JSON field (or Parquet column) of the texts in TEXT_FILES: default "text"."""
-    return get("text_field") or "text"
+    def raw(self, name: str) -> Optional[str]:
+        """The value of `name` as written (no default, `~` not expanded)."""
+        return self.values[_INDEX[name]]
 
+    def get(self, name: str) -> Optional[str]:
+        """The value of `name`, else None (tfds_data_dir: else ~/tensorflow_datasets);
+        `~` expanded."""
+        value = self.raw(name)
+        if value is None and name == "tfds_data_dir":
+            value = DEFAULT_TFDS_DATA_DIR
+        return os.path.expanduser(value) if value else None
 
-def extra_ids() -> int:
-    """The vocabulary's number of extra ids (sentinels added on top of its pieces);
-    ConfigError unless a whole number >= 0."""
-    value = get("extra_ids")
-    if value is None:
-        return DEFAULT_EXTRA_IDS
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        from t5lite.errors import ConfigError
-        macro, env = SETTINGS["extra_ids"]
-        raise ConfigError(f"{macro} must be a whole number >= 0 (100: T5's sentinels; 0: the "
-                          f"tokenizer as it is, e.g. LLaMA's), got {value!r} "
-                          f"({source_of('extra_ids')}; environment variable {env})")
-    return number
+    def get_globs(self, name: str) -> List[str]:
+        """A glob-list setting (text_files, text_validation_files): its globs, `~`
+        expanded."""
+        return [os.path.expanduser(g) for g in (self.raw(name) or "").split(os.pathsep)
+                if g.strip()]
 
+    def text_field(self) -> str:
+        """The JSON field (or Parquet column) of the texts in TEXT_FILES: default
+        "text"."""
+        return self.get("text_field") or "text"
 
-def snapshot() -> tuple:
-    """The current value of every setting (to notice changes)."""
-    return tuple(get(name) for name in SETTINGS)
+    def extra_ids(self) -> int:
+        """The vocabulary's number of extra ids (sentinels added on top of its pieces);
+        ConfigError unless a whole number >= 0."""
+        value = self.get("extra_ids")
+        if value is None:
+            return DEFAULT_EXTRA_IDS
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        if number < 0:
+            macro, env = SETTINGS["extra_ids"]
+            raise ConfigError(f"{macro} must be a whole number >= 0 (100: T5's sentinels; 0: "
+                              f"the tokenizer as it is, e.g. LLaMA's), got {value!r} "
+                              f"({self.source_of('extra_ids')}; environment variable {env})")
+        return number
+
+    def source_of(self, name: str) -> str:
+        """Where the value of `name` comes from, for error messages."""
+        macro, env = SETTINGS[name]
+        origin = self.origins[_INDEX[name]]
+        if origin == GIN:
+            return f"from gin macro {macro}"
+        if origin == ENVIRONMENT:
+            return f"from environment variable {env}"
+        return "the default"
 
 
 def how_to_set(name: str) -> str:
@@ -158,13 +192,3 @@ def how_to_set(name: str) -> str:
     macro, env = SETTINGS[name]
     return (f"set the gin macro {macro} (--gin.{macro}=\\\"...\\\") or the environment "
             f"variable {env}")
-
-
-def source_of(name: str) -> str:
-    """Where the current value of `name` comes from, for error messages."""
-    macro, env = SETTINGS[name]
-    if _configured[name]:
-        return f"from gin macro {macro}"
-    if os.environ.get(env):
-        return f"from environment variable {env}"
-    return "the default"

@@ -1,10 +1,12 @@
 """Which source a task reads, decided when its dataset is built (`DeferredSource` asks
 these): a setting's local directory in the dataset's own layout (the Pile, C4, MNLI, SQuAD),
 else a prepared TFDS dataset in the local TFDS data directory, else one line naming both
-and how to set them.
+and how to set them. Each is handed the settings to read (`ResolvedDataSettings`, which
+the task's `DeferredSource` resolves at build time); none reads module state.
 
-    resolve_pile / resolve_c4 / resolve_text_files / resolve_mnli / resolve_squad /
-    resolve_tfds_only(name)
+    resolve_pile / resolve_c4 / resolve_text_files / resolve_mnli / resolve_squad
+        (splits, data)
+    resolve_tfds_only(name, splits, data)
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import re
 from typing import List, Mapping, Sequence
 
 from t5lite.data.files import readers
-from t5lite.data import settings
+from t5lite.data.settings import ResolvedDataSettings, how_to_set
 from t5lite.data.sources import (ExamplesSource, TextFilesSource, TfdsDirSource,
                                  find_tfds_dir)
 from t5lite.data.tf_env import import_tensorflow
@@ -54,54 +56,59 @@ C4_EXPECTED = ("C4 as allenai/c4 lays it out: en/c4-train.00000-of-01024.json.gz
                "fine), one {\"text\": ..., \"timestamp\": ..., \"url\": ...} record a line")
 
 
-def _tfds_where(name: str) -> str:
+def _tfds_where(name: str, data: ResolvedDataSettings) -> str:
     return (f"a prepared TFDS {name} under the TFDS data directory "
-            f"{settings.get('tfds_data_dir')!r} ({settings.how_to_set('tfds_data_dir')})")
+            f"{data.get('tfds_data_dir')!r} ({how_to_set('tfds_data_dir')})")
 
 
-def resolve_pile(splits: Sequence[str]) -> seqio.DataSource:
+def _find_tfds(name: str, data: ResolvedDataSettings):
+    return find_tfds_dir(name, data.get("tfds_data_dir"))
+
+
+def resolve_pile(splits: Sequence[str], data: ResolvedDataSettings) -> seqio.DataSource:
     """The Pile from the `pile_dir` setting if set, else TFDS the_pile, else an error."""
-    return _resolve_texts("pile_dir", "Pile", PILE_LAYOUT, "the_pile", splits,
+    return _resolve_texts(data, "pile_dir", "Pile", PILE_LAYOUT, "the_pile", splits,
                           PILE_EXPECTED, numbered_shards=True)
 
 
-def resolve_c4(splits: Sequence[str]) -> seqio.DataSource:
+def resolve_c4(splits: Sequence[str], data: ResolvedDataSettings) -> seqio.DataSource:
     """C4 from the `c4_dir` setting (allenai/c4's json.gz files) if set, else TFDS
     c4/en, else an error. The same reader as the Pile's."""
-    return _resolve_texts("c4_dir", "C4", C4_LAYOUT, "c4/en", splits, C4_EXPECTED)
+    return _resolve_texts(data, "c4_dir", "C4", C4_LAYOUT, "c4/en", splits, C4_EXPECTED)
 
 
 CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
 
 
-def resolve_text_files(splits: Sequence[str]) -> seqio.DataSource:
+def resolve_text_files(splits: Sequence[str],
+                       data: ResolvedDataSettings) -> seqio.DataSource:
     """The files the TEXT_FILES (train) and TEXT_VALIDATION_FILES (validation) globs
     match, each a format of CORPUS_SUFFIXES, their TEXT_FIELD read."""
     layout = {"train": "text_files", "validation": "text_validation_files"}
     files = {}
     for split in splits:
-        globs = settings.get_globs(layout[split])
+        globs = data.get_globs(layout[split])
         if globs:
-            files[split] = _match_text_files(layout[split], globs)
+            files[split] = _match_text_files(data.source_of(layout[split]), globs)
     if "train" in splits and "train" not in files:
         raise DataNotFoundError(
-            f"no text files: {settings.how_to_set('text_files')} to a glob (or a list of "
+            f"no text files: {how_to_set('text_files')} to a glob (or a list of "
             f"globs) of {', '.join(CORPUS_SUFFIXES)} files")
     return _PartialSplits(
-        TextFilesSource(files, field=settings.text_field()),
+        TextFilesSource(files, field=data.text_field()),
         {"train": ("TEXT_FILES",), "validation": ("TEXT_VALIDATION_FILES (not set)",)},
         "the TEXT_FILES settings", "text")
 
 
-def _match_text_files(setting: str, globs: Sequence[str]) -> List[str]:
+def _match_text_files(source: str, globs: Sequence[str]) -> List[str]:
     """The files each glob matches, in order, sorted within a glob; one line for a glob
-    that matches nothing and for a file of another format."""
+    that matches nothing (naming `source`, where the globs came from) and for a file of
+    another format."""
     found: List[str] = []
     for pattern in globs:
         matched = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
         if not matched:
-            raise DataNotFoundError(f"{pattern}: no file matches it "
-                                    f"({settings.source_of(setting)})")
+            raise DataNotFoundError(f"{pattern}: no file matches it ({source})")
         for path in matched:
             if not path.endswith(CORPUS_SUFFIXES):
                 raise DataFormatError(f"{path}: not a text file t5lite reads (from "
@@ -111,15 +118,16 @@ def _match_text_files(setting: str, globs: Sequence[str]) -> List[str]:
     return found
 
 
-def _resolve_texts(setting: str, what: str, layout: Mapping[str, Sequence[str]],
+def _resolve_texts(data: ResolvedDataSettings, setting: str, what: str,
+                   layout: Mapping[str, Sequence[str]],
                    tfds_name: str, splits: Sequence[str], expected: str,
                    numbered_shards: bool = False) -> seqio.DataSource:
     """JSON-lines text files in `layout` under the `setting` directory if set, else the
     TFDS dataset `tfds_name`, else one line naming both."""
-    directory = settings.get(setting)
+    directory = data.get(setting)
     if directory:
-        readers.require_dir(directory, what, f"{settings.source_of(setting)}; "
-                                             f"{settings.how_to_set(setting)}")
+        readers.require_dir(directory, what, f"{data.source_of(setting)}; "
+                                             f"{how_to_set(setting)}")
         files = {s: readers.glob_files(directory, layout[s]) for s in splits}
         files = {s: f for s, f in files.items() if f}
         if numbered_shards:
@@ -127,15 +135,15 @@ def _resolve_texts(setting: str, what: str, layout: Mapping[str, Sequence[str]],
                 check_numbered_shards(split_files)
         if not files:
             raise DataNotFoundError(
-                f"no {what} files in {directory!r} ({settings.source_of(setting)}): "
+                f"no {what} files in {directory!r} ({data.source_of(setting)}): "
                 f"expected {expected}")
         return _PartialSplits(TextFilesSource(files), layout, directory, what)
-    tfds_dir = find_tfds_dir(tfds_name)
+    tfds_dir = _find_tfds(tfds_name, data)
     if tfds_dir:
         return TfdsDirSource(tfds_dir, splits)
     raise DataNotFoundError(
-        f"no {what} data: {settings.how_to_set(setting)} to a directory holding "
-        f"{expected}, or provide {_tfds_where(tfds_name)}")
+        f"no {what} data: {how_to_set(setting)} to a directory holding "
+        f"{expected}, or provide {_tfds_where(tfds_name, data)}")
 
 
 def check_numbered_shards(files: Sequence[str]) -> None:
@@ -158,27 +166,29 @@ def check_numbered_shards(files: Sequence[str]) -> None:
             f"from 00 without gaps")
 
 
-def resolve_tfds_only(name: str, splits: Sequence[str]) -> seqio.DataSource:
-    tfds_dir = find_tfds_dir(name)
+def resolve_tfds_only(name: str, splits: Sequence[str],
+                      data: ResolvedDataSettings) -> seqio.DataSource:
+    tfds_dir = _find_tfds(name, data)
     if tfds_dir:
         return TfdsDirSource(tfds_dir, splits)
-    raise DataNotFoundError(f"no {name} data: expected {_tfds_where(name)}, i.e. "
+    raise DataNotFoundError(f"no {name} data: expected {_tfds_where(name, data)}, i.e. "
                             f"{name}/<version>/dataset_info.json and its tfrecord files")
 
 
-def _resolve_files(setting: str, what: str, layout: Mapping[str, Sequence[str]],
+def _resolve_files(data: ResolvedDataSettings, setting: str, what: str,
+                   layout: Mapping[str, Sequence[str]],
                    tfds_name: str, splits: Sequence[str], reader, signature,
                    expected: str) -> seqio.DataSource:
-    directory = settings.get(setting)
+    directory = data.get(setting)
     if not directory:
-        tfds_dir = find_tfds_dir(tfds_name)
+        tfds_dir = _find_tfds(tfds_name, data)
         if tfds_dir:
             return TfdsDirSource(tfds_dir, splits)
         raise DataNotFoundError(
-            f"no {what} data: {settings.how_to_set(setting)} to a directory holding "
-            f"{expected}, or provide {_tfds_where(tfds_name)}")
-    readers.require_dir(directory, what, f"{settings.source_of(setting)}; "
-                                         f"{settings.how_to_set(setting)}")
+            f"no {what} data: {how_to_set(setting)} to a directory holding "
+            f"{expected}, or provide {_tfds_where(tfds_name, data)}")
+    readers.require_dir(directory, what, f"{data.source_of(setting)}; "
+                                         f"{how_to_set(setting)}")
     files = {}
     for split in splits:
         path = readers.find_first(directory, layout[split])
@@ -186,7 +196,7 @@ def _resolve_files(setting: str, what: str, layout: Mapping[str, Sequence[str]],
             files[split] = path
     if not files:
         raise DataNotFoundError(f"no {what} files in {directory!r} "
-                                f"({settings.source_of(setting)}): expected {expected}")
+                                f"({data.source_of(setting)}): expected {expected}")
     return _PartialSplits(ExamplesSource(files, reader, signature), layout, directory, what)
 
 
@@ -229,20 +239,20 @@ SQUAD_SIGNATURE = {"id": tf.TensorSpec([], tf.string), "title": tf.TensorSpec([]
                                "answer_start": tf.TensorSpec([None], tf.int32)}}
 
 
-def resolve_mnli(splits: Sequence[str]) -> seqio.DataSource:
+def resolve_mnli(splits: Sequence[str], data: ResolvedDataSettings) -> seqio.DataSource:
     """MNLI from the `mnli_dir` setting (MultiNLI jsonl or GLUE TSVs) if set, else TFDS
     glue/mnli, else an error."""
     return _resolve_files(
-        "mnli_dir", "MNLI", MNLI_LAYOUT, "glue/mnli", splits, readers.read_mnli,
+        data, "mnli_dir", "MNLI", MNLI_LAYOUT, "glue/mnli", splits, readers.read_mnli,
         MNLI_SIGNATURE,
         "the MultiNLI files multinli_1.0_train.jsonl, multinli_1.0_dev_matched.jsonl, "
         "multinli_1.0_dev_mismatched.jsonl or the GLUE files train.tsv, dev_matched.tsv, "
         "dev_mismatched.tsv (at its top or in multinli_1.0/ or MNLI/)")
 
 
-def resolve_squad(splits: Sequence[str]) -> seqio.DataSource:
+def resolve_squad(splits: Sequence[str], data: ResolvedDataSettings) -> seqio.DataSource:
     """SQuAD v1.1 from the `squad_dir` setting if set, else TFDS squad/v1.1, else an
     error."""
-    return _resolve_files("squad_dir", "SQuAD", SQUAD_LAYOUT, "squad/v1.1", splits,
+    return _resolve_files(data, "squad_dir", "SQuAD", SQUAD_LAYOUT, "squad/v1.1", splits,
                           readers.read_squad, SQUAD_SIGNATURE,
                           "the official train-v1.1.json and dev-v1.1.json")

@@ -6,7 +6,8 @@ local TFDS data directory (never downloaded, never read from a cloud bucket).
     ExamplesSource     a file read whole by a reader of t5lite/data/readers.py (MNLI, SQuAD)
     TfdsDirSource      a prepared TFDS dataset directory (builder_from_directory)
     DeferredSource     asks a resolver, at build time, which of those to read
-                       (the resolvers: t5lite/data/source_resolvers.py)
+                       (the resolvers: t5lite/data/source_resolvers.py), handing it
+                       the settings it holds, resolved then (t5lite/data/settings.py)
 
 Sharding: with at least as many files as processes, each process reads its own files;
 with fewer, each process keeps every num_shards-th record (local sources skip the
@@ -26,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from t5lite.data.files import jsonl_cursor, readers
-from t5lite.data import settings
+from t5lite.data.settings import DataSettings, ResolvedDataSettings
 from t5lite.data.stream_errors import park_error, stream_id
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
@@ -244,10 +245,9 @@ def _version_key(path: str):
     return tuple(int(p) for p in name.split("."))
 
 
-def find_tfds_dir(name: str, data_dir: Optional[str] = None) -> Optional[str]:
+def find_tfds_dir(name: str, data_dir: Optional[str]) -> Optional[str]:
     """The newest prepared version directory of TFDS dataset `name` ("glue/mnli",
-    "the_pile": any config of it) under the TFDS data directory, or None."""
-    data_dir = data_dir or settings.get("tfds_data_dir")
+    "the_pile": any config of it) under the TFDS data directory `data_dir`, or None."""
     if not data_dir or not os.path.isdir(data_dir):
         return None
     depth = ["*"] if "/" in name else ["*", "*/*"]
@@ -260,14 +260,18 @@ def find_tfds_dir(name: str, data_dir: Optional[str] = None) -> Optional[str]:
 
 
 class DeferredSource(seqio.DataSource):
-    """Delegates to the source `resolve()` returns when a dataset is built, so that a
-    task registers without its data and follows the settings in force at build time."""
+    """Delegates to the source `resolve(settings)` returns when a dataset is built, so
+    that a task registers without its data. It holds its `DataSettings` (`data`), and
+    hands the resolver them resolved at build time (environment fallbacks read then);
+    the source is kept while they resolve the same."""
 
-    def __init__(self, splits: Sequence[str], resolve: Callable[[], seqio.DataSource],
-                 description: str):
+    def __init__(self, splits: Sequence[str],
+                 resolve: Callable[[ResolvedDataSettings], seqio.DataSource],
+                 description: str, data: DataSettings):
         self._resolve_fn = resolve
-        self._resolved = None  # (settings snapshot, source)
+        self._resolved = None  # (ResolvedDataSettings, source)
         self._description = description
+        self.data = data
         super().__init__(splits=tuple(splits))
 
     def __repr__(self) -> str:
@@ -278,10 +282,11 @@ class DeferredSource(seqio.DataSource):
         return self.resolve().supports_arbitrary_sharding
 
     def resolve(self) -> seqio.DataSource:
-        """The source the current settings point at (looked up again when they change)."""
-        key = settings.snapshot()
+        """The source the settings point at now (looked up again when what they resolve
+        to changes: an environment variable behind a None setting)."""
+        key = self.data.resolve()
         if self._resolved is None or self._resolved[0] != key:
-            self._resolved = (key, self._resolve_fn())
+            self._resolved = (key, self._resolve_fn(key))
         return self._resolved[1]
 
     def _check_split(self, split: str) -> None:

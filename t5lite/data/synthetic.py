@@ -32,7 +32,8 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from t5lite.data.data_layout import DataLayout, positive_int
+from t5lite.data.data_layout import DataLayout
+from t5lite.errors import check_positive_int
 from t5lite.models.model_kinds import ENCODER_DECODER, MODEL_KINDS
 
 KINDS = MODEL_KINDS
@@ -53,7 +54,7 @@ class SyntheticTask:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
-        self.vocab_size = positive_int("vocab_size", vocab_size)
+        self.vocab_size = check_positive_int("vocab_size", vocab_size, error=ValueError)
         if self.vocab_size <= FIRST_TOKEN_ID:
             raise ValueError(f"vocab_size must be at least {FIRST_TOKEN_ID + 1} (0 = pad, "
                              f"1 = EOS, then real tokens), got {vocab_size}")
@@ -66,16 +67,16 @@ class SyntheticTask:
             if set(lengths) != wanted:
                 raise ValueError(f"an encoder_decoder task needs feature_lengths with keys "
                                  f"'inputs' and 'targets', got {sorted(lengths)}")
-            self.inputs_length = positive_int("feature_lengths['inputs']",
-                                                     lengths["inputs"])
+            self.inputs_length = check_positive_int("feature_lengths['inputs']",
+                                                    lengths["inputs"], error=ValueError)
         else:
             extra = set(lengths) - {"targets", "inputs"}
             if "targets" not in lengths or extra or lengths.get("inputs"):
                 raise ValueError(f"a decoder_only task needs feature_lengths "
                                  f"{{'targets': seq_length}}, got {lengths}")
             self.inputs_length = None
-        self.targets_length = positive_int("feature_lengths['targets']",
-                                                  lengths["targets"])
+        self.targets_length = check_positive_int("feature_lengths['targets']",
+                                                 lengths["targets"], error=ValueError)
 
     @property
     def feature_lengths(self) -> Dict[str, int]:

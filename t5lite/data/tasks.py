@@ -25,9 +25,17 @@ the targets length), T5's GLUE text format and label words for MNLI ("mnli hypot
 format ("question: ... context: ..." -> the first answer; exact match and F1 against
 all answers).
 
-Data locations and the vocabulary are read when a dataset is built, from the settings of
-t5lite/data/settings.py: `configure(DataSettings(...))` (which the commands call with the
-gin macros) or environment variables. Nothing is downloaded.
+Data locations and the vocabulary are read when a dataset is built, from the
+`DataSettings` (t5lite/data/settings.py) the tasks were registered with: those of
+`configure(DataSettings(...))`, which the commands call with the gin macros, and for what
+they leave None the environment variables, read at build time. Each task's source and
+vocabulary hold that value; no module-level setting is read. Nothing is downloaded.
+
+Where the settings are global: SeqIO's TaskRegistry is process-wide and seqio finds a
+task by its name, so the registered tasks are the one place a run's settings are kept
+for the whole process. `configure(data)` replaces every t5lite task there with one built
+on `data` (a task object fetched before keeps its own settings); `configured()` reads
+back the settings of the registered tasks.
 """
 from __future__ import annotations
 
@@ -106,18 +114,25 @@ def _add(name: str, **kwargs) -> None:
     seqio.TaskRegistry.add(name, **kwargs)
 
 
-def register_tasks() -> None:
-    """(Re-)register every t5lite task with a vocabulary that reads the current
-    `vocabulary_path` setting on first use."""
-    vocab = vocabularies.DeferredSentencePieceVocabulary()
-    pile = sources.DeferredSource(PILE_SPLITS,
-                                  lambda: source_resolvers.resolve_pile(PILE_SPLITS),
-                                  "the Pile (PILE_DIR or TFDS the_pile)")
-    c4 = sources.DeferredSource(C4_SPLITS, lambda: source_resolvers.resolve_c4(C4_SPLITS),
-                                "C4 (C4_DIR or TFDS c4/en)")
-    text = sources.DeferredSource(TEXT_SPLITS,
-                                  lambda: source_resolvers.resolve_text_files(TEXT_SPLITS),
-                                  "text files (TEXT_FILES)")
+def _source(data: settings.DataSettings, splits: Tuple[str, ...], resolver,
+            description: str) -> sources.DeferredSource:
+    """A source that asks `resolver(splits, settings)` for its data at build time, with
+    `data` resolved then."""
+    return sources.DeferredSource(splits, functools.partial(resolver, splits), description,
+                                  data)
+
+
+def register_tasks(data: Optional[settings.DataSettings] = None) -> None:
+    """(Re-)register every t5lite task with `data` (None: DataSettings(), every setting
+    from its environment variable), which its source and vocabulary hold and resolve
+    when a dataset is built."""
+    data = data if data is not None else settings.DataSettings()
+    vocab = vocabularies.DeferredSentencePieceVocabulary(data=data)
+    pile = _source(data, PILE_SPLITS, source_resolvers.resolve_pile,
+                   "the Pile (PILE_DIR or TFDS the_pile)")
+    c4 = _source(data, C4_SPLITS, source_resolvers.resolve_c4, "C4 (C4_DIR or TFDS c4/en)")
+    text = _source(data, TEXT_SPLITS, source_resolvers.resolve_text_files,
+                   "text files (TEXT_FILES)")
     for prefix, source in (("pile", pile), ("c4", c4), ("text", text)):
         _add(f"{prefix}_span_corruption", source=source,
              preprocessors=_span_corruption_steps(),
@@ -126,9 +141,8 @@ def register_tasks() -> None:
              output_features=_features(vocab, inputs=False), metric_fns=[])
 
     _add("mnli",
-         source=sources.DeferredSource(MNLI_SPLITS,
-                                       lambda: source_resolvers.resolve_mnli(MNLI_SPLITS),
-                                       "MNLI (MNLI_DIR or TFDS glue/mnli)"),
+         source=_source(data, MNLI_SPLITS, source_resolvers.resolve_mnli,
+                        "MNLI (MNLI_DIR or TFDS glue/mnli)"),
          preprocessors=[glue_utils.get_glue_text_preprocessor(_MNLI_GLUE_CONFIG),
                         seqio.preprocessors.tokenize,
                         seqio.CacheDatasetPlaceholder(),
@@ -138,9 +152,8 @@ def register_tasks() -> None:
          metric_fns=glue_utils.get_glue_metric("mnli"))
 
     _add("squad_v1_1",
-         source=sources.DeferredSource(SQUAD_SPLITS,
-                                       lambda: source_resolvers.resolve_squad(SQUAD_SPLITS),
-                                       "SQuAD v1.1 (SQUAD_DIR or TFDS squad/v1.1)"),
+         source=_source(data, SQUAD_SPLITS, source_resolvers.resolve_squad,
+                        "SQuAD v1.1 (SQUAD_DIR or TFDS squad/v1.1)"),
          preprocessors=[t5_preprocessors.squad,
                         seqio.preprocessors.tokenize,
                         seqio.CacheDatasetPlaceholder(),
@@ -151,21 +164,28 @@ def register_tasks() -> None:
 
 
 def configure(data: Optional[settings.DataSettings] = None) -> None:
-    """Set where the tasks find their vocabulary and data (a None field: the environment
-    variable, see t5lite/data/settings.py) and register the tasks again with them.
+    """Register the tasks again with `data`: where they find their vocabulary and data (a
+    None field: the environment variable, read when a dataset is built; see
+    t5lite/data/settings.py). None: DataSettings(), the environment alone.
 
     data.demo_dir (the DEMO_DATA_DIR macro of configs/demo_*.gin): the generated demo
     corpus (t5lite.data.demo_corpus), written there on first use; it supplies every path
     not given."""
-    data = data or settings.DataSettings()
-    paths = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)
-             if f.name != "demo_dir"}
+    data = data if data is not None else settings.DataSettings()
     if data.demo_dir:
         from t5lite.data import demo_corpus
         demo = demo_corpus.ensure(data.demo_dir)
-        paths = {k: v or demo.get(k) for k, v in paths.items()}
-    settings.set_values(**paths)
-    register_tasks()
+        data = dataclasses.replace(data, **{
+            name: path for name, path in demo.items()
+            if name in settings.SETTINGS and getattr(data, name) in (None, "")})
+    register_tasks(data)
+
+
+def configured() -> settings.DataSettings:
+    """The settings the registered t5lite tasks hold: those of the last `configure` (or
+    `register_tasks`), kept in SeqIO's TaskRegistry; DataSettings() when none is
+    registered."""
+    return vocabularies.settings_in_force()
 
 
 def get_provider(name: str):

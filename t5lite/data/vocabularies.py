@@ -15,6 +15,11 @@ The `extra_ids` setting (EXTRA_IDS, T5LITE_EXTRA_IDS) changes the count: 0 keeps
 tokenizer as it is, e.g. LLaMA's 32000 pieces for a LLaMA model's 32000-row embedding
 (span corruption then has no sentinels and refuses).
 
+Which settings: a task's vocabulary holds the `DataSettings` it was registered with and
+resolves them on first use; `get_vocabulary(data=...)` takes them explicitly, and without
+them uses those of the registered t5lite tasks (`settings_in_force`: SeqIO's registry is
+where the settings of the last `t5lite.data.tasks.configure` live).
+
 Special ids come from the SentencePiece model: its EOS ends every sequence (T5's models
 use 1, LLaMA's 2); the model's `eos_id` must agree (`model.check_vocabulary`). Padding is
 always id 0 (seqio's convention), whatever piece 0 is (LLaMA's: unk).
@@ -24,7 +29,7 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from t5lite.data import settings
+from t5lite.data.settings import DataSettings, ResolvedDataSettings, how_to_set
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import VocabularyError
 
@@ -36,13 +41,33 @@ TRAIN_HINT = ("train one from local text with `python -m t5lite.vocab --input=FI
               "--vocab_size=32000 --output=spm.model`")
 
 
-def resolve_path(path: Optional[str] = None) -> str:
-    """`path`, else the configured vocabulary path; VocabularyError if unset or missing."""
-    where = "given" if path else settings.source_of("vocabulary_path")
-    path = path or settings.get("vocabulary_path")
+# The registered task whose vocabulary holds the settings in force (t5lite.data.tasks
+# registers it, and every t5lite task shares that vocabulary).
+SETTINGS_TASK = "pile_span_corruption"
+
+
+def settings_in_force() -> DataSettings:
+    """The `DataSettings` the registered t5lite tasks hold (those of the last
+    `t5lite.data.tasks.configure`), read from SeqIO's TaskRegistry; DataSettings() (the
+    environment) when they are not registered."""
+    if SETTINGS_TASK in seqio.TaskRegistry.names():
+        vocab = seqio.TaskRegistry.get(SETTINGS_TASK).output_features["targets"].vocabulary
+        if isinstance(vocab, DeferredSentencePieceVocabulary):
+            return vocab.data
+    return DataSettings()
+
+
+def resolve_path(path: Optional[str] = None,
+                 data: Optional[ResolvedDataSettings] = None) -> str:
+    """`path`, else the `vocabulary_path` of `data` (default: the settings in force);
+    VocabularyError if unset or missing."""
+    if not path:
+        data = data or settings_in_force().resolve()
+    where = "given" if path else data.source_of("vocabulary_path")
+    path = path or data.get("vocabulary_path")
     if not path:
         raise VocabularyError(
-            f"no vocabulary: {settings.how_to_set('vocabulary_path')} to a SentencePiece "
+            f"no vocabulary: {how_to_set('vocabulary_path')} to a SentencePiece "
             f"model (the public T5 one is {PUBLIC_T5_VOCABULARY}), or {TRAIN_HINT}")
     if not tf.io.gfile.exists(path):
         raise VocabularyError(f"vocabulary file {path!r} ({where}) does not exist; point "
@@ -76,20 +101,25 @@ class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
     """A `seqio.SentencePieceVocabulary` whose file is looked up on first use.
 
     Tasks are registered when `t5lite.data.tasks` is imported, before any gin file has
-    named a vocabulary; this one reads the `vocabulary_path` and `extra_ids` settings
-    only when a dataset is tokenized (or its size is asked), and names the missing
-    setting if there is none.
+    named a vocabulary; this one holds the `DataSettings` it is given (`data`) and reads
+    their `vocabulary_path` and `extra_ids` (resolved then, environment fallbacks
+    included) only when a dataset is tokenized (or its size is asked), and names the
+    missing setting if there is none.
     """
 
-    def __init__(self, path: Optional[str] = None, extra_ids: Optional[int] = None):
+    def __init__(self, path: Optional[str] = None, extra_ids: Optional[int] = None,
+                 data: Optional[DataSettings] = None):
         super().__init__(path, extra_ids=extra_ids)
         self._extra_ids = extra_ids  # None: the setting, on first use
+        self.data = data if data is not None else DataSettings()
 
     def _resolve(self) -> str:
-        if self._extra_ids is None:
-            self._extra_ids = settings.extra_ids()
-        if self._sentencepiece_model_file is None:
-            self._sentencepiece_model_file = resolve_path()
+        if self._extra_ids is None or self._sentencepiece_model_file is None:
+            current = self.data.resolve()
+            if self._extra_ids is None:
+                self._extra_ids = current.extra_ids()
+            if self._sentencepiece_model_file is None:
+                self._sentencepiece_model_file = resolve_path(None, current)
         return self._sentencepiece_model_file
 
     @property
@@ -118,10 +148,14 @@ def _cached(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
-def get_vocabulary(path: Optional[str] = None,
-                   extra_ids: Optional[int] = None) -> seqio.SentencePieceVocabulary:
-    """The SentencePiece vocabulary at `path` (default: the configured one) with
-    `extra_ids` sentinels (default: the `extra_ids` setting); the same object for the
+def get_vocabulary(path: Optional[str] = None, extra_ids: Optional[int] = None,
+                   data: Optional[DataSettings] = None) -> seqio.SentencePieceVocabulary:
+    """The SentencePiece vocabulary at `path` (default: the `vocabulary_path` setting)
+    with `extra_ids` sentinels (default: the `extra_ids` setting); the settings are
+    `data`, default the settings in force (`settings_in_force`). The same object for the
     same arguments."""
-    return _cached(resolve_path(path),
-                   settings.extra_ids() if extra_ids is None else int(extra_ids))
+    current = None
+    if path is None or extra_ids is None:
+        current = (data if data is not None else settings_in_force()).resolve()
+    return _cached(resolve_path(path, current),
+                   current.extra_ids() if extra_ids is None else int(extra_ids))

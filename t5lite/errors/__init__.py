@@ -18,7 +18,8 @@ them into a single `error: ...` line and an exit status (t5lite/config/command.p
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+import numbers
+from typing import Dict, Mapping, Optional, Type
 
 
 class ConfigError(Exception):
@@ -71,15 +72,17 @@ class DiskFullError(OutputWriteError):
     disk; the message is one line: what, where, how much it needs and how much is free."""
 
 
-def check_positive_int(setting: str, value, optional: bool = False) -> Optional[int]:
-    """`value` if it is a positive integer (or None when `optional`); else ConfigError
-    naming the setting (BATCH_SIZE, TRAIN_STEPS, LOG_PERIOD, ...)."""
+def check_positive_int(setting: str, value, optional: bool = False,
+                       error: Type[Exception] = ConfigError) -> Optional[int]:
+    """`value` as an int if it is a positive integer (numpy's too; or None when
+    `optional`); else `error` (ConfigError: a setting such as BATCH_SIZE, TRAIN_STEPS,
+    LOG_PERIOD; a library value type passes ValueError) naming it."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         allowed = " (or None)" if optional else ""
-        raise ConfigError(f"{setting} must be a positive integer{allowed}, got {value!r}")
-    return value
+        raise error(f"{setting} must be a positive integer{allowed}, got {value!r}")
+    return int(value)
 
 
 FEATURES = ("inputs", "targets")

@@ -180,6 +180,46 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     by default; RAW_PROMPTS: a decoder-only model's raw prompts). Returns the number of
     lines written by this call. Every keyword is bound by configs/runs/infer.gin, the one home
     of their defaults."""
+    _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_path, output_dir,
+                    mixture_or_task_name, input_file, split, mode)
+    # one infer per OUTPUT_DIR: two would interleave their lines in one file
+    lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
+    try:
+        lengths = {"inputs": int(task_feature_lengths["inputs"]),
+                   "targets": int(task_feature_lengths["targets"])}
+        examples, vocab, rule = _examples(model, edge.import_tasks(data_settings), lengths,
+                                          mode, mixture_or_task_name, split, input_file,
+                                          checkpoint_path, raw_prompts)
+        session = load_session(model, checkpoint_path, batch_size=batch_size,
+                               feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
+        out_path = Path(output_dir) / OUTPUT_FILE
+        writer = jax.process_index() == 0
+        if writer:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            done = complete_lines(out_path)
+            check_same_job(out_path.parent, job_record(
+                checkpoint_path=checkpoint_path, step=session.step, mode=mode,
+                input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
+                decoding=decoding, rule=rule), done)
+        else:
+            done = _count_lines_readonly(out_path)
+        if done:
+            log.info("resuming: %s already holds %d lines; skipping that many examples",
+                     out_path, done)
+        t0 = time.perf_counter()
+        written = _write_lines(itertools.islice(examples, done, None), session, model, vocab,
+                               lengths, mode, batch_size, out_path if writer else None, done)
+        log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
+                 time.perf_counter() - t0)
+        return written
+    finally:
+        lock.release()
+
+
+def _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_path, output_dir,
+                    mixture_or_task_name, input_file, split, mode) -> None:
+    """Every setting of an infer run checked, and INPUT_FILE read through, before anything
+    loads: one line for the first that is wrong."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
     check_bool("RAW_PROMPTS", raw_prompts)
@@ -205,73 +245,54 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     if input_file:  # a line that is not UTF-8 (or JSON) fails here, before anything loads
         log.info("INPUT_FILE %s: %d inputs", input_file,
                  file_inputs.check_file(input_file, mode))
-    # one infer per OUTPUT_DIR: two would interleave their lines in one file
-    lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
-    try:
-        tasks = edge.import_tasks(data_settings)
-        lengths = {"inputs": int(task_feature_lengths["inputs"]),
-                   "targets": int(task_feature_lengths["targets"])}
-        rule = None
-        if input_file:
-            rule = file_inputs.file_inputs(
-                model, task_name=mixture_or_task_name, checkpoint_path=checkpoint_path,
-                raw_prompts=raw_prompts)
-            vocab = rule.vocabularies["targets"]
-            model.check_vocabulary(rule.vocabularies["inputs"])
-            model.check_vocabulary(vocab)
-            examples = file_inputs.tokenized_file(input_file, mode, rule, lengths,
-                                                         model)
-        else:
-            provider = edge.check_split(tasks, mixture_or_task_name, split)
-            vocab = provider.output_features["targets"].vocabulary
-            model.check_vocabulary(vocab)  # loads it: a bad file is one line, here
-            examples = _task_examples(provider, split, lengths)
-        session = load_session(model, checkpoint_path, batch_size=batch_size,
-                               feature_lengths=lengths, decoding_settings=decoding, mesh=mesh)
 
-        out_path = Path(output_dir) / OUTPUT_FILE
-        writer = jax.process_index() == 0
-        if writer:
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            done = complete_lines(out_path)
-            check_same_job(out_path.parent, job_record(
-                checkpoint_path=checkpoint_path, step=session.step, mode=mode,
-                input_file=input_file, task=mixture_or_task_name, split=split, lengths=lengths,
-                decoding=decoding, rule=rule), done)
-        else:
-            done = _count_lines_readonly(out_path)
-        if done:
-            log.info("resuming: %s already holds %d lines; skipping that many examples",
-                     out_path, done)
-        examples = itertools.islice(examples, done, None)
-        written, t0 = 0, time.perf_counter()
-        f = open(out_path, "a", encoding="utf-8") if writer else None
-        try:
-            for chunk in _batches(examples, batch_size):
-                inputs = [ex["inputs_ids"] for ex in chunk]
-                if mode == "predict":
-                    tokens = session.predict(model.inference_batch(inputs, lengths),
-                                             index=done + written)
-                    lines = [{"inputs": ex["inputs"], "prediction": decode_tokens(vocab, row)}
-                             for ex, row in zip(chunk, tokens)]
-                else:
-                    batch = model.inference_batch(inputs, lengths,
-                                                  [ex["targets_ids"] for ex in chunk])
-                    lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
-                              "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
-                if f is not None:
-                    with _appending(out_path, done + written):
-                        f.write("".join(json.dumps(line, ensure_ascii=False) + "\n"
-                                        for line in lines))
-                        f.flush()
-                        os.fsync(f.fileno())
-                written += len(lines)
-        finally:
+
+def _examples(model, tasks, lengths, mode, mixture_or_task_name, split, input_file,
+              checkpoint_path, raw_prompts):
+    """(the examples to run, the targets' vocabulary, INPUT_FILE's rule or None): INPUT_FILE's
+    lines processed as `file_inputs` says, else the task split's examples."""
+    if input_file:
+        rule = file_inputs.file_inputs(model, task_name=mixture_or_task_name,
+                                       checkpoint_path=checkpoint_path, raw_prompts=raw_prompts)
+        vocab = rule.vocabularies["targets"]
+        model.check_vocabulary(rule.vocabularies["inputs"])
+        model.check_vocabulary(vocab)
+        return file_inputs.tokenized_file(input_file, mode, rule, lengths, model), vocab, rule
+    provider = edge.check_split(tasks, mixture_or_task_name, split)
+    vocab = provider.output_features["targets"].vocabulary
+    model.check_vocabulary(vocab)  # loads it: a bad file is one line, here
+    return _task_examples(provider, split, lengths), vocab, None
+
+
+def _write_lines(examples, session, model, vocab, lengths, mode: str, batch_size: int,
+                 out_path: Optional[Path], done: int) -> int:
+    """Predict or score `examples` a batch at a time, appending each batch's lines to
+    `out_path` (None: a process that does not write) as one synced write; returns the
+    number of lines."""
+    written = 0
+    f = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    try:
+        for chunk in _batches(examples, batch_size):
+            inputs = [ex["inputs_ids"] for ex in chunk]
+            if mode == "predict":
+                tokens = session.predict(model.inference_batch(inputs, lengths),
+                                         index=done + written)
+                lines = [{"inputs": ex["inputs"], "prediction": decode_tokens(vocab, row)}
+                         for ex, row in zip(chunk, tokens)]
+            else:
+                batch = model.inference_batch(inputs, lengths,
+                                              [ex["targets_ids"] for ex in chunk])
+                lines = [{"inputs": ex["inputs"], "targets": ex["targets"],
+                          "score": float(s)} for ex, s in zip(chunk, session.score(batch))]
             if f is not None:
-                with contextlib.suppress(OSError):  # a full disk was reported above
-                    f.close()
-        log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
-                 time.perf_counter() - t0)
-        return written
+                with _appending(out_path, done + written):
+                    f.write("".join(json.dumps(line, ensure_ascii=False) + "\n"
+                                    for line in lines))
+                    f.flush()
+                    os.fsync(f.fileno())
+            written += len(lines)
     finally:
-        lock.release()
+        if f is not None:
+            with contextlib.suppress(OSError):  # a full disk was reported above
+                f.close()
+    return written

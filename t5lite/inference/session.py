@@ -121,7 +121,7 @@ class Session:
             pad = np.zeros((self.batch_size - rows,) + v.shape[1:], v.dtype)
             padded[k] = np.concatenate([v, pad], axis=0)
         local = {k: v[self._layout.start:self._layout.stop] for k, v in padded.items()}
-        return self.partitioner.host_to_global(local, self.batch_size), rows
+        return self.partitioner.host_to_global(local, self._layout), rows
 
     def predict(self, batch: Mapping[str, np.ndarray], index: int = 0) -> np.ndarray:
         """Decoded token ids [rows, targets length] (EOS included, 0 after). `index`
@@ -228,7 +228,7 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
     decoder, seed = ((decoding_settings.decoder(), int(decoding_settings.seed))
                      if decoding_settings else (decoding.GreedyDecoder(), 0))
     partitioner = mesh.partitioner(model=model)
-    partitioner.check_batch_size(batch_size)
+    partitioner.data_layout(batch_size)  # it divides over the data shards: before loading
     params = restore_params(model, checkpoint_path, partitioner)
     return Session(model, partitioner, params, int(batch_size), lengths, decoder,
                    checkpoint_files.checkpoint_step(checkpoint_path), seed)

@@ -49,7 +49,7 @@ class InferenceEvaluation:
             raise ConfigError("EVAL_PERIOD is set but EVAL_SPLIT is not: name the split to "
                               "evaluate (e.g. 'validation')")
         batch_size = int(settings.batch_size or batch_size)
-        partitioner.check_batch_size(batch_size)
+        partitioner.data_layout(batch_size)  # it divides over the data shards
         lengths = {"inputs": int(feature_lengths["inputs"]),
                    "targets": int(feature_lengths["targets"])}
         edge.check_split(edge.import_tasks(), task_name, settings.split, macro="EVAL_SPLIT")

@@ -219,7 +219,13 @@ class Partitioner:
     def data_shards(self) -> int:
         return self.axis_size(BATCH_AXES)
 
-    def check_batch_size(self, global_batch_size: int, num_microbatches: int = 1) -> None:
+    def data_layout(self, global_batch_size: int, num_microbatches: int = 1) -> DataLayout:
+        """The rows of each global batch this process must supply, as its data shard
+        (T5X's get_data_layout): read off the batch sharding, so processes that hold the
+        same rows (a model-parallel axis across hosts) share a shard. PartitioningError
+        (one line) when the batch, or each of its NUM_MICROBATCHES microbatches, does not
+        divide over the data shards: the one place that is checked (BATCH_SIZE itself is
+        checked at the edge)."""
         per = global_batch_size // max(num_microbatches, 1)
         if global_batch_size % max(num_microbatches, 1):
             raise PartitioningError(
@@ -231,11 +237,6 @@ class Partitioner:
                 f"{num_microbatches}) does not divide over {self.data_shards} data shards "
                 f"(mesh data x fsdp = {self.mesh.shape['data']} x {self.mesh.shape['fsdp']}); "
                 f"use a multiple of {self.data_shards}")
-
-    def data_layout(self, global_batch_size: int) -> DataLayout:
-        """The rows of each global batch this process must supply, as its data shard
-        (T5X's get_data_layout): read off the batch sharding, so processes that hold the
-        same rows (a model-parallel axis across hosts) share a shard."""
         sharding = self.batch_sharding(1)
         index_map = sharding.addressable_devices_indices_map((global_batch_size,))
         start = min(idx[0].start or 0 for idx in index_map.values())
@@ -244,13 +245,14 @@ class Partitioner:
         rows = stop - start
         return DataLayout(global_batch_size, start // rows, global_batch_size // rows)
 
-    def host_to_global(self, host_batch: dict, global_batch_size: int) -> dict:
-        """This process's rows (numpy) -> global jax.Arrays sharded on the batch axes."""
+    def host_to_global(self, host_batch: dict, layout: DataLayout) -> dict:
+        """This process's rows of `layout` (numpy) -> global jax.Arrays sharded on the
+        batch axes."""
         out = {}
         for name, x in host_batch.items():
             x = np.asarray(x)
             out[name] = jax.make_array_from_process_local_data(
-                self.batch_sharding(x.ndim), x, (global_batch_size,) + x.shape[1:])
+                self.batch_sharding(x.ndim), x, (layout.batch_size,) + x.shape[1:])
         return out
 
 

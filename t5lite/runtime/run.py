@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional, Sequence
 
+from t5lite.data.data_layout import DataLayout
 from t5lite.data.settings import DataSettings
 from t5lite.errors import check_positive_int
 from t5lite.runtime import train_step
@@ -29,7 +30,8 @@ class TrainData:
     MIXTURE_OR_TASK_NAME, shuffled with RANDOM_SEED, cut to TASK_FEATURE_LENGTHS, BATCH_SIZE
     examples a step (global), packed with PACK, its files found as `data_settings` say
     (None: the settings in force). The run's data travel as this one object from `train`
-    to the reader."""
+    to the reader. BATCH_SIZE is checked here, once (a positive integer); from
+    `build_run` on, the `DataLayout` carries it."""
 
     mixture_or_task_name: str
     task_feature_lengths: Mapping[str, int]
@@ -38,15 +40,17 @@ class TrainData:
     pack: bool
     data_settings: Optional[DataSettings] = None
 
+    def __post_init__(self):
+        check_positive_int("BATCH_SIZE", self.batch_size)
 
-def make_iterator(model, data: TrainData, partitioner: Partitioner):
-    """This process's batch iterator for `data`, in the batches the model's family reads
-    (`model.FEATURE_CONVERTER_KIND`): the random-batch task `synthetic` (no TensorFlow),
-    else a SeqIO task or mixture (t5lite.data.pipeline; a decoder-only model reads an
-    inputs -> targets task as prompt + answer). Its `sequence_lengths` are the widths of
-    its batches."""
+
+def make_iterator(model, data: TrainData, layout: DataLayout):
+    """This process's batch iterator for `data`, `layout`'s rows of each batch, in the
+    batches the model's family reads (`model.FEATURE_CONVERTER_KIND`): the random-batch
+    task `synthetic` (no TensorFlow), else a SeqIO task or mixture (t5lite.data.pipeline;
+    a decoder-only model reads an inputs -> targets task as prompt + answer). Its
+    `sequence_lengths` are the widths of its batches."""
     kind = model.FEATURE_CONVERTER_KIND
-    layout = partitioner.data_layout(data.batch_size)
     if data.mixture_or_task_name == SYNTHETIC_TASK:
         from t5lite.data import synthetic
         task = synthetic.SyntheticTask(model.feature_lengths(data.task_feature_lengths),
@@ -72,16 +76,17 @@ class TrainingRun:
     step_fns: train_step.StepFunctions
     iterator: Any
     data: TrainData
+    layout: DataLayout  # this process's rows of each batch: the batch size from here on
     target_tokens: int
     flops_per_example: float
 
     @property
     def batch_size(self) -> int:
-        return self.data.batch_size
+        return self.layout.batch_size
 
     def next_batch(self):
         """The next global batch, sharded on the batch axes."""
-        return self.partitioner.host_to_global(next(self.iterator), self.data.batch_size)
+        return self.partitioner.host_to_global(next(self.iterator), self.layout)
 
 
 def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
@@ -89,19 +94,18 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
               devices: Optional[Sequence[Any]] = None) -> TrainingRun:
     """Mesh (over `devices`, default all; `mesh` None: every device on the data axis),
     sharded train step and this process's data iterator."""
-    check_positive_int("BATCH_SIZE", data.batch_size)
     check_positive_int("NUM_MICROBATCHES", num_microbatches)
     if data.pack:  # fail before any compile when the network cannot read packed batches
         model.check_features(("decoder_segment_ids",))
     partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model)
-    partitioner.check_batch_size(data.batch_size, num_microbatches)
+    layout = partitioner.data_layout(data.batch_size, num_microbatches)
     tx = optimizer.transformation(model.logical_axes()["params"])  # Adafactor factors by them
     step_fns = train_step.make_train_step(
         model, tx, partitioner, learning_rate_fn=optimizer.learning_rate_fn,
         num_microbatches=num_microbatches,
         lengths=model.feature_lengths(data.task_feature_lengths))
-    iterator = make_iterator(model, data, partitioner)
+    iterator = make_iterator(model, data, layout)
     lengths = iterator.sequence_lengths  # decoder-only on a prefix-LM task: inputs + targets
     model.check_train_lengths(lengths, data.task_feature_lengths)
-    return TrainingRun(model, partitioner, step_fns, iterator, data, lengths["targets"],
-               model.train_flops_per_example(lengths))
+    return TrainingRun(model, partitioner, step_fns, iterator, data, layout, lengths["targets"],
+                       model.train_flops_per_example(lengths))
