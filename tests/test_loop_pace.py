@@ -13,7 +13,7 @@ import dataclasses
 
 import train_helpers as th
 from t5lite import train as train_command
-from t5lite.runtime import loop
+from t5lite.runtime import loop, step_duties
 
 STEPS, LOG_PERIOD, CHECKPOINT_PERIOD = 12, 5, 8
 
@@ -38,14 +38,14 @@ def _recorded_run(monkeypatch, tmp_path):
         run.next_batch = fetch
         return run
 
-    read = loop._Reports.read
+    read = step_duties.Reports.read
 
     def recording_read(self, step, step_metrics):
         events.append(("read", step))
         return read(self, step, step_metrics)
 
     monkeypatch.setattr(loop, "build_run", recording_build_run)
-    monkeypatch.setattr(loop._Reports, "read", recording_read)
+    monkeypatch.setattr(step_duties.Reports, "read", recording_read)
     model_dir = tmp_path / "run"
     argv = ["--gin_file=configs/models/t5_1_1/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
             "--gin.BATCH_SIZE=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",

@@ -68,7 +68,7 @@ MeshSettings = _register(_partitioning.MeshSettings)
 CheckpointSettings = _register(_checkpoints.CheckpointSettings)
 DataSettings = _register(_DataSettings)
 DecodingSettings = _register(_session.DecodingSettings)
-InferenceEvalSettings = _register(_loop.InferenceEvalSettings)
+InferenceEvalSettings = _register(_train_eval.InferenceEvalSettings)
 WatchdogSettings = _register(_watchdog.WatchdogSettings)
 SETTINGS_REGISTERED = ("MeshSettings", "CheckpointSettings", "DataSettings",
                        "DecodingSettings", "InferenceEvalSettings", "WatchdogSettings")

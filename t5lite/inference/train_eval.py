@@ -16,6 +16,7 @@ without metrics or a missing split fails before the first training step.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -24,16 +25,39 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 
 from t5lite.data import edge
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, check_positive_int, check_text
 from t5lite.inference.session import Session
 from t5lite.inference.task_eval import TaskEvaluator, write_predictions
 from t5lite.models import decoding
 from t5lite.runtime import metrics
-from t5lite.runtime.loop import InferenceEvalSettings
 from t5lite.runtime.partitioning import Partitioner
 
 log = logging.getLogger(__name__)
 SUBDIR = "inference_eval"
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceEvalSettings:
+    """Evaluation during training (T5X's infer_eval): EVAL_PERIOD (None or 0: never),
+    EVAL_SPLIT, EVAL_BATCH_SIZE (None: BATCH_SIZE) and EVAL_NUM_EXAMPLES (None: all). gin
+    gives it to `train.inference_eval`; the training loop reads only `period` (it may not
+    import inference) and passes it on to the evaluator it builds."""
+
+    split: str
+    period: Optional[int] = None
+    batch_size: Optional[int] = None
+    num_examples: Optional[int] = None
+
+    def __post_init__(self):
+        check_text("EVAL_SPLIT", self.split)
+        check_positive_int("EVAL_BATCH_SIZE", self.batch_size, optional=True)
+        check_positive_int("EVAL_NUM_EXAMPLES", self.num_examples, optional=True)
+        if self.period == 0:
+            object.__setattr__(self, "period", None)
+        if self.period is not None and (isinstance(self.period, bool) or
+                                        not isinstance(self.period, int) or self.period < 0):
+            raise ConfigError(f"EVAL_PERIOD must be a positive integer (or None for no "
+                              f"evaluation during training), got {self.period!r}")
 
 
 class InferenceEvaluation:
