@@ -13,7 +13,7 @@ RUNTIME = [
     "flax>=0.12.12",
     "optax>=0.2.8",
     "orbax-checkpoint>=0.12.8",
-    # T5X checkpoints' zarr arrays (t5lite/runtime/t5x_checkpoint.py); flax and orbax
+    # T5X checkpoints' zarr arrays (t5lite/formats/t5x_checkpoint.py); flax and orbax
     # install it already, it is named because t5lite imports it itself.
     "tensorstore>=0.1.60",
     "gin-config>=0.5.0",
@@ -30,9 +30,9 @@ RUNTIME = [
     "seqio>=0.0.19",
     "tensorflow-datasets>=4.9.6",
     "t5>=0.9.4",
-    # The Pile's own files are .jsonl.zst (t5lite/data/readers.py).
+    # The Pile's own files are .jsonl.zst (t5lite/data/files/readers.py).
     "zstandard>=0.22",
-    # FineWeb / DCLM-style Parquet shards (t5lite/data/parquet_cursor.py); the data edge
+    # FineWeb / DCLM-style Parquet shards (t5lite/data/files/parquet_cursor.py); the data edge
     # (datasets, tensorflow-datasets) installs it already.
     "pyarrow>=14",
     # etils.epath (under tensorflow-datasets) needs it to write or prepare a TFDS

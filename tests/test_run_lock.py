@@ -1,4 +1,4 @@
-"""One training run per MODEL_DIR (t5lite/runtime/run_lock.py): a second run on a
+"""One training run per MODEL_DIR (t5lite/runtime/process/run_lock.py): a second run on a
 MODEL_DIR that a live run uses refuses in one line naming it and changes nothing; a lock
 left by a dead run is taken over with a warning; the lock goes when the run ends."""
 import json

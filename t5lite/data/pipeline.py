@@ -32,7 +32,7 @@ random generators, the partial packs and the prefetched batches), and `set_state
 new iterator over the same stream restores it, so it continues with the next unseen
 batch after reading only what the saved state did not already hold: no repeats, no
 skips, and a cost that does not grow with the position. The Pile reader keeps each
-file's position and identity as six integers in that state (t5lite/data/jsonl_cursor.py;
+file's position and identity as six integers in that state (t5lite/data/files/jsonl_cursor.py;
 a changed file is refused in one line), the in-memory sources (MNLI, SQuAD) an index,
 TFDS its own readers' offsets; `iterator_format` names that layout, and a state of
 another format is replayed instead. The state's
@@ -327,7 +327,7 @@ class SeqioIterator:
 
 ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/checkpointing/data_iterator_item.py)
 # The layout of the readers' state inside it: 2 = the Pile reader's six-integer positions
-# (t5lite/data/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
+# (t5lite/data/files/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
 FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2
 INPUTS_KEY = "inputs"  # input_identity.stream_inputs of the stream
 _FAIL = tf.data.experimental.ExternalStatePolicy.FAIL

@@ -3,7 +3,7 @@ registered: local files in the datasets' own formats, or a prepared TFDS dataset
 local TFDS data directory (never downloaded, never read from a cloud bucket).
 
     TextFilesSource    JSON lines (.jsonl, .zst, .gz: the Pile, C4) or Parquet text files
-    ExamplesSource     a file read whole by a reader of t5lite/data/readers.py (MNLI, SQuAD)
+    ExamplesSource     a file read whole by a reader of t5lite/data/files/readers.py (MNLI, SQuAD)
     TfdsDirSource      a prepared TFDS dataset directory (builder_from_directory)
     DeferredSource     asks a resolver, at build time, which of those to read
                        (the resolvers: t5lite/data/source_resolvers.py), handing it

@@ -54,7 +54,7 @@ def read_lines(path: str, what: str = "INPUT_FILE") -> Iterator[Tuple[int, str, 
     """(line number, text, whether it ended in a newline) for each line of a UTF-8 text
     file (a line ends at "\n"; a "\r" before it and a byte-order mark before line 1 are
     dropped). A line that is not UTF-8 is one DataFormatError naming the file and line,
-    as the Pile reader's (t5lite/data/jsonl_cursor.py)."""
+    as the Pile reader's (t5lite/data/files/jsonl_cursor.py)."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             complete = raw.endswith(b"\n")

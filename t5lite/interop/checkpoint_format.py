@@ -2,7 +2,7 @@
 
 Layout (the same one a training run's MODEL_DIR has, so a converted directory can be
 given as INITIAL_CHECKPOINT_PATH or CHECKPOINT_PATH, or its step directory; see
-t5lite/runtime/checkpoint_files.py)::
+t5lite/formats/checkpoint_files.py)::
 
     DIR/
       model.gin                      (written by `t5lite.convert`: the architecture)

@@ -87,7 +87,7 @@ def iter_jsonl_texts(path: str, field: str = "text", shard_index: int = 0,
                      num_shards: int = 1) -> Iterator[str]:
     """The `field` string of the non-empty lines of a .jsonl / .jsonl.zst / .jsonl.gz file; with
     num_shards > 1 only records k with k % num_shards == shard_index (others are not
-    decoded). Streamed by t5lite/data/jsonl_cursor.py, the training pipeline's reader."""
+    decoded). Streamed by t5lite/data/files/jsonl_cursor.py, the training pipeline's reader."""
     return jsonl_cursor.iter_texts(path, field, shard_index, num_shards)
 
 
