@@ -7,7 +7,7 @@
 - no room's own modules pass 3,000 lines;
 - no import cycle between modules;
 - a command never imports another command, and is thin wiring;
-- no module passes 400 lines;
+- no module passes 400 lines, no function 80, and the training loop's `train` 60;
 - the model families are told apart only inside models/ (no isinstance on them elsewhere);
 - no project file sends users to the developers' shared folder (they do not have it);
 - docs/architecture.md's map names every module in its room, and only files that exist;
@@ -196,6 +196,20 @@ def test_no_module_over_400_lines():
     long = {str(p.relative_to(REPO)): n for p in MODULES.values()
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def test_no_function_over_80_lines_and_train_in_one_screen():
+    long, train_lines = [], None
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 80:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
+                if module == "t5lite.runtime.loop" and node.name == "train":
+                    train_lines = n
+    assert not long, long
+    assert train_lines is not None and train_lines <= 60, train_lines
 
 
 def test_model_families_are_told_apart_only_in_models():
