@@ -10,6 +10,8 @@ writes under the output directory (a new or empty one)
     multinli_1.0/multinli_1.0_{train,dev_matched,dev_mismatched}.jsonl              MultiNLI
     glue/MNLI/{train,dev_matched,dev_mismatched}.tsv                                GLUE MNLI
     squad/{train,dev}-v1.1.json                                                     SQuAD v1.1
+    lambada/lambada_test.jsonl                                                      Lambada
+    boolq/dev.jsonl                                                                 BoolQ
     spm.model     a SentencePiece vocabulary trained on the Pile part
 
 and prints the environment variables that point the tasks at them.

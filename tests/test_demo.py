@@ -133,8 +133,12 @@ def test_demo_data_command_writes_the_corpus_and_refuses_a_used_directory(tmp_pa
     assert exports == {"T5LITE_VOCABULARY_PATH": str(out / "spm.model"),
                        "T5LITE_PILE_DIR": str(out / "pile"),
                        "T5LITE_MNLI_DIR": str(out / "multinli_1.0"),
-                       "T5LITE_SQUAD_DIR": str(out / "squad")}
+                       "T5LITE_SQUAD_DIR": str(out / "squad"),
+                       "T5LITE_LAMBADA_DIR": str(out / "lambada"),
+                       "T5LITE_BOOLQ_DIR": str(out / "boolq")}
     assert len(list(readers.iter_texts(str(out / "pile" / "train" / "01.jsonl.zst")))) == 20
+    assert (out / "lambada" / "lambada_test.jsonl").exists()
+    assert (out / "boolq" / "dev.jsonl").exists()
     assert (out / "glue" / "MNLI" / "dev_matched.tsv").exists()
     assert demo_data.main([f"--output_dir={out}"]) == 0  # complete: left as it is
     used = tmp_path / "used"

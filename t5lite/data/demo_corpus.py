@@ -7,6 +7,8 @@
     multinli_1.0/multinli_1.0_{train,dev_matched,dev_mismatched}.jsonl    MultiNLI
     glue/MNLI/{train,dev_matched,dev_mismatched}.tsv                      GLUE MNLI
     squad/{train,dev}-v1.1.json                                           SQuAD v1.1
+    lambada/lambada_test.jsonl   Lambada as OpenAI ships it: {"text": ...} a line
+    boolq/dev.jsonl              BoolQ: {"question", "title", "answer", "passage"} a line
     spm.model                   a SentencePiece vocabulary trained on the Pile part
 
 and `paths` says where each data setting points. The text is simple
@@ -254,6 +256,75 @@ def write_squad(directory: str, *, train_articles: int = 10, dev_articles: int =
     return out
 
 
+# -- the zero-shot sets: Lambada, BoolQ ----------------------------------------------------
+def lambada_passages(n: int, seed: int = 0) -> List[str]:
+    """Passages whose last word (a name or a thing named earlier, no final period) the
+    context gives away, as Lambada's do."""
+    w = _Writer(seed)
+    out = []
+    for i in range(n):
+        f = w.fact()
+        end = (f"Later, the {f['role']} who {f['past']} the {f['obj']} was {f['name']}"
+               if i % 2 == 0 else f"{f['time'].capitalize()}, {f['name']} came back to look "
+                                  f"at the {f['adj']} {f['obj']}")
+        out.append(f"{f['name']} the {f['role']} {f['past']} a {f['adj']} {f['obj']} "
+                   f"{f['place']}. {w.paragraph(w.rng.randint(1, 2))} {end}")
+    return out
+
+
+def write_lambada(directory: str, *, n: int = 100, seed: int = 0) -> str:
+    """lambada_test.jsonl in OpenAI's layout. Returns its path."""
+    return _write_jsonl(os.path.join(directory, "lambada_test.jsonl"),
+                        [{"text": t} for t in lambada_passages(n, seed)], compress=False)
+
+
+def boolq_records(n: int, seed: int = 0) -> List[dict]:
+    """BoolQ records: a passage stating a fact, a lowercase question without "?" (as
+    BoolQ's) asking it back true (even records) or with another name or thing (odd)."""
+    w = _Writer(seed)
+    out = []
+    for i in range(n):
+        f = w.fact()
+        passage = (f"{f['name']} the {f['role']} {f['past']} a {f['adj']} {f['obj']} "
+                   f"{f['place']}. {w.sentence()}")
+        name, obj = f["name"], f["obj"]
+        if i % 2:
+            if w.rng.randrange(2):
+                name = w.pick([x for x in _NAMES if x != name])
+            else:
+                obj = w.pick([x for x in _OBJECTS if x != obj])
+        out.append({"question": f"did {name} {f['base']} a {obj}".lower(), "title": f["obj"],
+                    "answer": i % 2 == 0, "passage": passage})
+    return out
+
+
+def write_boolq(directory: str, *, n: int = 100, seed: int = 0) -> str:
+    """dev.jsonl in BoolQ's layout. Returns its path."""
+    return _write_jsonl(os.path.join(directory, "dev.jsonl"), boolq_records(n, seed),
+                        compress=False)
+
+
+_ZERO_SHOT = {"lambada_dir": write_lambada, "boolq_dir": write_boolq}
+
+
+def _ensure_zero_shot(output_dir: str, seed: int) -> None:
+    """The zero-shot sets of a corpus written before they were part of it (each into a
+    temporary directory, then renamed: concurrent callers agree)."""
+    import shutil
+    import tempfile
+    for name, path in paths(output_dir).items():
+        if name in _ZERO_SHOT and not os.path.isdir(path):
+            tmp = tempfile.mkdtemp(prefix=".tmp-", dir=output_dir)
+            try:
+                _ZERO_SHOT[name](tmp, seed=seed)
+                os.rename(tmp, path)
+            except OSError:  # another process finished first
+                if not os.path.isdir(path):
+                    raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
 # -- everything --------------------------------------------------------------------------
 COMPLETE_MARKER = "COMPLETE"
 
@@ -263,7 +334,9 @@ def paths(output_dir: str) -> Dict[str, str]:
     return {"vocabulary_path": os.path.join(output_dir, "spm.model"),
             "pile_dir": os.path.join(output_dir, "pile"),
             "mnli_dir": os.path.join(output_dir, "multinli_1.0"),
-            "squad_dir": os.path.join(output_dir, "squad")}
+            "squad_dir": os.path.join(output_dir, "squad"),
+            "lambada_dir": os.path.join(output_dir, "lambada"),
+            "boolq_dir": os.path.join(output_dir, "boolq")}
 
 
 def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
@@ -276,6 +349,8 @@ def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
     write_multinli(where["mnli_dir"], train=3000, dev=150, seed=seed)
     write_glue_mnli(os.path.join(output_dir, "glue", "MNLI"), train=600, dev=150, seed=seed)
     write_squad(where["squad_dir"], train_articles=100, dev_articles=20, seed=seed)
+    for name, write in _ZERO_SHOT.items():
+        write(where[name], seed=seed)
     vocab_training.train_vocabulary(pile["train"], where["vocabulary_path"], vocab_size,
                                     seed=seed, hard_vocab_limit=False)
     return where
@@ -288,6 +363,7 @@ def ensure(output_dir: str, **kwargs) -> Dict[str, str]:
     `write_all`."""
     output_dir = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.exists(os.path.join(output_dir, COMPLETE_MARKER)):
+        _ensure_zero_shot(output_dir, kwargs.get("seed", 0))  # a corpus written before them
         return paths(output_dir)
     if os.path.exists(output_dir) and os.listdir(output_dir):
         from t5lite.errors import DataError

@@ -12,6 +12,9 @@ variables for what it leaves None. Nothing here is module state: the value trave
     text_field       TEXT_FIELD         T5LITE_TEXT_FIELD   (default "text")
     mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
+    lambada_dir      LAMBADA_DIR        T5LITE_LAMBADA_DIR  (zero-shot: lambada_test.jsonl
+                                         or lambada_test_plain_text.txt)
+    boolq_dir        BOOLQ_DIR          T5LITE_BOOLQ_DIR    (zero-shot: dev.jsonl or val.jsonl)
     tfds_data_dir    TFDS_DATA_DIR      TFDS_DATA_DIR   (default ~/tensorflow_datasets)
     extra_ids        EXTRA_IDS          T5LITE_EXTRA_IDS (default 100: T5's sentinels;
                                          0 keeps a tokenizer as it is, e.g. LLaMA's)
@@ -51,6 +54,8 @@ SETTINGS: Dict[str, tuple] = {
     "text_field": ("TEXT_FIELD", "T5LITE_TEXT_FIELD"),
     "mnli_dir": ("MNLI_DIR", "T5LITE_MNLI_DIR"),
     "squad_dir": ("SQUAD_DIR", "T5LITE_SQUAD_DIR"),
+    "lambada_dir": ("LAMBADA_DIR", "T5LITE_LAMBADA_DIR"),
+    "boolq_dir": ("BOOLQ_DIR", "T5LITE_BOOLQ_DIR"),
     "tfds_data_dir": ("TFDS_DATA_DIR", "TFDS_DATA_DIR"),
     "extra_ids": ("EXTRA_IDS", "T5LITE_EXTRA_IDS"),
 }
@@ -63,10 +68,10 @@ GIN, ENVIRONMENT, DEFAULT = "gin", "environment", "default"  # where a value cam
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """The data macros of a run (VOCABULARY_PATH, PILE_DIR, C4_DIR, TEXT_FILES,
-    TEXT_VALIDATION_FILES, TEXT_FIELD, MNLI_DIR, SQUAD_DIR, TFDS_DATA_DIR, EXTRA_IDS,
-    DEMO_DATA_DIR); None: the environment variable (or the default). TEXT_FILES and
-    TEXT_VALIDATION_FILES take a glob or a list of globs (kept as a tuple: the value is
-    hashable)."""
+    TEXT_VALIDATION_FILES, TEXT_FIELD, MNLI_DIR, SQUAD_DIR, LAMBADA_DIR, BOOLQ_DIR,
+    TFDS_DATA_DIR, EXTRA_IDS, DEMO_DATA_DIR); None: the environment variable (or the
+    default). TEXT_FILES and TEXT_VALIDATION_FILES take a glob or a list of globs (kept as
+    a tuple: the value is hashable)."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
@@ -76,6 +81,8 @@ class DataSettings:
     text_field: Optional[str] = None
     mnli_dir: Optional[str] = None
     squad_dir: Optional[str] = None
+    lambada_dir: Optional[str] = None
+    boolq_dir: Optional[str] = None
     tfds_data_dir: Optional[str] = None
     extra_ids: Optional[int] = None
     demo_dir: Optional[str] = None

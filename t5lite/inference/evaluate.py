@@ -3,33 +3,35 @@ behind `python -m t5lite.eval` (configs/runs/eval.gin binds it).
 
 MODE 'decode' (default): seqio's Evaluator decodes the split and scores it with the
 task's metrics; MODE 'perplexity': the token-weighted mean loss and perplexity over the
-split, or over INPUT_FILE (`t5lite.inference.perplexity`).
+split, or over INPUT_FILE (`t5lite.inference.perplexity`); MODE 'zero_shot': Lambada's or
+BoolQ's accuracy (MIXTURE_OR_TASK_NAME 'lambada' / 'boolq'; `t5lite.inference.zero_shot`).
 
 Writes OUTPUT_DIR/eval/ (TensorBoard scalars `<task>/<metric>` at the checkpoint's step),
-OUTPUT_DIR/metrics.json and, decoding, OUTPUT_DIR/eval/<task>_predictions.jsonl
+OUTPUT_DIR/metrics.json and, decoding or zero-shot, OUTPUT_DIR/eval/<task>_predictions.jsonl
 (process 0).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 import jax
 
 from t5lite.data import edge
 from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int, check_text
-from t5lite.inference import perplexity, task_eval
+from t5lite.inference import perplexity, task_eval, zero_shot
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.runtime.process import disk_space
 from t5lite.runtime import metrics
 from t5lite.runtime.partitioning import MeshSettings
 
 log = logging.getLogger(__name__)
-MODES = ("decode", "perplexity")
+MODES = ("decode", "perplexity", "zero_shot")
 
 
 def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str],
@@ -38,9 +40,10 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
              mesh: MeshSettings, data_settings: DataSettings, mode: str,
              input_file: Optional[str]) -> Dict[str, Dict[str, float]]:
     """Decode `split` of the task or mixture, compute its metrics, write them (MODE
-    'decode'), or measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given).
-    Returns {task: {metric: value}}. Every keyword is bound by configs/runs/eval.gin, the
-    one home of their defaults."""
+    'decode'), measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given), or
+    evaluate 'lambada' / 'boolq' zero-shot (MODE 'zero_shot'; SPLIT not read). Returns
+    {task: {metric: value}}. Every keyword is bound by configs/runs/eval.gin, the one
+    home of their defaults."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
     check_positive_int("NUM_EXAMPLES", num_examples, optional=True)
@@ -54,14 +57,21 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
         raise ConfigError(f"MODE must be one of {', '.join(MODES)}, got {mode!r}")
     if not mixture_or_task_name and not (mode == "perplexity" and input_file):
         raise ConfigError("MIXTURE_OR_TASK_NAME is not set: name the task (or mixture) to "
-                          "evaluate")
+                          "evaluate ('lambada' or 'boolq' for MODE 'zero_shot')")
+    if mode != "zero_shot" and mixture_or_task_name in zero_shot.TASKS:
+        raise ConfigError(f"{mixture_or_task_name!r} is a zero-shot set, not a SeqIO task: "
+                          f"evaluate it with MODE='zero_shot'")
     if mode == "perplexity":
         return _perplexity(model, checkpoint_path, mixture_or_task_name, output_dir,
                            task_feature_lengths, batch_size, split, num_examples, mesh,
                            data_settings, input_file)
+    if mode == "zero_shot":
+        return _zero_shot(model, checkpoint_path, mixture_or_task_name, output_dir,
+                          task_feature_lengths, batch_size, num_examples, decoding, mesh,
+                          data_settings, input_file)
     if input_file:
-        raise ConfigError("INPUT_FILE is read by MODE 'perplexity' (decoding reads a task "
-                          "split); set MODE='perplexity' or drop INPUT_FILE")
+        raise ConfigError("INPUT_FILE is read by MODE 'perplexity' and 'zero_shot' (decoding "
+                          "reads a task split); set MODE or drop INPUT_FILE")
     tasks = edge.import_tasks(data_settings)
     provider = edge.check_split(tasks, mixture_or_task_name, split)  # fail before restoring
     # loads the vocabulary: a bad file is one line here, not an error inside tf.data
@@ -73,7 +83,9 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
     results = task_eval.evaluate_task(session, mixture_or_task_name, split, num_examples)
     seconds = time.perf_counter() - t0
     out = {name: r.metrics for name, r in results.items()}
-    predictions = {f"{name}_predictions.jsonl": r for name, r in results.items()}
+    predictions = {f"{name}_predictions.jsonl": functools.partial(task_eval.write_predictions,
+                                                                  result=r)
+                   for name, r in results.items()}
     _write(output_dir, out, step=session.step, seconds=seconds, predictions=predictions,
            checkpoint=str(checkpoint_path), split=split,
            mixture_or_task_name=mixture_or_task_name, decoding=decoding.method,
@@ -122,10 +134,29 @@ def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, 
     return out
 
 
+def _zero_shot(model, checkpoint_path, name, output_dir, task_feature_lengths, batch_size,
+               num_examples, decoding, mesh, data_settings, input_file):
+    """MODE 'zero_shot' (see the module docstring)."""
+    result = zero_shot.evaluate(model, task=name, checkpoint_path=checkpoint_path,
+                                task_feature_lengths=task_feature_lengths,
+                                batch_size=batch_size, num_examples=num_examples,
+                                decoding=decoding, mesh=mesh, data_settings=data_settings,
+                                input_file=input_file)
+    out = {name: result.metrics}
+    write = functools.partial(zero_shot.write_predictions, rows=result.rows)
+    _write(output_dir, out, step=result.step, seconds=result.seconds,
+           predictions={f"{name}_predictions.jsonl": write}, checkpoint=str(checkpoint_path),
+           mode="zero_shot", mixture_or_task_name=name, input_file=result.path)
+    m = result.metrics
+    log.info("%s: accuracy %.4f (stderr %.4f) over %d examples of %s", name, m["accuracy"],
+             m["accuracy_stderr"], m["examples"], result.path)
+    return out
+
+
 def _write(output_dir, out: Mapping[str, Mapping[str, float]], *, step: int, seconds: float,
-           predictions: Optional[Mapping[str, task_eval.TaskResult]] = None, **record):
-    """metrics.json, TensorBoard scalars `<name>/<metric>` and the prediction files
-    (process 0)."""
+           predictions: Optional[Mapping[str, Callable[[Path], None]]] = None, **record):
+    """metrics.json, TensorBoard scalars `<name>/<metric>` and the prediction files, each
+    written by its function given the path (process 0)."""
     if jax.process_index() != 0:
         return
     root = Path(output_dir)
@@ -134,8 +165,8 @@ def _write(output_dir, out: Mapping[str, Mapping[str, float]], *, step: int, sec
     writer.write_scalars(step, {f"{name}/{k}": v for name, m in out.items()
                                 for k, v in m.items()})
     writer.close()
-    for filename, result in (predictions or {}).items():
-        task_eval.write_predictions(root / "eval" / filename, result)
+    for filename, write in (predictions or {}).items():
+        write(root / "eval" / filename)
     summary = {**record, "step": step, "seconds": round(seconds, 3), "metrics": out}
     disk_space.replace_file(root / "metrics.json",
                             json.dumps(summary, indent=2, sort_keys=True) + "\n")
