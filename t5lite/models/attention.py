@@ -18,6 +18,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import te_backend
 from t5lite.models.layers import Dense, Layout
+from t5lite.models.lora import LoraSpec
 
 Array = jax.Array
 NEG_INF = -1e10  # added to masked attention logits (float32)
@@ -160,10 +161,16 @@ class Attention(nn.Module):
     causal: bool = False  # a causal self-attention (its mask is causal; TE must know it)
     rope_theta: Optional[float] = None
     decode: bool = False
+    lora: Optional[LoraSpec] = None  # low-rank adapters on the projections it names
 
-    def _dense(self, features, axes, name, n_in=1, init_scale=1.0):
+    def _dense(self, features, axes, name, n_in=1, init_scale=1.0, target=None, adapters=0):
+        """A projection; adapted when LoRA names `target` (default: its name). A fused
+        kernel keeps `adapters` adapters, one per projection (`lora.slot_adapters`)."""
+        spec = self.lora and self.lora.for_target(target or name)
         return Dense(features=features, kernel_axes=axes, n_in=n_in, dtype=self.dtype,
-                     use_bias=self.use_bias, fp8=self.fp8, init_scale=init_scale, name=name)
+                     use_bias=self.use_bias, fp8=self.fp8, init_scale=init_scale,
+                     lora=spec, lora_adapters=adapters if spec else 0,
+                     deterministic=self.deterministic, name=name)
 
     def _project(self, x_q: Array, x_kv: Optional[Array]):
         """q [.., heads, kv], k / v [.., kv_heads, kv]; k, v are None when x_kv is None
@@ -171,7 +178,8 @@ class Attention(nn.Module):
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         group = h // hkv
         if self.fuse_qkv and not self.is_cross:
-            y = self._dense((group + 2, hkv, d), ("embed", "stack", "heads", "kv"), "qkv")(x_q)
+            y = self._dense((group + 2, hkv, d), ("embed", "stack", "heads", "kv"), "qkv",
+                            target="query", adapters=3)(x_q)
             y = checkpoint_name(y, "qkv_proj")
             q = jnp.swapaxes(y[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
             q = q.reshape(q.shape[:-3] + (h, d))
@@ -182,8 +190,9 @@ class Attention(nn.Module):
         if x_kv is None:
             return q, None, None
         if self.fuse_qkv:  # cross-attention: one kernel for k and v
-            y = checkpoint_name(self._dense((2, hkv, d), ("embed", "stack", "heads", "kv"), "kv")(x_kv),
-                                "kv_proj")
+            y = self._dense((2, hkv, d), ("embed", "stack", "heads", "kv"), "kv", target="key",
+                            adapters=2)(x_kv)
+            y = checkpoint_name(y, "kv_proj")
             return q, y[..., 0, :, :], y[..., 1, :, :]
         k = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "key")(x_kv), "key_proj")
         v = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "value")(x_kv),

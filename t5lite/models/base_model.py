@@ -29,6 +29,8 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
     bos_id, eos_id             the tokens its sequences start and end with (its config's)
     check_features(names)      whether its network reads batches with these features
     tracing_context(axes)      what to enter while tracing it (Transformer Engine's mesh)
+    split_trainable(tree)      (trainable, frozen) parts of its parameters: with LoRA on,
+                               the adapters and the frozen base; `join_trainable` rejoins
     inference_ids(...)         text no task processes -> the token ids of one inference
                                input or target (T5: EOS appended; decoder-only: as is)
     inference_batch(...)       token lists -> the batch predict_batch / score_batch read
@@ -49,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import ConfigError, check_number
-from t5lite.models import decoding, layouts, losses, te_backend
+from t5lite.models import decoding, layouts, lora, losses, te_backend
 
 Batch = Mapping[str, jax.Array]
 MODEL_EOS = "model"  # predict_batch's default eos_id: the model's own (config.eos_id)
@@ -150,6 +152,18 @@ class BaseModel:
         """Tree of logical axis-name tuples (PartitionSpec of names), one per variable."""
         boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0)))
         return nn.get_partition_spec(boxed)
+
+    # -- training -------------------------------------------------------------------
+    def split_trainable(self, tree: Mapping[str, Any]) -> Tuple[Any, Dict[str, Any]]:
+        """(trainable, frozen) parts of a `params` tree, or of a tree shaped like it
+        (axis names, shardings): with LoRA on, the adapters and the frozen base
+        (`lora.split_trainable`); off, the whole tree and {}."""
+        return lora.split_trainable(tree, self.config)
+
+    @staticmethod
+    def join_trainable(trainable: Any, frozen: Mapping[str, Any]) -> Any:
+        """The tree `split_trainable` cut, whole again."""
+        return lora.join_trainable(trainable, frozen)
 
     # -- forward --------------------------------------------------------------------
     def logits(self, params, batch: Batch, rng: Optional[jax.Array] = None) -> jax.Array:

@@ -45,11 +45,16 @@ counts kv heads (query head h = kv_head * group + g sits at stack index g); a
 cross-attention holds `query/kernel` and `kv/kernel` [embed, 2, heads, kv]. With
 `scan_layers` the `layers_{i}` subtrees become one `layers` subtree whose leaves gain a
 leading `layers` axis. `t5lite.models.layouts` converts between all four layouts.
+
+With LoRA (`lora_rank` > 0) every projection named in `lora_targets` holds `lora_a`
+[*in, lora_rank] and `lora_b` [lora_rank, *out] beside its kernel (`t5lite.models.lora`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import ClassVar, Optional, Tuple
+
+from t5lite.models import lora
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
 ATTENTION_IMPLS = ("xla", "dot_product", "cudnn", "te")
@@ -80,9 +85,18 @@ class Switches:
     remat_policy: str = _switch("none", "REMAT_POLICY")
     scan_layers: bool = _switch(False, "SCAN_LAYERS")
     attention_impl: str = _switch("xla", "ATTENTION_IMPL")
+    # low-rank adapters (`t5lite.models.lora`): rank 0 / None is off; alpha / rank scales
+    # them; targets name projections (query, key, value, out, wi | wi_0, wi_1, wo)
+    lora_rank: Optional[int] = _switch(0, "LORA_RANK")
+    lora_alpha: float = _switch(16.0, "LORA_ALPHA")
+    lora_targets: Tuple[str, ...] = _switch((), "LORA_TARGETS")
+    lora_dropout: float = _switch(0.0, "LORA_DROPOUT")
 
     def __post_init__(self):
+        if isinstance(self.lora_targets, list):  # gin lists: kept as a (hashable) tuple
+            object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         _check_switches(self)
+        lora.check_config(self)
 
 
 def switch_macros() -> dict:

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.attention import Attention, attention_mask, decode_mask
 from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm
@@ -47,12 +48,13 @@ class DecoderOnlyLayer(nn.Module):
             logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl, causal=True,
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
-            decode=self.decode, name="self_attention")(h, h, None, mask, positions, positions)
+            decode=self.decode, lora=lora.spec(c), name="self_attention")(
+                h, h, None, mask, positions, positions)
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
                 use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
-                deterministic=self.deterministic, name="mlp")(h)
+                deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
         x = lay.constrain(x + dropout(h), "embed")
         return (x, None) if self.scanned else x
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from t5lite.models import lora as lora_lib
 from t5lite.models import precision
 
 Array = jax.Array
@@ -80,6 +81,12 @@ class Dense(nn.Module):
     kernel [*in, *features]; optional bias [*features]. `fp8` is a `precision.fp8_mode`:
     "" (the matmul in `dtype`), "native" (flax's FP8 op) or "te-<recipe>" (Transformer
     Engine's FP8 GEMM); FP8 scales and amax histories go to the FP8 collection.
+
+    `lora` (a `lora.LoraSpec`) adds a low-rank adapter beside the kernel: y += (alpha /
+    r) B(A(dropout(x))), with `lora_a` [*in, r] and `lora_b` [r, *features]; dropout only
+    when not `deterministic`. `lora_adapters` > 0 (a fused q/k/v or k/v kernel): that
+    many adapters, A [*in, lora_adapters, r], feeding the slots of the leading feature
+    axis as `lora.slot_adapters` says. The adapters' matmuls run in `dtype`, not FP8.
     """
 
     features: Tuple[int, ...]
@@ -89,6 +96,9 @@ class Dense(nn.Module):
     use_bias: bool = False
     fp8: str = ""
     init_scale: float = 1.0
+    lora: Optional[lora_lib.LoraSpec] = None
+    lora_adapters: int = 0
+    deterministic: bool = True
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -101,6 +111,8 @@ class Dense(nn.Module):
         x = jnp.asarray(x, self.dtype)
         dims = (((tuple(range(x.ndim - self.n_in, x.ndim))), tuple(range(self.n_in))), ((), ()))
         y = precision.dot_general(self.fp8)(x, kernel, dims)
+        if self.lora is not None:
+            y = y + self._adapter(x, tuple(in_shape), dims)
         if self.use_bias:
             bias = self.param(
                 "bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
@@ -108,6 +120,28 @@ class Dense(nn.Module):
                 tuple(self.features), jnp.float32)
             y = y + jnp.asarray(bias, self.dtype)
         return y
+
+    def _adapter(self, x: Array, in_shape: Tuple[int, ...], dims) -> Array:
+        """(alpha / r) B(A(dropout(x))), shaped like the kernel's output."""
+        spec, n_in, rank_axis = self.lora, self.n_in, lora_lib.RANK_AXIS
+        per_slot = (self.lora_adapters,) if self.lora_adapters else ()
+        a = self.param(lora_lib.A, nn.with_logical_partitioning(
+            fan_in_init(1.0, n_in),
+            self.kernel_axes[:n_in] + (("stack",) if per_slot else ()) + (rank_axis,)),
+            in_shape + per_slot + (spec.rank,), jnp.float32)
+        b = self.param(lora_lib.B, nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), (rank_axis,) + tuple(self.kernel_axes[n_in:])),
+            (spec.rank,) + tuple(self.features), jnp.float32)
+        if spec.dropout > 0:
+            x = nn.Dropout(spec.dropout, name="lora_dropout")(x, deterministic=self.deterministic)
+        u = jax.lax.dot_general(x, jnp.asarray(a, self.dtype), dims)  # [..., (adapters,) r]
+        b = jnp.asarray(b, self.dtype)
+        if per_slot:  # [..., slots, r] . [r, slots, heads, kv]
+            slots = np.asarray(lora_lib.slot_adapters(self.lora_adapters, self.features[0]))
+            delta = jnp.einsum("...sr,rshd->...shd", jnp.take(u, slots, axis=-2), b)
+        else:
+            delta = jax.lax.dot_general(u, b, (((u.ndim - 1,), (0,)), ((), ())))
+        return delta * jnp.asarray(spec.scale, self.dtype)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -204,19 +238,23 @@ class MLP(nn.Module):
     fp8: str = ""  # a precision.fp8_mode
     dropout_rate: float = 0.0
     deterministic: bool = True
+    lora: Optional[lora_lib.LoraSpec] = None  # adapters on the projections it names
+
+    def _dense(self, features: int, axes: Tuple[str, str], name: str) -> Dense:
+        return Dense((features,), axes, dtype=self.dtype, use_bias=self.use_bias, fp8=self.fp8,
+                     lora=self.lora and self.lora.for_target(name),
+                     deterministic=self.deterministic, name=name)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         hidden = None
         for i, act in enumerate(self.activations):
             name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-            y = Dense((self.mlp_dim,), ("embed", "mlp"), dtype=self.dtype, use_bias=self.use_bias,
-                      fp8=self.fp8, name=name)(x)
+            y = self._dense(self.mlp_dim, ("embed", "mlp"), name)(x)
             y = ACTIVATIONS[act](y)
             hidden = y if hidden is None else hidden * y
         hidden = checkpoint_name(self.layout.constrain(hidden, "mlp"), "mlpwi")
         hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
             hidden, deterministic=self.deterministic)
-        y = Dense((x.shape[-1],), ("mlp", "embed"), dtype=self.dtype, use_bias=self.use_bias,
-                  fp8=self.fp8, name="wo")(hidden)
+        y = self._dense(x.shape[-1], ("mlp", "embed"), "wo")(hidden)
         return checkpoint_name(y, "mlpwo")

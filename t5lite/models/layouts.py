@@ -10,6 +10,8 @@ Layouts (see `t5lite.models.configs` for the full tree):
 - unfused cross-attention: key / value [embed, heads, kv]; fused: kv [embed, 2, heads, kv].
 - unscanned: `layers_0 .. layers_{n-1}` under each stack; scanned: one `layers` subtree,
   every leaf with a leading `layers` axis.
+- LoRA adapters (`t5lite.models.lora`) follow: a fused kernel's `lora_a` [embed, 3 (or
+  2), r] holds one adapter per projection, its `lora_b` fuses like the kernel.
 
 Conversions are pure functions on the variables dict `{"params": ..., [FP8 collection]}`.
 """
@@ -52,25 +54,43 @@ def _leaf_names(*subtrees: Mapping[str, Any]):
     return sorted(set().union(*(t.keys() for t in subtrees)))
 
 
+def _check_adapters(parts, what: str) -> None:
+    """Adapters (LoRA's `lora_a` / `lora_b`) fuse only when every projection has them."""
+    has = [any(n.startswith("lora_") for n in p) for p in parts]
+    if any(has) and not all(has):
+        raise ValueError(f"the {what} projections do not all have LoRA adapters, so they "
+                         f"cannot be fused: merge them first (`lora.merge_lora`) or adapt "
+                         f"all of them")
+
+
 def _fuse_attention(att: Tree, is_cross: bool) -> Tree:
+    """A LoRA `lora_a` [..., embed, r] stacks on a new -2 axis (one adapter per
+    projection); `lora_b` [..., r, heads, kv] fuses like the kernel's output axes."""
     out = {k: v for k, v in att.items() if k not in ("query", "key", "value")}
     if is_cross:
+        _check_adapters((att["key"], att["value"]), "key and value")
         out["query"] = att["query"]
-        out["kv"] = {n: jnp.stack([att["key"][n], att["value"][n]], axis=-3)
+        out["kv"] = {n: jnp.stack([att["key"][n], att["value"][n]],
+                                  axis=-2 if n == "lora_a" else -3)
                      for n in _leaf_names(att["key"], att["value"])}
     else:
-        out["qkv"] = {n: fuse_qkv_arrays(att["query"][n], att["key"][n], att["value"][n])
-                      for n in _leaf_names(att["query"], att["key"], att["value"])}
+        parts = (att["query"], att["key"], att["value"])
+        _check_adapters(parts, "query, key and value")
+        out["qkv"] = {n: (jnp.stack([p[n] for p in parts], axis=-2) if n == "lora_a"
+                          else fuse_qkv_arrays(*(p[n] for p in parts)))
+                      for n in _leaf_names(*parts)}
     return out
 
 
 def _unfuse_attention(att: Tree, is_cross: bool) -> Tree:
     out = {k: v for k, v in att.items() if k not in ("qkv", "kv")}
     if is_cross:
-        out["key"] = {n: a[..., 0, :, :] for n, a in att["kv"].items()}
-        out["value"] = {n: a[..., 1, :, :] for n, a in att["kv"].items()}
+        for i, name in enumerate(("key", "value")):
+            out[name] = {n: a[..., i, :] if n == "lora_a" else a[..., i, :, :]
+                         for n, a in att["kv"].items()}
     else:
-        parts = {n: unfuse_qkv_arrays(a) for n, a in att["qkv"].items()}
+        parts = {n: ([a[..., i, :] for i in range(3)] if n == "lora_a"
+                     else unfuse_qkv_arrays(a)) for n, a in att["qkv"].items()}
         for i, name in enumerate(("query", "key", "value")):
             out[name] = {n: p[i] for n, p in parts.items()}
     return out

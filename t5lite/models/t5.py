@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5lite.models import lora
 from t5lite.models.configs import T5Config
 from t5lite.models.attention import (Attention, RelativePositionBias, attention_mask,
                                      decode_mask)
@@ -47,13 +48,13 @@ class _T5Layer(nn.Module):
             fuse_qkv=c.fuse_qkv, fp8=fp8_mode(c), logits_scale=1.0,
             query_init_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl,
-            causal=causal, decode=self.decode, name=name)
+            causal=causal, decode=self.decode, lora=lora.spec(c), name=name)
 
     def mlp(self) -> MLP:
         c = self.cfg
         return MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=self.layout,
                    dtype=get_dtype(c.dtype), fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
-                   deterministic=self.deterministic, name="mlp")
+                   deterministic=self.deterministic, lora=lora.spec(c), name="mlp")
 
     def residual(self, x: Array, y: Array) -> Array:
         y = nn.Dropout(self.cfg.dropout_rate, broadcast_dims=(self.layout.length_axis,))(

@@ -3,7 +3,8 @@
     step       int32 []            optimizer steps taken
     params     {"params": ...}     float32 parameters (a flax variables dict)
     fp8        {} or {FP8_COLLECTION: ...}  FP8 scales / amax histories: not parameters
-    opt_state  optax state of `params["params"]`
+    opt_state  optax state of the trainable part of `params["params"]` (all of it; with
+               LoRA the adapters only: `model.split_trainable`)
     rng        PRNG key data uint32 [2]: the dropout key; step keys are fold_in(rng, step)
 
 `variables` rebuilds the dict the model wrappers take.

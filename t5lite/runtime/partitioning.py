@@ -5,8 +5,8 @@ that run under the mesh and rules (`Partitioner.partition`), and process 0's dec
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
-`layers`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp, embed -> fsdp, heads /
-joined_kv / mlp / vocab -> tensor, everything else replicated. Extra rules, the gin macro
+`layers`, `lora_rank`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp, embed -> fsdp,
+heads / joined_kv / mlp / vocab -> tensor, everything else (LoRA's rank too) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
@@ -52,6 +52,7 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("stack", None),
     ("relpos_buckets", None),
     ("abspos_buckets", None),
+    ("lora_rank", None),
 )
 
 

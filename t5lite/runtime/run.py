@@ -13,7 +13,11 @@ is a SeqIO task or mixture read through the data edge (TensorFlow loads then).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from typing import Any, Mapping, Optional, Sequence
+
+import jax
 
 from t5lite.data.data_layout import DataLayout
 from t5lite.data.settings import DataSettings
@@ -21,6 +25,7 @@ from t5lite.errors import check_positive_int
 from t5lite.runtime import train_step
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
+log = logging.getLogger(__name__)
 SYNTHETIC_TASK = "synthetic"
 
 
@@ -89,6 +94,18 @@ class TrainingRun:
         return self.partitioner.host_to_global(next(self.iterator), self.layout)
 
 
+def _log_trainable(model, params) -> None:
+    """One line when only part of the parameters train (LoRA: the adapters)."""
+    def count(tree):
+        return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree))
+
+    total, trainable = count(params), count(model.split_trainable(params)[0])
+    if trainable != total:
+        log.info("training %s of %s parameters (%.2f%%); the other %s are frozen",
+                 f"{trainable:,}", f"{total:,}", 100 * trainable / total,
+                 f"{total - trainable:,}")
+
+
 def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
               mesh: Optional[MeshSettings] = None,
               devices: Optional[Sequence[Any]] = None) -> TrainingRun:
@@ -99,11 +116,14 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
         model.check_features(("decoder_segment_ids",))
     partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model)
     layout = partitioner.data_layout(data.batch_size, num_microbatches)
-    tx = optimizer.transformation(model.logical_axes()["params"])  # Adafactor factors by them
+    # the optimizer sees the trainable parameters only (with LoRA: the adapters);
+    # Adafactor factors by their axis names
+    tx = optimizer.transformation(model.split_trainable(model.logical_axes()["params"])[0])
     step_fns = train_step.make_train_step(
         model, tx, partitioner, learning_rate_fn=optimizer.learning_rate_fn,
         num_microbatches=num_microbatches,
         lengths=model.feature_lengths(data.task_feature_lengths))
+    _log_trainable(model, step_fns.abstract_state.params["params"])
     iterator = make_iterator(model, data, layout)
     lengths = iterator.sequence_lengths  # decoder-only on a prefix-LM task: inputs + targets
     model.check_train_lengths(lengths, data.task_feature_lengths)

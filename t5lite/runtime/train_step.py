@@ -1,6 +1,12 @@
 """The train step: one jitted pure function `train_step(state, batch) -> (state, metrics)`
 with in/out shardings and donated state, gradient accumulation as a scan inside it.
 
+Only the model's trainable parameters (`model.split_trainable`: all of them, or with LoRA
+the adapters) are differentiated and optimized: the gradient is taken with respect to
+them alone, with the frozen rest closed over (no gradient of it is computed), the
+optimizer state holds them alone, and the frozen leaves pass through the step untouched
+(bit-identical). The state's `params` keep the whole tree.
+
 Loss normalization is exact under accumulation: every microbatch contributes its token
 sums, and the sums are divided once by the whole batch's normalizer, so k microbatches
 give the update of the whole batch. FP8 state is not a parameter: its "gradient" is its
@@ -37,20 +43,21 @@ def init_state(model, tx: optax.GradientTransformation, rng: jax.Array,
     init_rng, dropout_rng = jax.random.split(rng)
     params, fp8 = _split_variables(model.init(init_rng, lengths=lengths))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, fp8=fp8,
-                      opt_state=tx.init(params["params"]),
+                      opt_state=tx.init(model.split_trainable(params["params"])[0]),
                       rng=jax.random.key_data(dropout_rng))
 
 
 def state_shardings(partitioner: Partitioner, model, abstract_state: TrainState) -> TrainState:
     """Shardings for every leaf of the state: parameters by their logical names, optimizer
-    moments like their parameters, FP8 state, step and rng replicated."""
+    moments like their (trainable) parameters, FP8 state, step and rng replicated."""
     names = model.logical_axes()
     param_specs = {"params": names["params"]}
     params_sh = partitioner.tree_shardings(abstract_state.params, param_specs)
+    trainable = model.split_trainable(abstract_state.params["params"])[0]
     opt_sh = partitioner.opt_state_shardings(
-        abstract_state.opt_state, abstract_state.params["params"],
+        abstract_state.opt_state, trainable,
         jax.tree_util.tree_map(lambda a, s: partitioner.spec_for(tuple(s), a.shape),
-                               abstract_state.params["params"], names["params"],
+                               trainable, model.split_trainable(names["params"])[0],
                                is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     rep = partitioner.replicated()
     return TrainState(step=rep, params=params_sh,
@@ -69,13 +76,20 @@ class StepFunctions:
 
 
 def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, partitioner):
-    """Summed loss, summed metrics and summed gradients (float32) over microbatches; FP8
-    state combined by `precision.combine_fp8` (max; min for TE's scales). Returns (loss_sum, metrics_sums, param_grads, new_fp8)."""
+    """Summed loss, summed metrics and summed gradients (float32) of the trainable
+    parameters (`model.split_trainable`) over microbatches; FP8 state combined by
+    `precision.combine_fp8` (max; min for TE's scales). Returns (loss_sum, metrics_sums,
+    trainable_grads, new_fp8)."""
+    params, fp8 = _split_variables(variables)
+    trainable, frozen = model.split_trainable(params["params"])
+
+    def loss_sums(trainable_, fp8_, mb, mb_rng):
+        whole = {"params": model.join_trainable(trainable_, frozen), **fp8_}
+        return model.loss_sums(whole, mb, mb_rng)
 
     def one(mb, mb_rng):
-        (loss_sum, sums), grads = jax.value_and_grad(model.loss_sums, has_aux=True)(
-            variables, mb, mb_rng)
-        g_params, g_fp8 = _split_variables(grads)
+        (loss_sum, sums), (g_params, g_fp8) = jax.value_and_grad(
+            loss_sums, argnums=(0, 1), has_aux=True)(trainable, fp8, mb, mb_rng)
         g_params = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), g_params)
         return loss_sum, sums, g_params, g_fp8
 
@@ -99,8 +113,7 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
         acc_sums = jax.tree_util.tree_map(jnp.add, acc_sums, sums)
         return (acc_loss + loss_sum, acc_sums, acc_g, acc_fp8), None
 
-    params, fp8 = _split_variables(variables)
-    zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
     low_fp8 = precision.fp8_identity(fp8)
     zero_sums = {k: jnp.zeros((), jnp.float32) for k in model.METRIC_SUMS}
     (loss_sum, sums, grads, new_fp8), _ = jax.lax.scan(
@@ -120,6 +133,7 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
     with partitioner.context():
         abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
     shardings = state_shardings(partitioner, model, abstract)
+    trainable_shardings = model.split_trainable(shardings.params["params"])[0]
 
     def step_fn(state: TrainState, batch: Dict[str, jax.Array]):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -127,10 +141,11 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         loss_sum, sums, grads, new_fp8 = _microbatch_grads(
             model, state.variables, batch, rng, num_microbatches, partitioner)
         grads = jax.tree_util.tree_map(lambda g: g / norm, grads)
-        grads = jax.lax.with_sharding_constraint(grads, shardings.params)
-        updates, opt_state = tx.update(grads["params"], state.opt_state,
-                                       state.params["params"])
-        new_params = {"params": optax.apply_updates(state.params["params"], updates)}
+        grads = jax.lax.with_sharding_constraint(grads, trainable_shardings)
+        trainable, frozen = model.split_trainable(state.params["params"])
+        updates, opt_state = tx.update(grads, state.opt_state, trainable)
+        new_params = {"params": model.join_trainable(optax.apply_updates(trainable, updates),
+                                                     frozen)}
         new_state = state.replace(step=state.step + 1, params=new_params,
                                   opt_state=opt_state, fp8=new_fp8 if state.fp8 else state.fp8)
         metrics = {

@@ -54,7 +54,9 @@ def model_report(model, optimizer, *, inputs_length: int = 512, targets_length: 
                               "config": type(model.config).__name__, "params": n}
     report.update(model.flops_report(inputs_length=inputs_length,
                                      targets_length=targets_length, seq_length=seq_length))
-    opt_bytes = optimizer_state_bytes(params, optimizer, model.logical_axes()["params"])
+    trainable = model.split_trainable(params)[0]  # with LoRA: the adapters only
+    opt_bytes = optimizer_state_bytes(trainable, optimizer,
+                                      model.split_trainable(model.logical_axes()["params"])[0])
     report.update(param_bytes=FLOAT32_BYTES * n, optimizer=optimizer.name,
                   optimizer_source=optimizer_source, optimizer_state_bytes=opt_bytes,
                   total_bytes=FLOAT32_BYTES * n + opt_bytes)
