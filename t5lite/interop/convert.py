@@ -126,9 +126,15 @@ def _host_abstract(model):
 def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
     """The parameters at `checkpoint_path` (a MODEL_DIR's latest complete step, a step
     directory or a converted checkpoint), read as `model`, written as a Hugging Face
-    directory (`hf.save_pretrained`). Returns the output directory."""
+    directory (`hf.save_pretrained`). A LoRA model's adapters (LORA_RANK, LORA_TARGETS,
+    LORA_ALPHA as trained) are merged into the kernels first (`lora.merge_lora`): the
+    output is a plain model. Returns the output directory."""
+    from t5lite.models import lora
     from t5lite.runtime.checkpointing import finetune_restore
     out = _new_output(output_dir)
     params = finetune_restore.restore_params_for_finetuning(checkpoint_path, model,
                                                             _host_abstract(model), what="--input")
+    if lora.enabled(model.config):
+        params, merged_cfg = lora.merge_lora(params, model.config)
+        model = model_for_config(merged_cfg)
     return hf.save_pretrained(model, params, out)

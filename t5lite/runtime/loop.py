@@ -43,7 +43,7 @@ import jax
 from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
-from t5lite.runtime.checkpointing import checkpoints
+from t5lite.runtime.checkpointing import checkpoints, lora_restore
 from t5lite.runtime.process import disk_space, distributed
 from t5lite.runtime import metrics, run_seed
 from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, complete_steps
@@ -167,6 +167,7 @@ class RunContext:
     evaluator: Optional[Callable] = None
     state: Any = None  # the TrainState
     source: str = ""  # where the state came from, for the start line
+    base_fingerprint: Optional[str] = None  # a LoRA run's frozen base (lora_restore)
     step: int = 0
     start_step: int = 0
     t_start: float = 0.0
@@ -226,6 +227,8 @@ def _restore(ctx: RunContext, data: TrainData, random_seed: int) -> None:
         initial_checkpoint_path=args.initial_checkpoint_path, model=args.model,
         initial_checkpoint_state=args.initial_checkpoint_state,
         factoring=getattr(args.optimizer, "factoring", None))
+    ctx.base_fingerprint, data_state = lora_restore.start_fingerprint(
+        args.model, ctx.state.params, data_state, ctx.source, args.initial_checkpoint_path)
     if args.inference_eval.period:
         ctx.evaluator = args.inference_evaluator(
             args.model, run.partitioner, task_name=data.mixture_or_task_name,
@@ -257,8 +260,9 @@ def _start(ctx: RunContext) -> None:
     dog = StepWatchdog(args.watchdog, model_dir, step, jax.process_index())
     ctx.duties = StepDuties(
         Reports(run, writer, progress, ctx.lock, dog, ctx.ckpt, model_dir, step),
-        Saving(ctx.ckpt, run.iterator.get_state, dog, args.watchdog.save_seconds,
-               args.train_steps, None if config_written else lambda: _write_config(model_dir)),
+        Saving(ctx.ckpt, lora_restore.recording(run.iterator.get_state, ctx.base_fingerprint),
+               dog, args.watchdog.save_seconds, args.train_steps,
+               None if config_written else lambda: _write_config(model_dir)),
         Evaluation(ctx.evaluator, args.inference_eval.period, args.train_steps, dog),
         dog, ctx.preempt, writer, progress, args.log_period, args.train_steps)
     length_cuts = getattr(run.iterator, "length_cuts", None)  # a task's, not synthetic's

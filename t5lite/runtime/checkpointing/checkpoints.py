@@ -334,8 +334,9 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
                                                      abstract_state, init_fn, factoring)
         return state, None, f"initial:{initial_checkpoint_path}"
     if initial_checkpoint_path:
+        state = init_fn()  # a LoRA run's fresh adapters come from it (`lora_restore`)
         params = restore_params_for_finetuning(initial_checkpoint_path, model,
-                                               abstract_state.params)
-        state = init_fn()
+                                               abstract_state.params,
+                                               fresh=lambda: state.params)
         return state.replace(params=params), None, f"initial:{initial_checkpoint_path}"
     return init_fn(), None, "init"

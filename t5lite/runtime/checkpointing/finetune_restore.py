@@ -4,14 +4,16 @@ them. A training checkpoint gives its `params` only; a stored layout other than 
 model's (fused / unfused QKV, scanned / unscanned layers) is converted on the host; a
 checkpoint of another architecture or size is refused in one line
 (CheckpointMismatchError). A T5X run continued at its step (INITIAL_CHECKPOINT_STATE=
-'train_state') also gets its Adafactor state (`continue_t5x_run`).
+'train_state') also gets its Adafactor state (`continue_t5x_run`). A LoRA model given a
+checkpoint without adapters gets the base from it and fresh adapters; adapters other
+than the model's are refused (`lora_restore`).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import types
-from typing import Any, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 import numpy as np
@@ -19,8 +21,9 @@ import orbax.checkpoint as ocp
 
 from t5lite.errors import CheckpointMismatchError, ConfigError
 from t5lite.formats import t5x_checkpoint, t5x_optimizer_state, t5x_params
-from t5lite.models import layouts
+from t5lite.models import layouts, lora
 from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike, resolve_item
+from t5lite.runtime.checkpointing import lora_restore
 from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
                                              layout_str)
 
@@ -43,22 +46,48 @@ def place(x: np.ndarray, like: Any) -> Any:
 
 
 def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
-                                  what: str = "INITIAL_CHECKPOINT_PATH") -> Dict[str, Any]:
+                                  what: str = "INITIAL_CHECKPOINT_PATH",
+                                  fresh: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
     """The parameters of the checkpoint at `path` (INITIAL_CHECKPOINT_PATH, or the setting
     `what` names; see `checkpoint_files.resolve_item`), as `abstract_params`
     (`{"params": ...}` of jax.ShapeDtypeStruct with shardings) describes them. A training
     checkpoint gives its `params` only. A stored layout other than the model's (fused /
     unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
-    are checked (CheckpointMismatchError)."""
-    if t5x_checkpoint.is_t5x_checkpoint(path):
-        return restore_t5x_params(t5x_checkpoint.read_checkpoint(path), path, model,
-                                  abstract_params, what)
+    are checked (CheckpointMismatchError). With LoRA (`lora_restore`): a checkpoint
+    without adapters gives the base, `fresh()` (the init's parameters) the adapters; one
+    with other adapters than the model's is refused."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "lora_rank"):
+        if t5x_checkpoint.is_t5x_checkpoint(path):
+            stored, where = None, str(path)
+        else:
+            _, _, where, meta = _stored(path, what)
+            stored = lora_restore.stored_lora(meta["params"])
+        lora_restore.check_adapters(stored, cfg, where, what)
+        if stored is None and lora.enabled(cfg):
+            return lora_restore.restore_base(
+                lambda base, abstract: _restore(path, base, abstract, what), model,
+                abstract_params, fresh, where, what)
+    return _restore(path, model, abstract_params, what)
+
+
+def _stored(path: PathLike, what: str):
+    """(item dir, item, where, its {"params": ...} metadata) of a t5lite checkpoint."""
     item_dir, item = resolve_item(path, what)
     where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM) else item_dir)
     meta = item_metadata_tree(item_dir)
     stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
     if not isinstance(stored, Mapping) or "params" not in stored:
         raise FileNotFoundError(f"{what} {path}: {item_dir} holds no 'params' collection")
+    return item_dir, item, where, stored
+
+
+def _restore(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
+             what: str) -> Dict[str, Any]:
+    if t5x_checkpoint.is_t5x_checkpoint(path):
+        return restore_t5x_params(t5x_checkpoint.read_checkpoint(path), path, model,
+                                  abstract_params, what)
+    item_dir, item, where, stored = _stored(path, what)
     bare = "params" not in abstract_params  # a bare params tree: return one alike
     target = {"params": abstract_params if bare else abstract_params["params"]}
     src_layout = layouts.detect_layout(stored)
@@ -149,6 +178,11 @@ def continue_t5x_run(path, model, abstract_state, init_fn, factoring):
     'train_state'): its parameters, its step and its Adafactor state; FP8 state and the
     dropout rng fresh from `init_fn()`. Everything is mapped and checked before anything
     is placed on the devices."""
+    if lora.enabled(model.config):
+        raise ConfigError("INITIAL_CHECKPOINT_STATE='train_state' continues a T5X run's "
+                          "Adafactor state over every parameter, and a LoRA run (LORA_RANK "
+                          "> 0) trains its adapters only: set INITIAL_CHECKPOINT_STATE="
+                          "'params' (the base from the checkpoint, a fresh optimizer)")
     if not t5x_checkpoint.is_t5x_checkpoint(path):
         raise ConfigError(f"INITIAL_CHECKPOINT_STATE='train_state' continues a T5X run, and "
                           f"INITIAL_CHECKPOINT_PATH {path} is no T5X checkpoint (a t5lite run "

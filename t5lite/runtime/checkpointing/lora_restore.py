@@ -1,0 +1,196 @@
+"""LoRA and checkpoints: which adapters a checkpoint holds, a LoRA run from a base
+checkpoint, and the fingerprint of the frozen base a LoRA run started from.
+
+    stored = stored_lora(params_metadata)     # None, or (rank, targets) of its adapters
+    check_adapters(stored, model, where, what)  # refused in one line when they differ
+    fp = base_fingerprint(params, cfg)        # "sha256:..." over the frozen base
+
+A checkpoint without adapters (a base model's, a converted Hugging Face / T5X one) gives
+a LoRA run its base; the adapters come fresh from the init (B zero: step 0 is the base
+model). One with the same adapters (rank, targets) gives them too; one with other
+adapters is refused, naming both.
+
+The fingerprint: SHA-256 over each frozen leaf's path, shape and dtype and a strided
+sample of at most `SAMPLES` of its values (float32). Cheap on any size (a 7B base: a few
+MB leave the devices, no full read back), and it tells apart any two bases that differ
+beyond a handful of values (another checkpoint, another finetune, another size); it
+would miss an edit of single values between the sampled ones, which a SHA-256 of every
+byte (13 GB read back and hashed for a 7B model, at every start) would catch. A LoRA run
+records it with the data position in each checkpoint (`KEY`); a resume, or loading the
+adapters of such a checkpoint, whose base fingerprints otherwise is refused in one line.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5lite.errors import CheckpointMismatchError, ConfigError
+from t5lite.formats.checkpoint_files import DATA_ITEM
+from t5lite.models import lora
+
+KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
+SAMPLES = 4096  # values sampled per frozen leaf
+
+Adapters = Tuple[int, Tuple[str, ...]]  # (rank, sorted targets)
+
+
+def _targets_of(name: str) -> Tuple[str, ...]:
+    return {"qkv": lora.QKV, "kv": ("key", "value")}.get(name, (name,))
+
+
+def stored_lora(params: Mapping[str, Any]) -> Optional[Adapters]:
+    """(rank, targets) of the adapters in a params tree (arrays or metadata with .shape),
+    None when it has none."""
+    rank, targets = None, set()
+
+    def walk(tree, name):
+        nonlocal rank
+        if lora.A in tree and hasattr(tree[lora.A], "shape"):
+            rank = int(tree[lora.A].shape[-1])
+            targets.update(_targets_of(name))
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                walk(value, str(key))
+
+    walk(params, "")
+    return None if rank is None else (rank, tuple(sorted(targets)))
+
+
+def model_lora(cfg) -> Optional[Adapters]:
+    return (int(cfg.lora_rank), tuple(sorted(cfg.lora_targets))) if lora.enabled(cfg) else None
+
+
+def _say(adapters: Optional[Adapters]) -> str:
+    if adapters is None:
+        return "no adapters"
+    return f"LoRA rank {adapters[0]} on {', '.join(adapters[1])}"
+
+
+def check_adapters(stored: Optional[Adapters], cfg, where: str, what: str) -> None:
+    """CheckpointMismatchError (one line, naming both) when the checkpoint's adapters are
+    not the model's; a checkpoint without adapters fits any LoRA model (its base)."""
+    mine = model_lora(cfg)
+    if stored is None or stored == mine:
+        return
+    if mine is None:
+        raise CheckpointMismatchError(
+            f"{what} {where} holds {_say(stored)}, the model has none: set LORA_RANK="
+            f"{stored[0]} and LORA_TARGETS={list(stored[1])} (and the LORA_ALPHA it was "
+            f"trained with) to use them, or merge them first")
+    raise CheckpointMismatchError(
+        f"{what} {where} holds {_say(stored)}, the model has {_say(mine)} (LORA_RANK, "
+        f"LORA_TARGETS): use the checkpoint's settings, or start from a checkpoint "
+        f"without adapters")
+
+
+def base_model(model):
+    """The model with LoRA off (the base network a checkpoint without adapters holds)."""
+    import dataclasses
+    return type(model)(dataclasses.replace(model.config, lora_rank=0, lora_targets=()))
+
+
+def restore_base(restore: Callable[..., Any], model, abstract_params: Mapping[str, Any],
+                 fresh: Optional[Callable[[], Any]], where: str, what: str) -> Any:
+    """A LoRA model's parameters from a checkpoint without adapters: the base restored
+    by `restore(base_model, abstract base)`, the adapters from `fresh()` (the init's
+    params, as `abstract_params` is shaped)."""
+    if fresh is None:
+        raise ConfigError(f"{what} {where} holds no LoRA adapters (a base model), and "
+                          f"LORA_RANK={model.config.lora_rank} asks for them: point {what} "
+                          f"at the LoRA run's checkpoint, or set LORA_RANK=0")
+    bare = "params" not in abstract_params
+    tree = abstract_params if bare else abstract_params["params"]
+    _, frozen = lora.split_trainable(tree, model.config)
+    base = restore(base_model(model), frozen if bare else {**abstract_params, "params": frozen})
+    init = fresh()
+    adapters, _ = lora.split_trainable(init if bare else init["params"], model.config)
+    joined = lora.join_trainable(adapters, base if bare else base["params"])
+    return joined if bare else {**base, "params": joined}
+
+
+# ----------------------------------------------------------------------------- fingerprint
+
+
+def _sample(x):
+    flat = jnp.ravel(x)
+    stride = max(1, flat.size // SAMPLES)
+    return flat[::stride][:SAMPLES].astype(jnp.float32)
+
+
+def base_fingerprint(params: Mapping[str, Any], cfg) -> str:
+    """"sha256:<hex>" over the frozen base of `params` (the bare params tree): each
+    leaf's path, shape, dtype and a strided sample of its values (module docstring)."""
+    _, frozen = lora.split_trainable(params, cfg)
+    leaves = jax.tree_util.tree_flatten_with_path(frozen)[0]
+    mesh = getattr(getattr(leaves[0][1], "sharding", None), "mesh", None) if leaves else None
+    replicated = {}  # on a mesh: the samples replicated, so every process reads them
+    if isinstance(mesh, jax.sharding.Mesh):
+        replicated["out_shardings"] = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    samples = jax.device_get(jax.jit(lambda t: [_sample(x) for x in t], **replicated)(
+        [x for _, x in leaves]))
+    digest = hashlib.sha256()
+    for (path, x), sample in zip(leaves, samples):
+        digest.update(f"{jax.tree_util.keystr(path)}{tuple(x.shape)}{x.dtype};".encode())
+        digest.update(np.asarray(sample, np.float32).tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+def recorded_fingerprint(item_dir) -> Optional[str]:
+    """The base fingerprint a training checkpoint's data item records (`item_dir`: its
+    state item), None when there is none (not a LoRA run's, or a converted checkpoint)."""
+    f = item_dir.parent / DATA_ITEM / "metadata"  # the file Orbax's JsonSave writes
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text()).get(KEY)
+    except (ValueError, AttributeError):
+        return None
+
+
+def check_base(recorded: Optional[str], now: str, where: str) -> None:
+    """CheckpointMismatchError naming both when `recorded` (None: nothing recorded) is
+    not `now`."""
+    if recorded is not None and recorded != now:
+        raise CheckpointMismatchError(
+            f"{where} holds LoRA adapters trained on the base {recorded[:19]}, but the base "
+            f"parameters now are {now[:19]} (fingerprints): the adapters belong to another "
+            f"base model — use the base they were trained on, or a new MODEL_DIR")
+
+
+def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Mapping[str, Any]],
+                      source: str, initial_checkpoint_path: Optional[str]
+                      ) -> Tuple[Optional[str], Optional[Mapping[str, Any]]]:
+    """(the run's base fingerprint, None without LoRA; `data_state` without it) as a run
+    starts from `source` (`checkpoints.restore_or_init`): a resumed LoRA run's base must
+    fingerprint as its checkpoint records, and so must the base under the adapters of a
+    LoRA run's checkpoint given as INITIAL_CHECKPOINT_PATH (CheckpointMismatchError)."""
+    data = {k: v for k, v in (data_state or {}).items() if k != KEY} if data_state else data_state
+    cfg = getattr(model, "config", None)
+    if cfg is None or not lora.enabled(cfg):
+        return None, data
+    now = base_fingerprint(params["params"], cfg)
+    if source.startswith("resume:"):
+        check_base((data_state or {}).get(KEY), now,
+                   f"MODEL_DIR's checkpoint {source.split(':', 1)[1]}")
+    elif source.startswith("initial:") and initial_checkpoint_path:
+        from t5lite.formats import t5x_checkpoint
+        from t5lite.formats.checkpoint_files import STATE_ITEM, resolve_item
+        if not t5x_checkpoint.is_t5x_checkpoint(initial_checkpoint_path):
+            item_dir, item = resolve_item(initial_checkpoint_path)
+            if item == STATE_ITEM:
+                check_base(recorded_fingerprint(item_dir), now,
+                           f"INITIAL_CHECKPOINT_PATH {item_dir.parent}")
+    return now, data
+
+
+def recording(get_state: Callable[[], Mapping[str, Any]], fingerprint: Optional[str]):
+    """`get_state` (the data position saved with each checkpoint), with the base
+    fingerprint beside it when there is one."""
+    if fingerprint is None:
+        return get_state
+    return lambda: {**get_state(), KEY: fingerprint}

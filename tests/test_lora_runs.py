@@ -1,0 +1,186 @@
+"""LoRA's run paths (t5lite.runtime.checkpointing.lora_restore): a LoRA run from a
+checkpoint without adapters (a tiny T5 run's; a Hugging Face LLaMA converted with
+`t5lite.convert --from=hf`) starts at the base model's loss and leaves the base
+bit-identical; a checkpoint's adapters load when they are the model's, and are refused in
+one line otherwise; the frozen base's fingerprint is recorded and checked; `convert
+--to=hf` writes the merged model, whose transformers logits are t5lite's LoRA logits.
+In-process runs of tiny float32 models on the synthetic task."""
+from __future__ import annotations
+
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+import train_helpers as th
+from t5lite import convert, train
+from t5lite.config import parsing
+from t5lite.runtime.checkpointing import lora_restore
+
+COMMON = [th.SYNTHETIC, "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+          "--gin.LOG_PERIOD=1", "--gin.CHECKPOINT_PERIOD=1", "--gin.KEEP_CHECKPOINTS=None",
+          "--gin.RANDOM_SEED=0",
+          "--gin.ACTIVATION_DTYPE='float32'", "--gin.DROPOUT_RATE=0.0", th.SYNC_CHECKPOINTS,
+          '--gin.train.optimizer=@adamw()', "--gin.adamw.learning_rate=1e-2"]
+T5_LORA = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'wi_0']"]
+LLAMA_LORA = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'out']"]
+
+
+def _train(model_gin, run, steps, *extra, capsys=None):
+    args = [f"--gin_file={model_gin}"] + [a if a.startswith("--") else f"--gin_file={a}"
+                                          for a in COMMON]
+    code = train.main(args + [f'--gin.MODEL_DIR="{run}"', f"--gin.TRAIN_STEPS={steps}",
+                              *extra])
+    err = capsys.readouterr().err if capsys is not None else ""
+    return code, err
+
+
+def _losses(run):
+    return [v for _, v in sorted(th.scalars(run)["loss"])]
+
+
+def _is_adapter(name):
+    return "lora_" in name
+
+
+def _params(run, step):
+    return th.flat(th.load_state(run, step)["params"])
+
+
+def _error(err):
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def _restore(path, model):
+    from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                            model.abstract_variables()["params"])
+    return jax.device_get(restore_params_for_finetuning(str(path), model, {"params": abstract}))
+
+
+def _set_recorded(run, step, fingerprint):
+    f = th.checkpoints_dir(run) / str(step) / "data" / "metadata"
+    data = json.loads(f.read_text())
+    assert data[lora_restore.KEY].startswith("sha256:")
+    data[lora_restore.KEY] = fingerprint
+    f.write_text(json.dumps(data))
+
+
+def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):
+    t5 = th.MODEL_FILES["t5"]
+    base, plain, run = tmp_path / "base", tmp_path / "plain", tmp_path / "lora"
+    assert _train(t5, base, 2)[0] == 0
+    # the same first batch, finetuned without and with LoRA from the base's step 2
+    assert _train(t5, plain, 1, f'--gin.INITIAL_CHECKPOINT_PATH="{base}"')[0] == 0
+    code, err = _train(t5, run, 2, f'--gin.INITIAL_CHECKPOINT_PATH="{base}"', *T5_LORA,
+                       capsys=capsys)
+    assert code == 0, err[-3000:]
+    assert "initial:" in err
+    lora_losses, plain_losses = _losses(run), _losses(plain)
+    assert lora_losses[0] == pytest.approx(plain_losses[0], rel=1e-6, abs=0)
+    assert lora_losses[1] != lora_losses[0]
+    want, got = _params(base, 2), _params(run, 2)
+    adapters = [k for k in got if _is_adapter(k)]
+    assert adapters and set(got) - set(adapters) == set(want)
+    for name in want:  # the base, bit-identical after training
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert all(np.any(got[k] != 0) for k in adapters if k.endswith("lora_b']"))
+
+    # the recorded fingerprint is the base's (a sampled SHA-256), and resuming checks it
+    data = json.loads((th.checkpoints_dir(run) / "2" / "data" / "metadata").read_text())
+    other = "sha256:" + "0" * 64
+    assert data[lora_restore.KEY].startswith("sha256:") and data[lora_restore.KEY] != other
+    _set_recorded(run, 2, other)
+    code, err = _train(t5, run, 3, *T5_LORA, capsys=capsys)
+    line = _error(err)
+    assert code != 0 and other[:19] in line and data[lora_restore.KEY][:19] in line, line
+    # a new run given that checkpoint (its adapters) is refused the same way
+    code, err = _train(t5, tmp_path / "again", 1, f'--gin.INITIAL_CHECKPOINT_PATH="{run}"',
+                       *T5_LORA, capsys=capsys)
+    line = _error(err)
+    assert code != 0 and other[:19] in line and "INITIAL_CHECKPOINT_PATH" in line, line
+    _set_recorded(run, 2, data[lora_restore.KEY])
+
+    # the same adapters load (the next run starts from them); other ones are refused
+    code, err = _train(t5, tmp_path / "more", 1, f'--gin.INITIAL_CHECKPOINT_PATH="{run}"',
+                       *T5_LORA, "--gin.adamw.learning_rate=0.0", capsys=capsys)
+    assert code == 0, err[-3000:]
+    more = _params(tmp_path / "more", 1)
+    for name in adapters:
+        np.testing.assert_array_equal(more[name], got[name], err_msg=name)
+    code, err = _train(t5, tmp_path / "other", 1, f'--gin.INITIAL_CHECKPOINT_PATH="{run}"',
+                       "--gin.LORA_RANK=2", "--gin.LORA_TARGETS=['query', 'value', 'wi_0']",
+                       capsys=capsys)
+    line = _error(err)
+    assert code != 0 and "rank 4 on query, value, wi_0" in line and "rank 2" in line, line
+
+
+def test_base_fingerprint_sees_values_shapes_and_not_adapters():
+    from t5lite.models.configs import DecoderConfig
+    from t5lite.models.model import model_for_config
+    cfg = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                        num_layers=2, mlp_dim=64, dtype="float32", lora_rank=2,
+                        lora_targets=("query",))
+    params = model_for_config(cfg).init(jax.random.PRNGKey(0))["params"]
+    fp = lora_restore.base_fingerprint(params, cfg)
+    assert fp == lora_restore.base_fingerprint(jax.tree.map(np.array, params), cfg)
+    moved = jax.tree_util.tree_map_with_path(  # the adapters are not the base
+        lambda p, x: x + 1 if "lora" in jax.tree_util.keystr(p) else x, params)
+    assert lora_restore.base_fingerprint(moved, cfg) == fp
+    emb = params["token_embedder"]["embedding"]
+    edited = {**params, "token_embedder": {"embedding": emb.at[0, 0].add(1e-3)}}
+    assert lora_restore.base_fingerprint(edited, cfg) != fp  # element 0 is always sampled
+
+
+def test_llama_lora_from_hugging_face_exports_merged(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    hf_in, ckpt, hf_out = tmp_path / "hf_in", tmp_path / "ckpt", tmp_path / "hf_out"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+        max_position_embeddings=64)).eval().save_pretrained(str(hf_in), safe_serialization=True)
+    assert convert.main(["--from=hf", f"--input={hf_in}", f"--output={ckpt}",
+                         "--dtype=float32"]) == 0
+    model_gin, plain, run = ckpt / "model.gin", tmp_path / "plain", tmp_path / "lora"
+    start = f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"'
+    assert _train(model_gin, plain, 1, start)[0] == 0
+    code, err = _train(model_gin, run, 3, start, *LLAMA_LORA, capsys=capsys)
+    assert code == 0, err[-3000:]
+    assert _losses(run)[0] == pytest.approx(_losses(plain)[0], rel=1e-6, abs=0)
+    got = _params(run, 3)
+    parsing.parse_gin([str(model_gin)], ["ACTIVATION_DTYPE = 'float32'"])
+    base_model = parsing.resolve_macro("MODEL")
+    want = th.flat(_restore(ckpt, base_model))
+    assert set(got) - {k for k in got if _is_adapter(k)} == set(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+    # convert --to=hf: the merged model; without the LoRA settings, one line
+    assert convert.main(["--to=hf", f"--input={run}", f"--output={tmp_path / 'no'}",
+                         f"--gin_file={model_gin}"]) != 0
+    line = _error(capsys.readouterr().err)
+    assert "LORA_RANK=4" in line and "rank 4 on out, query, value" in line, line
+    assert convert.main(["--to=hf", f"--input={run}", f"--output={hf_out}",
+                         f"--gin_file={model_gin}", *LLAMA_LORA]) == 0
+    theirs_model = transformers.LlamaForCausalLM.from_pretrained(str(hf_out)).eval()
+    assert not [n for n in theirs_model.state_dict() if "lora" in n]
+    parsing.parse_gin([str(model_gin)], ["ACTIVATION_DTYPE = 'float32'", "LORA_RANK = 4",
+                                         "LORA_TARGETS = ['query', 'value', 'out']"])
+    model = parsing.resolve_macro("MODEL")
+    tokens = np.random.RandomState(1).randint(2, 128, size=(2, 24)).astype(np.int32)
+    ours = np.asarray(jax.jit(model.logits)(th.load_state(run, 3)["params"],
+                                            {"decoder_input_tokens": tokens,
+                                             "decoder_target_tokens": tokens}))
+    with torch.no_grad():
+        theirs = theirs_model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)  # float32, merged vs adapted
+
