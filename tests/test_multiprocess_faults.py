@@ -148,16 +148,13 @@ def test_a_peer_stopped_during_an_async_save_ends_the_other_in_one_line(tmp_path
                          f"command (every process) starts the run again"), line
 
 
-def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_path):
-    """Process 1 stopped as soon as both have joined, while they compile: process 0 waits
-    for it in the first computation they share, and its watcher ends it in one line that
-    says nothing was committed yet."""
-    model_dir, logs = tmp_path / "run", tmp_path / "logs"
-    logs.mkdir()
-    procs = _start_pair(model_dir, logs, "--gin.STEP_WATCHDOG=False")
+def _stop_1_once(procs, logs, watched: int, needle: str):
+    """SIGSTOP process 1 as soon as process `watched`'s log shows `needle`; then (process
+    0's status, the seconds it took to end, its log)."""
     try:
-        th.wait_for(lambda: "jax.distributed: process 1 of 2" in th.read_log(logs / "p1.log"),
-                    "process 1 joined", proc=procs[1], log_path=logs / "p1.log", poll=0.005)
+        log_path = logs / f"p{watched}.log"
+        th.wait_for(lambda: needle in th.read_log(log_path), needle, proc=procs[watched],
+                    log_path=log_path, poll=0.005)
         procs[1].send_signal(signal.SIGSTOP)
         t = time.monotonic()
         rc0 = th.finish(procs[0], timeout=120)
@@ -165,7 +162,17 @@ def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_pat
     finally:
         for p in procs:
             th.kill(p)
-    log = th.read_log(logs / "p0.log")
+    return rc0, took, th.read_log(logs / "p0.log")
+
+
+def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_path):
+    """Process 1 stopped as soon as both have joined, while they compile: process 0 waits
+    for it in the first computation they share, and its watcher ends it in one line that
+    says nothing was committed yet."""
+    model_dir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_pair(model_dir, logs, "--gin.STEP_WATCHDOG=False")
+    rc0, took, log = _stop_1_once(procs, logs, 1, "jax.distributed: process 1 of 2")
     line = _the_line(log)
     assert rc0 == EXIT_PEER_LOST and log.rstrip().endswith(line), log
     assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
@@ -178,8 +185,8 @@ def test_a_peer_stopped_before_the_first_step_ends_the_other_in_one_line(tmp_pat
 def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path,
                                                                        tmp_path_factory):
     """Training on MNLI with EVAL_PERIOD=6: process 1 stopped as soon as process 0 has logged
-    step 6, as their inference evaluation starts (it compiles the decoding first); process 0's evaluation (decoding shares the mesh of
-    both) then waits for it, and its watcher ends it in one line naming checkpoint 4."""
+    step 6, as their inference evaluation starts (it compiles the decoding first); process
+    0's evaluation (decoding shares the mesh of both) then waits for it, and its watcher ends it in one line naming checkpoint 4."""
     from t5lite.data import demo_corpus
     from data_helpers import vocabulary
     mnli = tmp_path / "multinli"
@@ -191,17 +198,7 @@ def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path
                         "--gin.EVAL_SPLIT='validation_matched'", "--gin.T5Config.vocab_size=512",
                         f'--gin.VOCABULARY_PATH="{vocabulary(tmp_path_factory)}"',
                         f'--gin.MNLI_DIR="{mnli}"')
-    try:
-        th.wait_for(lambda: "step 6/" in th.read_log(logs / "p0.log"), "step 6",
-                    proc=procs[0], log_path=logs / "p0.log", poll=0.005)
-        procs[1].send_signal(signal.SIGSTOP)
-        t = time.monotonic()
-        rc0 = th.finish(procs[0], timeout=120)
-        took = time.monotonic() - t
-    finally:
-        for p in procs:
-            th.kill(p)
-    log = th.read_log(logs / "p0.log")
+    rc0, took, log = _stop_1_once(procs, logs, 0, "step 6/")
     line = _the_line(log)
     assert rc0 == EXIT_PEER_LOST and log.rstrip().endswith(line), log
     assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
