@@ -34,7 +34,8 @@ for ((i = 0; i < NUM_GPUS; i++)); do
 done
 # After a failure the others get GRACE_SECONDS to end; then the process named is the
 # first to fail for a reason of its own: not status 4, which t5lite gives a process that
-# stopped because another was lost (its line names that one).
+# stopped because another was lost, nor one whose log ends with that line ("stops because
+# process N ...").
 declare -A process_of status_of
 for pid in "${!index_of[@]}"; do process_of[$pid]=${index_of[$pid]}; done
 order=() failed=""
@@ -53,12 +54,18 @@ if [ -n "$failed" ]; then
   for pid in "${!index_of[@]}"; do
     rc=0; wait "$pid" || rc=$?; status_of[$pid]=$rc; order+=("$pid")
   done
-  culprit=""
+  culprit="" echo_only=""
   for pid in "${order[@]}"; do
     rc=${status_of[$pid]}
-    if [ "$rc" -ne 0 ] && { [ -z "$culprit" ] || [ "${status_of[$culprit]}" -eq 4 ]; } \
-        && { [ -z "$culprit" ] || [ "$rc" -ne 4 ]; }; then culprit=$pid; fi
+    [ "$rc" -ne 0 ] || continue
+    if [ "$rc" -eq 4 ] || tail -n 1 "${LOGDIR}/proc_${process_of[$pid]}.log" 2>/dev/null \
+        | grep -q "stops because process"; then
+      echo_only=${echo_only:-$pid}
+    else
+      culprit=${culprit:-$pid}
+    fi
   done
+  culprit=${culprit:-$echo_only}
   i=${process_of[$culprit]} status=${status_of[$culprit]}
   echo "error: process $i exited with status $status (its log: ${LOGDIR}/proc_${i}.log; last line: $(tail -n 1 "${LOGDIR}/proc_${i}.log" 2>/dev/null)); the others were given up to ${GRACE_SECONDS}s to end, then killed; run the same command to resume from the last checkpoint" >&2
   exit "$status"

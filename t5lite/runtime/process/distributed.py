@@ -251,10 +251,21 @@ def _waits_on_a_peer(exc: Optional[BaseException], text: str) -> bool:
             or "task disconnected" in text)
 
 
+_shutdown_lock = threading.Lock()
+_shutdown_thread: Optional[threading.Thread] = None
+
+
 def _shutdown_within(seconds: float) -> None:
-    """jax.distributed.shutdown(), given up after `seconds` (it talks to the service)."""
-    done = threading.Thread(target=_quiet_shutdown, daemon=True)
-    done.start()
+    """jax.distributed.shutdown(), given up after `seconds` (it talks to the service).
+    Once per process: the main thread's `leave` and the watcher's loss line may both get
+    here, and a second disconnect of the same task makes JAX's client abort the process
+    (SIGABRT, status 134, instead of the status the first caller meant)."""
+    global _shutdown_thread
+    with _shutdown_lock:
+        if _shutdown_thread is None:
+            _shutdown_thread = threading.Thread(target=_quiet_shutdown, daemon=True)
+            _shutdown_thread.start()
+        done = _shutdown_thread
     done.join(timeout=seconds)
 
 
