@@ -54,3 +54,39 @@ def test_decoder_only_by_hand_plain_gelu():
 def test_rejects_other_configs():
     with pytest.raises(TypeError):
         flops.train_flops_per_example(object())
+
+
+def test_decoder_only_lora_by_hand():
+    """LoRA: frozen weight matmuls 2 x forward, attention 3 x, each adapter 3 x."""
+    cfg = _toy_decoder(mlp_activations=("silu", "linear"), lora_rank=2,
+                       lora_targets=("query", "value", "wi_0", "wo"))
+    weights = 2 * (256 + 128 + 768) + 2 * 8 * 10   # 2464 (as above, with the logits)
+    attention = 2 * 96                              # 192
+    adapters = 2 * (2 * 2 * (8 + 8)                 # query [8, 2x4]
+                    + 2 * 2 * (8 + 4)               # value [8, 1x4] (GQA)
+                    + 2 * 2 * (8 + 16)              # wi_0 [8, 16]
+                    + 2 * 2 * (16 + 8))             # wo [16, 8]
+    assert (weights, attention, adapters) == (2464, 192, 608)
+    assert flops.decoder_only_train_flops_per_token(cfg, 6) == 2 * 2464 + 3 * 192 + 3 * 608
+    full = _toy_decoder(mlp_activations=("silu", "linear"))
+    assert flops.decoder_only_train_flops_per_token(full, 6) == 3 * (2464 + 192) == 7968
+    assert flops.train_flops_per_example(cfg, seq_length=6) == 6 * 7328
+
+
+def test_encoder_decoder_lora_by_hand():
+    """A T5 with adapters on query, key, out (every attention, cross-attention too) and wo;
+    d=8, 2 heads of 4, one layer a stack, ff=16 (one MLP input), V=10, 4 inputs, 3 targets."""
+    kw = dict(vocab_size=10, emb_dim=8, num_heads=2, head_dim=4, num_encoder_layers=1,
+              num_decoder_layers=1, mlp_dim=16, mlp_activations=("relu",))
+    cfg = T5Config(**kw, lora_rank=2, lora_targets=("query", "key", "out", "wo"))
+    weights = 4 * (8 * 8 * 8 + 2 * 8 * 16 * 2 + 4 * 8 * 8) + 3 * (12 * 8 * 8 + 512 + 160)
+    attention = 4 * 4 * 4 * 8 + 3 * (2 * 3 * 8 + 4 * 4 * 8)
+    proj, wo = 2 * 2 * (8 + 8), 2 * 2 * (16 + 8)    # an adapter on [8, 8]; on wo [16, 8]
+    adapters = (4 * (3 * proj + wo)                 # encoder: q, k, o, wo
+                + 3 * (2 * 2 * proj + proj + wo)    # decoder: self q, o, k; cross q, o; wo
+                + 4 * proj)                         # cross-attention k of each input token
+    assert (weights, attention, adapters) == (9440, 1040, 2656)
+    assert flops.encoder_decoder_train_flops_per_example(cfg, 4, 3) == \
+        2 * 9440 + 3 * 1040 + 3 * 2656 == 29968
+    assert flops.encoder_decoder_train_flops_per_example(T5Config(**kw), 4, 3) == \
+        3 * (9440 + 1040)

@@ -1,6 +1,7 @@
 """`t5lite.eval` and `t5lite.infer` on a LoRA checkpoint (tiny LLaMA, MNLI fixture): both
 read its base and adapters and run them unmerged, and predict the same; without the
-LORA_* settings both are refused in one line. Runs call `main(argv)` in this process."""
+LORA_* settings both are refused in one line, and so is another LORA_ALPHA. Runs call
+`main(argv)` in this process."""
 from __future__ import annotations
 
 import json
@@ -51,6 +52,12 @@ def test_eval_and_infer_run_a_lora_checkpoint_alike(tmp_path, tmp_path_factory, 
         assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + task + shared
                                 + [f'--gin.OUTPUT_DIR="{out / "no"}"']) != 0
         assert "LORA_RANK=4" in _error(capsys.readouterr().err)
+        # the adapters were trained with LORA_ALPHA 16 (the default): another is refused
+        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + LLAMA_LORA
+                                + task + shared + ["--gin.LORA_ALPHA=32.0",
+                                                   f'--gin.OUTPUT_DIR="{out / "a"}"']) != 0
+        line = _error(capsys.readouterr().err)
+        assert "LORA_ALPHA=16" in line and "LORA_ALPHA=32" in line, line
         assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + LLAMA_LORA
                                 + task + shared + [f'--gin.OUTPUT_DIR="{out / "e"}"']) == 0
         evaluated = [json.loads(l) for l in

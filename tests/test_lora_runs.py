@@ -105,6 +105,15 @@ def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):
     line = _error(err)
     assert code != 0 and other[:19] in line and "INITIAL_CHECKPOINT_PATH" in line, line
     _set_recorded(run, 2, data[lora_restore.KEY])
+    # LORA_ALPHA is recorded too: another one would rescale the adapters, so it is refused
+    assert data[lora_restore.ALPHA_KEY] == 16.0
+    code, err = _train(t5, run, 3, *T5_LORA, "--gin.LORA_ALPHA=4.0", capsys=capsys)
+    line = _error(err)
+    assert code != 0 and "LORA_ALPHA=16" in line and "LORA_ALPHA=4" in line, line
+    code, err = _train(t5, tmp_path / "alpha", 1, f'--gin.INITIAL_CHECKPOINT_PATH="{run}"',
+                       *T5_LORA, "--gin.LORA_ALPHA=4.0", capsys=capsys)
+    line = _error(err)
+    assert code != 0 and "INITIAL_CHECKPOINT_PATH" in line and "LORA_ALPHA=16" in line, line
 
     # the same adapters load (the next run starts from them); other ones are refused
     code, err = _train(t5, tmp_path / "more", 1, f'--gin.INITIAL_CHECKPOINT_PATH="{run}"',
@@ -184,3 +193,56 @@ def test_llama_lora_from_hugging_face_exports_merged(tmp_path, capsys):
         theirs = theirs_model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)  # float32, merged vs adapted
 
+
+
+def _two_processes(args, logs):
+    """`python -m t5lite.train args` as two processes of one run (one CPU device each);
+    their exit statuses."""
+    import sys
+    port, procs = th.free_port(), []
+    try:
+        for i in range(2):
+            procs.append(th.start([sys.executable, "-m", "t5lite.train", *args,
+                                   f"--coordinator_address=127.0.0.1:{port}",
+                                   "--process_count=2", f"--process_index={i}"],
+                                  logs / f"{i}.log"))
+        return [th.finish(p, timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            th.kill(p)
+
+
+def test_two_processes_record_and_check_the_base_fingerprint(tmp_path, capsys):
+    """A LoRA run of two processes, the frozen base sharded over them (FSDP across the
+    processes): both fingerprint the base as one process does, record it, and a resume
+    whose base differs is refused in one line by each."""
+    t5 = th.MODEL_FILES["t5"]
+    base, run = tmp_path / "base", tmp_path / "lora"
+    assert _train(t5, base, 1)[0] == 0
+    args = [f"--gin_file={th.REPO / t5}"] + [
+        a if a.startswith("--") else f"--gin_file={th.REPO / a}" for a in COMMON] + [
+        f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{base}"', *T5_LORA,
+        "--gin.ICI_MESH_SHAPE=[1,1,1]", "--gin.DCN_MESH_SHAPE=[1,2,1]"]
+    logs = lambda: "\n".join(th.tail(th.read_log(tmp_path / f"{i}.log")) for i in range(2))
+    assert _two_processes(args + ["--gin.TRAIN_STEPS=2"], tmp_path) == [0, 0], logs()
+
+    parsing.parse_gin([str(th.REPO / t5)], ["ACTIVATION_DTYPE = 'float32'",
+                                             "LORA_RANK = 4",
+                                             "LORA_TARGETS = ['query', 'value', 'wi_0']"])
+    cfg = parsing.resolve_macro("MODEL").config
+    want = lora_restore.base_fingerprint(th.load_state(base, 1)["params"]["params"], cfg)
+    data = json.loads((th.checkpoints_dir(run) / "2" / "data" / "metadata").read_text())
+    assert data[lora_restore.KEY] == want and data[lora_restore.ALPHA_KEY] == 16.0
+    got, base_params = _params(run, 2), _params(base, 1)
+    for name in base_params:  # the sharded base, bit-identical after training
+        np.testing.assert_array_equal(got[name], base_params[name], err_msg=name)
+
+    _set_recorded(run, 2, "sha256:" + "0" * 64)
+    rcs = _two_processes(args + ["--gin.TRAIN_STEPS=3"], tmp_path)
+    assert rcs[0] == rcs[1] != 0, logs()
+    for i in range(2):
+        log = th.read_log(tmp_path / f"{i}.log")
+        lines = [l for l in log.splitlines() if l.startswith("error:")]
+        assert len(lines) == 1 and "sha256:000000000000" in lines[0] \
+            and want[:19] in lines[0], log[-3000:]
+    assert th.complete_steps(run) == [1, 2]

@@ -167,7 +167,7 @@ class RunContext:
     evaluator: Optional[Callable] = None
     state: Any = None  # the TrainState
     source: str = ""  # where the state came from, for the start line
-    base_fingerprint: Optional[str] = None  # a LoRA run's frozen base (lora_restore)
+    lora_record: Optional[dict] = None  # a LoRA run's base fingerprint and alpha (lora_restore)
     step: int = 0
     start_step: int = 0
     t_start: float = 0.0
@@ -227,7 +227,7 @@ def _restore(ctx: RunContext, data: TrainData, random_seed: int) -> None:
         initial_checkpoint_path=args.initial_checkpoint_path, model=args.model,
         initial_checkpoint_state=args.initial_checkpoint_state,
         factoring=getattr(args.optimizer, "factoring", None))
-    ctx.base_fingerprint, data_state = lora_restore.start_fingerprint(
+    ctx.lora_record, data_state = lora_restore.start_fingerprint(
         args.model, ctx.state.params, data_state, ctx.source, args.initial_checkpoint_path)
     if args.inference_eval.period:
         ctx.evaluator = args.inference_evaluator(
@@ -260,7 +260,7 @@ def _start(ctx: RunContext) -> None:
     dog = StepWatchdog(args.watchdog, model_dir, step, jax.process_index())
     ctx.duties = StepDuties(
         Reports(run, writer, progress, ctx.lock, dog, ctx.ckpt, model_dir, step),
-        Saving(ctx.ckpt, lora_restore.recording(run.iterator.get_state, ctx.base_fingerprint),
+        Saving(ctx.ckpt, lora_restore.recording(run.iterator.get_state, ctx.lora_record),
                dog, args.watchdog.save_seconds, args.train_steps,
                None if config_written else lambda: _write_config(model_dir)),
         Evaluation(ctx.evaluator, args.inference_eval.period, args.train_steps, dog),

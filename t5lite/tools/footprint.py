@@ -3,19 +3,20 @@
 `t5lite.models.flops` (the model reports them: `model.flops_report`), the bytes of
 float32 parameters plus the state of the optimizer the run uses (from `jax.eval_shape`
 of its own `init`, so any optax chain counts exactly), and optionally the per-device
-memory of the compiled train step (`tools.step_memory`). The library behind
-`python -m t5lite.info`.
+memory of the compiled train step (`tools.step_memory`) and the account of its program
+lowered for CUDA (`tools.program_account`). The library behind `python -m t5lite.info`.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
+import gin
 import jax
 
 from t5lite.errors import ConfigError
 from t5lite.models.model import BaseModel
-from t5lite.tools import step_memory
+from t5lite.tools import benchmarking, program_account, step_memory
 
 FLOAT32_BYTES = 4
 
@@ -51,7 +52,8 @@ def model_report(model, optimizer, *, inputs_length: int = 512, targets_length: 
     params = abstract_params(model)
     n = param_count(params)
     report: Dict[str, Any] = {"model": type(model).__name__,
-                              "config": type(model.config).__name__, "params": n}
+                              "config": type(model.config).__name__, "params": n,
+                              "lora_rank": int(getattr(model.config, "lora_rank", 0) or 0)}
     report.update(model.flops_report(inputs_length=inputs_length,
                                      targets_length=targets_length, seq_length=seq_length))
     trainable = model.split_trainable(params)[0]  # with LoRA: the adapters only
@@ -79,6 +81,36 @@ def step_memory_report(the_run, task_feature_lengths, pack: bool,
             **memory.as_dict(), "verdict": step_memory.verdict(memory.peak_bytes, device_bytes)}
 
 
+def step_reports(report: Dict[str, Any], model, optimizer, devices, per_device_batch,
+                 memory_gib: Optional[float], account: bool) -> str:
+    """`info --memory` (with `memory_gib`, a device's memory) and `--account`: the train
+    step's compiled memory and its account (`program_account`) into `report`; the
+    account's table ("" without it). ATTENTION_IMPL='cudnn' without cuDNN: one line."""
+    batch = benchmarking.global_batch(per_device_batch, len(devices))
+    lengths = report["task_feature_lengths"]
+    pack = bool(gin.get_bindings("train").get("pack", False))
+    try:
+        the_run = benchmarking.step_run(model, batch_size=batch, devices=devices,
+                                        task_feature_lengths=lengths, optimizer=optimizer)
+        if memory_gib is not None:
+            report["step_memory"] = step_memory_report(the_run, lengths, pack,
+                                                       int(memory_gib * 2 ** 30))
+        if account:
+            report["program_account"] = program_account.step_account(the_run, lengths, pack)
+    except RuntimeError as e:
+        if "cuDNN" not in str(e):
+            raise
+        raise ConfigError("ATTENTION_IMPL='cudnn' cannot be traced on a machine without "
+                          "cuDNN (jax looks for the library as it traces): use "
+                          "ATTENTION_IMPL='dot_product' (the same jax.nn call) here, or "
+                          "run this on the GPU") from None
+    return "\n" + program_account.format_account(report["program_account"]) if account else ""
+
+
+def _frozen(report: Dict[str, Any]) -> str:
+    return "; LoRA: no gradient of a frozen weight" if report.get("lora_rank") else ""
+
+
 def _human_bytes(b: int) -> str:
     return f"{b:,} B ({b / 2**30:,.2f} GiB)"
 
@@ -89,12 +121,12 @@ def format_report(report: Dict[str, Any], source: str = "") -> str:
     if "train_flops_per_token" in report:
         s = report["seq_length"]
         rows += [("train FLOPs / token", f"{report['train_flops_per_token'] / 1e9:,.3f} GFLOP"
-                  f"  (seq {s}, fwd+bwd, matmuls only)"),
+                  f"  (seq {s}, fwd+bwd, matmuls only{_frozen(report)})"),
                  ("train FLOPs / sequence", f"{report['train_flops_per_example'] / 1e12:,.3f} TFLOP")]
     else:
         rows += [("train FLOPs / example", f"{report['train_flops_per_example'] / 1e9:,.1f} GFLOP"
                   f"  (inputs {report['inputs_length']}, targets {report['targets_length']},"
-                  " fwd+bwd, matmuls only)")]
+                  f" fwd+bwd, matmuls only{_frozen(report)})")]
     source = f"  ({report['optimizer_source']})" if report.get("optimizer_source") else ""
     rows += [("params (float32)", _human_bytes(report["param_bytes"])),
              (f"{report['optimizer']} state", _human_bytes(report["optimizer_state_bytes"])

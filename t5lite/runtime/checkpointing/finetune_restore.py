@@ -55,15 +55,18 @@ def restore_params_for_finetuning(path: PathLike, model: Any, abstract_params: M
     unfused QKV, scanned / unscanned layers) is converted (on the host); then the shapes
     are checked (CheckpointMismatchError). With LoRA (`lora_restore`): a checkpoint
     without adapters gives the base, `fresh()` (the init's parameters) the adapters; one
-    with other adapters than the model's is refused."""
+    with other adapters than the model's, or trained with another LORA_ALPHA, is refused."""
     cfg = getattr(model, "config", None)
     if cfg is not None and hasattr(cfg, "lora_rank"):
         if t5x_checkpoint.is_t5x_checkpoint(path):
             stored, where = None, str(path)
         else:
-            _, _, where, meta = _stored(path, what)
+            item_dir, _, where, meta = _stored(path, what)
             stored = lora_restore.stored_lora(meta["params"])
         lora_restore.check_adapters(stored, cfg, where, what)
+        if stored is not None:  # the adapters load: under the alpha they were trained with
+            lora_restore.check_alpha(lora_restore.recorded(item_dir, lora_restore.ALPHA_KEY),
+                                     cfg, f"{what} {where}")
         if stored is None and lora.enabled(cfg):
             return lora_restore.restore_base(
                 lambda base, abstract: _restore(path, base, abstract, what), model,

@@ -18,12 +18,18 @@ would miss an edit of single values between the sampled ones, which a SHA-256 of
 byte (13 GB read back and hashed for a 7B model, at every start) would catch. A LoRA run
 records it with the data position in each checkpoint (`KEY`); a resume, or loading the
 adapters of such a checkpoint, whose base fingerprints otherwise is refused in one line.
+
+LORA_ALPHA is recorded beside it (`ALPHA_KEY`): the adapters' update is scaled by
+alpha / rank, so a checkpoint's adapters under another alpha would silently be another
+model. A resume, a LoRA run given them, eval and infer (any load through
+`finetune_restore`) are refused in one line when the model's LORA_ALPHA is not the
+recorded one. (Rank and targets are in the adapters' shapes and names: `check_adapters`.)
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +40,7 @@ from t5lite.formats.checkpoint_files import DATA_ITEM
 from t5lite.models import lora
 
 KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
+ALPHA_KEY = "lora_alpha"  # beside it: the LORA_ALPHA the adapters were trained with
 SAMPLES = 4096  # values sampled per frozen leaf
 
 Adapters = Tuple[int, Tuple[str, ...]]  # (rank, sorted targets)
@@ -140,16 +147,30 @@ def base_fingerprint(params: Mapping[str, Any], cfg) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def recorded_fingerprint(item_dir) -> Optional[str]:
-    """The base fingerprint a training checkpoint's data item records (`item_dir`: its
-    state item), None when there is none (not a LoRA run's, or a converted checkpoint)."""
+def recorded(item_dir, key: str = KEY) -> Optional[Any]:
+    """What a training checkpoint's data item records under `key` (`item_dir`: its state
+    item; KEY, the base fingerprint, or ALPHA_KEY), None when it records none (not a LoRA
+    run's, a params-only or converted checkpoint)."""
     f = item_dir.parent / DATA_ITEM / "metadata"  # the file Orbax's JsonSave writes
     if not f.exists():
         return None
     try:
-        return json.loads(f.read_text()).get(KEY)
+        return json.loads(f.read_text()).get(key)
     except (ValueError, AttributeError):
         return None
+
+
+def check_alpha(recorded_alpha: Optional[Any], cfg, where: str) -> None:
+    """CheckpointMismatchError when the adapters at `where` were trained with another
+    LORA_ALPHA than the model's (None: nothing recorded)."""
+    if recorded_alpha is None or not lora.enabled(cfg):
+        return
+    if float(recorded_alpha) != float(cfg.lora_alpha):
+        raise CheckpointMismatchError(
+            f"{where} holds LoRA adapters trained with LORA_ALPHA={float(recorded_alpha):g}, "
+            f"the model has LORA_ALPHA={float(cfg.lora_alpha):g}: their update is scaled by "
+            f"alpha / rank, so another alpha is another model — set "
+            f"LORA_ALPHA={float(recorded_alpha):g}")
 
 
 def check_base(recorded: Optional[str], now: str, where: str) -> None:
@@ -164,33 +185,37 @@ def check_base(recorded: Optional[str], now: str, where: str) -> None:
 
 def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Mapping[str, Any]],
                       source: str, initial_checkpoint_path: Optional[str]
-                      ) -> Tuple[Optional[str], Optional[Mapping[str, Any]]]:
-    """(the run's base fingerprint, None without LoRA; `data_state` without it) as a run
-    starts from `source` (`checkpoints.restore_or_init`): a resumed LoRA run's base must
-    fingerprint as its checkpoint records, and so must the base under the adapters of a
-    LoRA run's checkpoint given as INITIAL_CHECKPOINT_PATH (CheckpointMismatchError)."""
-    data = {k: v for k, v in (data_state or {}).items() if k != KEY} if data_state else data_state
+                      ) -> Tuple[Optional[Dict[str, Any]], Optional[Mapping[str, Any]]]:
+    """(what the run records beside its data position, None without LoRA: the base
+    fingerprint and LORA_ALPHA; `data_state` without them) as a run starts from `source`
+    (`checkpoints.restore_or_init`): a resumed LoRA run's base must fingerprint, and its
+    LORA_ALPHA be, as its checkpoint records, and so for the adapters of a LoRA run's
+    checkpoint given as INITIAL_CHECKPOINT_PATH (CheckpointMismatchError)."""
+    data = ({k: v for k, v in data_state.items() if k not in (KEY, ALPHA_KEY)}
+            if data_state else data_state)
     cfg = getattr(model, "config", None)
     if cfg is None or not lora.enabled(cfg):
         return None, data
     now = base_fingerprint(params["params"], cfg)
     if source.startswith("resume:"):
-        check_base((data_state or {}).get(KEY), now,
-                   f"MODEL_DIR's checkpoint {source.split(':', 1)[1]}")
+        where = f"MODEL_DIR's checkpoint {source.split(':', 1)[1]}"
+        check_base((data_state or {}).get(KEY), now, where)
+        check_alpha((data_state or {}).get(ALPHA_KEY), cfg, where)
     elif source.startswith("initial:") and initial_checkpoint_path:
         from t5lite.formats import t5x_checkpoint
         from t5lite.formats.checkpoint_files import STATE_ITEM, resolve_item
         if not t5x_checkpoint.is_t5x_checkpoint(initial_checkpoint_path):
             item_dir, item = resolve_item(initial_checkpoint_path)
             if item == STATE_ITEM:
-                check_base(recorded_fingerprint(item_dir), now,
-                           f"INITIAL_CHECKPOINT_PATH {item_dir.parent}")
-    return now, data
+                where = f"INITIAL_CHECKPOINT_PATH {item_dir.parent}"
+                check_base(recorded(item_dir), now, where)
+                check_alpha(recorded(item_dir, ALPHA_KEY), cfg, where)
+    return {KEY: now, ALPHA_KEY: float(cfg.lora_alpha)}, data
 
 
-def recording(get_state: Callable[[], Mapping[str, Any]], fingerprint: Optional[str]):
-    """`get_state` (the data position saved with each checkpoint), with the base
-    fingerprint beside it when there is one."""
-    if fingerprint is None:
+def recording(get_state: Callable[[], Mapping[str, Any]], record: Optional[Mapping[str, Any]]):
+    """`get_state` (the data position saved with each checkpoint), with a LoRA run's
+    record (`start_fingerprint`) beside it when there is one."""
+    if record is None:
         return get_state
-    return lambda: {**get_state(), KEY: fingerprint}
+    return lambda: {**get_state(), **record}
