@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A whole GPU session in one call, ended by itself within DEADLINE_S (450 s): the
 # machine's versions, the switch and checkpoint-resume proof on T5 small, the priority
-# grid (grids/priority.json: large bf16 at 32 and 64, large FP8, cuDNN attention, fused
-# QKV, then small, base, xl), a profile of one large step (its 25 most expensive XLA ops)
+# grid (grids/priority.json: large bf16 at 32 and 64, bf16 attention scores, cuDNN with
+# the mask as lengths, large FP8, cuDNN attention, fused QKV, then small, base, xl), a profile of one large step (its 25 most expensive XLA ops)
 # and an A/B of the initializer's compile with jax_threefry_gpu_kernel_lowering off / on.
 #
 #   scripts_gpu/gpu_session.sh OUT_DIR
@@ -36,7 +36,7 @@
 # Overrides (environment; image_smoke.sh runs this on a CPU with the tiny T5):
 #   GRID (grids/priority.json), GRID_HEAD ('large_bf16': run-name patterns), SMALL_MODEL
 #   (configs/models/t5_1_1/small.gin), PROOF_BATCH (32), PROOF_STEPS (20), VARIANTS
-#   (float32,cudnn,fp8,fused_qkv), LARGE_RECIPE (configs/large_pile_pretrain.gin) and
+#   (float32,cudnn,cudnn_lengths,fp8,fused_qkv), LARGE_RECIPE (configs/large_pile_pretrain.gin) and
 #   LARGE_BATCH (32, global) for the profile and the A/B, INPUTS / TARGETS (512 / 128);
 #   DEADLINE_S (450); caps PROOF_S (150; the switch check SWITCH_S, 15 s less), HEAD_S
 #   (240), PROFILE_S (60), AB_S (150); HEAD_MIN_S (150), AB_MIN_S (60); WORK_DIR
@@ -139,7 +139,7 @@ PY
 proof() {  # the switch check beside the training runs; it ends 15 s before the phase
   local switch_s=$(( PHASE_LIMIT - 15 ))
   [ "$switch_s" -gt "${SWITCH_S:-$switch_s}" ] && switch_s=$SWITCH_S
-  SWITCH_PARALLEL=1 SWITCH_TIMEOUT_S=$switch_s VARIANTS=${VARIANTS:-float32,cudnn,fp8,fused_qkv} \
+  SWITCH_PARALLEL=1 SWITCH_TIMEOUT_S=$switch_s VARIANTS=${VARIANTS:-float32,cudnn,cudnn_lengths,fp8,fused_qkv} \
     bash scripts_gpu/gpu_proof.sh "$work/proof" "$small" "${PROOF_BATCH:-32}" \
     "${PROOF_STEPS:-20}" "$inputs" "$targets"
 }

@@ -3,13 +3,17 @@
 
     python -m t5lite.info --gin_file=configs/large_pile_pretrain.gin \\
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
-        [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32] [--json]
+        [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32]
+        [--account [--devices=1 --per_device_batch=32]] [--json]
 
 Prints the exact parameter count, training model FLOPs (matmuls, fwd + bwd) and the
 bytes of float32 parameters plus the state of the optimizer the config binds (or
 --optimizer). With --memory it also compiles the config's train step for --devices
 simulated CPU devices (its mesh, NUM_MICROBATCHES, remat and switches) and prints the
 per-device memory XLA plans for it, with a plain answer for a --device_memory_gib device.
+With --account it lowers the train step for a GPU (CUDA; nothing compiled) and prints
+its biggest tensors and the bytes its operations write and read before fusion
+(`t5lite.tools.program_account`; --devices defaults to 1 there: shapes per device).
 With --json the table goes to stderr and a JSON dict to stdout.
 """
 from __future__ import annotations
@@ -19,7 +23,6 @@ import json
 import sys
 from typing import Optional, Sequence
 
-import gin
 
 from t5lite.config import command, flags, parsing
 from t5lite.errors import ConfigError
@@ -37,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="count this optimizer's state instead of the config's")
     parser.add_argument("--memory", action="store_true", help="compile the train step and "
                         "report its memory per device")
-    parser.add_argument("--devices", type=int, default=8, help="with --memory: devices")
+    parser.add_argument("--account", action="store_true", help="lower the train step for "
+                        "CUDA and account its tensors and bytes (before fusion)")
+    parser.add_argument("--devices", type=int, help="with --memory: devices (default 8); "
+                        "with --account alone: 1")
     parser.add_argument("--per_device_batch", type=int, help="with --memory: examples per "
                         "device (default: the config's BATCH_SIZE / --devices)")
     parser.add_argument("--device_memory_gib", type=float, default=80.0,
@@ -52,7 +58,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
     # a run config (configs/*_pile_pretrain.gin) leaves its run macros REQUIRED; info
     # only needs the model, so unset ones get placeholders
-    devices = step_memory.cpu_devices(args.devices) if args.memory else None
+    if args.devices is None:
+        args.devices = 8 if args.memory else 1
+    devices = step_memory.cpu_devices(args.devices) if args.memory or args.account else None
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
                       placeholders=parsing.RUN_PLACEHOLDERS)
     command.start_compilation_cache()  # --memory compiles the train step
@@ -62,15 +70,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = footprint.model_report(model, optimizer, inputs_length=args.inputs_length,
                                     targets_length=args.targets_length,
                                     seq_length=args.seq_length, optimizer_source=origin)
-    if args.memory:
-        batch = benchmarking.global_batch(args.per_device_batch, args.devices)
-        lengths = report["task_feature_lengths"]
-        the_run = benchmarking.step_run(model, batch_size=batch, devices=devices,
-                                        task_feature_lengths=lengths, optimizer=optimizer)
-        report["step_memory"] = footprint.step_memory_report(
-            the_run, lengths, bool(gin.get_bindings("train").get("pack", False)),
-            int(args.device_memory_gib * 2 ** 30))
     table = footprint.format_report(report, source)
+    if args.memory or args.account:
+        table += footprint.step_reports(
+            report, model, optimizer, devices, args.per_device_batch,
+            memory_gib=args.device_memory_gib if args.memory else None, account=args.account)
     if args.json:
         print(table, file=sys.stderr)
         print(json.dumps(report))

@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "t5lite"
 COMMANDS = {"train", "eval", "infer", "bench", "data_bench", "info", "convert", "vocab", "deps",
             "demo_data"}
-LAYERS = {"errors": 0, "models": 1, "optim": 1,
-          "data.files": 2, "formats": 2, "runtime.process": 2,
-          "data": 3, "runtime.checkpointing": 3,
-          "runtime": 4, "inference": 5, "interop": 5, "config": 6, "tools": 7}
+LAYERS = {"errors": 0, "models.decoding": 1, "optim": 1, "models": 2,
+          "data.files": 3, "formats": 3, "runtime.process": 3,
+          "data": 4, "runtime.checkpointing": 4,
+          "runtime": 5, "inference": 6, "interop": 6, "config": 7, "tools": 8}
 SUB_ROOMS = {room for room in LAYERS if "." in room}
-COMMAND_LAYER = 8
+COMMAND_LAYER = 9
 ROOM_LINES = 3000
 FAMILY_NAMES = {"T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel"}
 

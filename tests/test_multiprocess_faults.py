@@ -12,7 +12,8 @@ import time
 import pytest
 
 import train_helpers as th
-from t5lite.runtime.process.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST
+from t5lite.runtime.process.distributed import EXIT_PEER_LOST
+from t5lite.runtime.process.join_deadline import EXIT_NOT_JOINED
 from t5lite.runtime.process.watchdog import EXIT_HUNG
 
 STEPS = 8

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from t5lite.runtime.process import distributed
-from t5lite.runtime.process.distributed import EXIT_NOT_JOINED, EXIT_PEER_LOST, PeerMonitor
+from t5lite.runtime.process import distributed, join_deadline
+from t5lite.runtime.process.distributed import EXIT_PEER_LOST, PeerMonitor
+from t5lite.runtime.process.join_deadline import EXIT_NOT_JOINED
 
 
 class FakeClient:
@@ -166,7 +167,7 @@ def _free_port():
 
 def test_a_process_that_cannot_join_ends_in_one_line(capfd):
     exits, coordinator = Exits(), FakeCoordinator()
-    distributed._end_unless_joined(1, threading.Event(), "127.0.0.1:%d" % _free_port(), 2, 4,
+    join_deadline.end_unless_joined(1, threading.Event(), "127.0.0.1:%d" % _free_port(), 2, 4,
                                    coordinator, exit=exits)
     assert exits.statuses == [EXIT_NOT_JOINED] and coordinator.terminated
     line = _stderr_line(capfd)
@@ -181,7 +182,7 @@ def test_a_coordinator_that_answers_is_told_apart(capfd):
         server.listen()
         address = "127.0.0.1:%d" % server.getsockname()[1]
         exits = Exits()
-        distributed._end_unless_joined(1, threading.Event(), address, 0, 2, exit=exits)
+        join_deadline.end_unless_joined(1, threading.Event(), address, 0, 2, exit=exits)
     assert exits.statuses == [EXIT_NOT_JOINED]
     assert f"the coordinator at {address} answers, but not all 2 processes joined" in \
         _stderr_line(capfd)
@@ -190,7 +191,7 @@ def test_a_coordinator_that_answers_is_told_apart(capfd):
 def test_joining_in_time_ends_nothing():
     joined, exits = threading.Event(), Exits()
     joined.set()
-    distributed._end_unless_joined(30, joined, "127.0.0.1:1", 1, 2, exit=exits)
+    join_deadline.end_unless_joined(30, joined, "127.0.0.1:1", 1, 2, exit=exits)
     assert exits.statuses == []
 
 

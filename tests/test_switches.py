@@ -214,3 +214,105 @@ def test_fp8_close_to_bf16_and_uses_f8(name, cfg):
     grad_hlo = jax.jit(jax.grad(lambda v: fp8_model.loss_fn(v, batch)[0])).lower(
         variables).compile().as_text()
     assert "f8e5m2" in grad_hlo  # output gradients quantized to e5m2
+
+
+# ------------------------------------------------------- the attention's mask and logits
+
+
+def _valid(cfg, batch):
+    """Where the logits count: a T5's non-padding targets, every decoder-only position."""
+    if isinstance(cfg, T5Config):
+        return np.asarray(batch["decoder_target_tokens"] > 0)
+    return np.ones(batch["decoder_target_tokens"].shape, bool)
+
+
+@pytest.mark.parametrize("impl", ["xla", "dot_product"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_attention_mask_as_lengths_same_logits(reference, impl, packed):
+    """ATTENTION_MASK='lengths' (ids to each layer; jax.nn takes sequence lengths and a
+    causal flag when nothing is packed) computes the dense mask's function."""
+    cfg, params = reference
+    batch = batch_for(cfg, packed)
+    expected = np.asarray(make_model(cfg).logits(params, batch))
+    cfg2 = dataclasses.replace(cfg, attention_impl=impl, attention_mask="lengths")
+    got = np.asarray(make_model(cfg2).logits(params, batch))
+    valid = _valid(cfg, batch)
+    np.testing.assert_allclose(got[valid], expected[valid], atol=1e-5, rtol=0)
+
+
+def test_attention_mask_as_lengths_same_loss_and_grads():
+    params = make_model(T5_TINY).init(jax.random.PRNGKey(0))
+    batch = t5_batch()
+    cfg2 = dataclasses.replace(T5_TINY, attention_impl="dot_product", attention_mask="lengths")
+    loss, grads = jax.value_and_grad(lambda p: make_model(T5_TINY).loss_fn(p, batch)[0])(params)
+    loss2, grads2 = jax.value_and_grad(lambda p: make_model(cfg2).loss_fn(p, batch)[0])(params)
+    np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
+                           grads2, grads)
+
+
+def _jax_nn_calls(monkeypatch, cfg, batch, params):
+    """The keyword arguments of each jax.nn.dot_product_attention call of one forward."""
+    calls, original = [], jax.nn.dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(jax.nn, "dot_product_attention", recording)
+        make_model(cfg).logits(params, batch)
+    return calls
+
+
+def test_attention_mask_as_lengths_reaches_jax_nn_as_lengths(monkeypatch):
+    """No boolean mask reaches jax.nn (which would turn it into a [batch, heads, q, k]
+    bias) unless the batch is packed: the encoder and cross-attention get lengths, the
+    decoder's self-attention lengths and is_causal."""
+    cfg = dataclasses.replace(T5_TINY, attention_impl="dot_product", attention_mask="lengths")
+    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    calls = _jax_nn_calls(monkeypatch, cfg, t5_batch(), params)
+    layers = cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
+    assert len(calls) == layers and all(c["mask"] is None for c in calls)
+    assert sum(bool(c["is_causal"]) for c in calls) == cfg.num_decoder_layers
+    lengths = [(np.asarray(c["query_seq_lengths"]).tolist(),
+                np.asarray(c["key_value_seq_lengths"]).tolist()) for c in calls]
+    assert set(map(str, lengths)) == {str(([20, 14, 20], [20, 14, 20])),  # encoder
+                                      str(([12, 7, 12], [12, 7, 12])),    # decoder self
+                                      str(([12, 7, 12], [20, 14, 20]))}   # cross
+    packed = _jax_nn_calls(monkeypatch, cfg, t5_batch(packed=True), params)
+    assert len(packed) == layers
+    assert all(c["mask"] is not None and "query_seq_lengths" not in c for c in packed)
+    dense = _jax_nn_calls(monkeypatch, dataclasses.replace(cfg, attention_mask="dense"),
+                          t5_batch(), params)
+    assert len(dense) == layers and all(c["mask"] is not None for c in dense)
+
+
+def _score_tensors(cfg, batch, params):
+    """{dtype: count} of the attention-score-shaped tensors ([batch, heads, group, q, k])
+    that dot_general makes in the gradient program lowered for CUDA."""
+    from t5lite.tools import program_account
+    model = make_model(cfg)
+    lowered = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch)[0])).trace(params).lower(
+        lowering_platforms=("cuda",))
+    report = program_account.account(lowered.compiler_ir("stablehlo"), top=10_000)
+    counts = {}
+    for t in report["largest"]:
+        if len(t["shape"]) == 5 and "stablehlo.dot_general" in t["ops"]:
+            counts[t["dtype"]] = counts.get(t["dtype"], 0) + t["ops"]["stablehlo.dot_general"]
+    return counts
+
+
+def test_bfloat16_attention_logits_close_and_no_float32_scores(reference):
+    """ATTENTION_LOGITS_DTYPE='bfloat16': scores, bias and softmax in bf16 (T5X's GPU
+    runs): close to float32 scores, and no float32 score tensor in the program."""
+    cfg, params = reference
+    batch = batch_for(cfg)
+    bf16 = dataclasses.replace(cfg, dtype="bfloat16")
+    f32_scores = np.asarray(make_model(bf16).logits(params, batch))
+    cfg2 = dataclasses.replace(bf16, attention_logits_dtype="bfloat16")
+    got = np.asarray(make_model(cfg2).logits(params, batch))
+    scale, err = np.abs(f32_scores).max(), np.abs(got - f32_scores).max()
+    assert 0 < err < 0.05 * scale, (err, scale)
+    assert _score_tensors(bf16, batch, params).get("f32", 0) > 0
+    assert _score_tensors(cfg2, batch, params).get("f32", 0) == 0

@@ -2,8 +2,9 @@
 grouped-query `Attention` module with its KV cache and fused-kernel paths.
 
 Shapes use the logical axis names of `t5lite.models.layers` (`batch`, `q_length`,
-`kv_length`, `heads`, `kv`, `embed`, `stack`, `relpos_buckets`); masks are
-[batch, 1, q_length, kv_length] booleans (True: attend).
+`kv_length`, `heads`, `kv`, `embed`, `stack`, `relpos_buckets`); masks
+(`t5lite.models.masks`) are [batch, 1, q_length, kv_length] booleans (True: attend) or
+`MaskIds`, which each kernel turns into what it takes.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from jax.ad_checkpoint import checkpoint_name
 from t5lite.models import te_backend
 from t5lite.models.layers import Dense, Layout
 from t5lite.models.lora import LoraSpec
+from t5lite.models.masks import NEG_INF, MaskIds, as_dense
 
 Array = jax.Array
-NEG_INF = -1e10  # added to masked attention logits (float32)
 
 
 def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
@@ -93,29 +94,6 @@ def apply_rope(x: Array, positions: Array, theta: float) -> Array:
     return (xf * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-# ----------------------------------------------------------------------------- masks
-
-
-def attention_mask(q_valid: Array, k_valid: Array, causal: bool = False,
-                   q_segments: Optional[Array] = None,
-                   k_segments: Optional[Array] = None) -> Array:
-    """Boolean mask [batch, 1, q, k] from validity [batch, q] / [batch, k], optional
-    causality and packed-segment ids (attention only within one segment)."""
-    mask = q_valid[:, None, :, None] & k_valid[:, None, None, :]
-    if causal:
-        q_len, k_len = q_valid.shape[1], k_valid.shape[1]
-        mask = mask & jnp.asarray(np.tril(np.ones((q_len, k_len), bool)))[None, None]
-    if q_segments is not None and k_segments is not None:
-        mask = mask & (q_segments[:, None, :, None] == k_segments[:, None, None, :])
-    return mask
-
-
-def decode_mask(q_positions: Array, k_length: int) -> Array:
-    """Causal mask for decoding against a KV cache: query at position p (q_positions
-    [batch, q]) sees cache slots 0..p. Returns bool [batch, 1, q, k_length]."""
-    return (jnp.arange(k_length)[None, None, :] <= q_positions[:, :, None])[:, None]
-
-
 # ----------------------------------------------------------------------------- attention
 
 
@@ -124,7 +102,9 @@ class Attention(nn.Module):
 
     x_q: [batch, q_length, embed] (or [q_length, batch, embed] in the SB layout);
     x_kv: same with kv_length; bias: float32 [1|batch, heads, q, k] or None;
-    mask: bool [batch, 1, q, k] or None. Returns the same layout as x_q.
+    mask: bool [batch, 1, q, k], `MaskIds` or None. Returns the same layout as x_q.
+    `logits_dtype`: the einsum path's scores, bias and softmax (float32, or bfloat16 as
+    T5X's GPU runs computed them).
 
     With `decode=True` the module keeps a KV cache in the flax collection "cache":
     `cached_key` / `cached_value` [batch, max_length, kv_heads, kv] ([max_length, batch,
@@ -158,6 +138,7 @@ class Attention(nn.Module):
     dropout_rate: float = 0.0
     deterministic: bool = True
     attention_impl: str = "xla"
+    logits_dtype: jnp.dtype = jnp.float32
     causal: bool = False  # a causal self-attention (its mask is causal; TE must know it)
     rope_theta: Optional[float] = None
     decode: bool = False
@@ -218,9 +199,9 @@ class Attention(nn.Module):
         k = lay.constrain(k, "heads", "kv")
         v = lay.constrain(v, "heads", "kv")
         if self.attention_impl == "xla" or self.decode:
-            out = self._einsum_attention(q, k, v, bias, mask)
+            out = self._einsum_attention(q, k, v, bias, as_dense(mask))
         elif self.attention_impl == "te":
-            out = self._te_attention(q, k, v, bias, mask)
+            out = self._te_attention(q, k, v, bias, as_dense(mask))
         else:
             out = self._jax_nn_attention(q, k, v, bias, mask)
         out = lay.constrain(out, "heads", "kv")
@@ -261,18 +242,21 @@ class Attention(nn.Module):
         return ck.value, cv.value
 
     def _einsum_attention(self, q, k, v, bias, mask):
-        """Plain XLA attention; softmax in float32. q [.., h, d], k/v [.., hkv, d]."""
+        """Plain XLA attention; scores and softmax in `logits_dtype`. q [.., h, d], k/v
+        [.., hkv, d]."""
         h, hkv = self.num_heads, self.num_kv_heads
         g = h // hkv
         bl = "lb" if self.layout.transposed else "bl"
         qs = bl.replace("l", "q")
         ks = bl.replace("l", "k")
         q = q.reshape(q.shape[:-2] + (hkv, g, self.head_dim))
-        logits = jnp.einsum(f"{qs}hgd,{ks}hd->bhgqk", q, k,
-                            preferred_element_type=jnp.float32) * self.logits_scale
+        dtype = jnp.dtype(self.logits_dtype)
+        logits = jnp.einsum(f"{qs}hgd,{ks}hd->bhgqk", q, k, preferred_element_type=dtype)
+        if self.logits_scale != 1.0:
+            logits = logits * jnp.asarray(self.logits_scale, dtype)
         b, _, _, ql, kl = logits.shape
         if bias is not None:
-            logits = logits + bias.reshape(bias.shape[0], hkv, g, ql, kl).astype(jnp.float32)
+            logits = logits + bias.reshape(bias.shape[0], hkv, g, ql, kl).astype(dtype)
         if mask is not None:
             logits = jnp.where(mask[:, :, None], logits, NEG_INF)
         probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
@@ -283,13 +267,21 @@ class Attention(nn.Module):
 
     def _jax_nn_attention(self, q, k, v, bias, mask):
         """`jax.nn.dot_product_attention` ("cudnn": cuDNN flash attention on GPU;
-        "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv]."""
+        "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv].
+        A `MaskIds` without packed segments goes as sequence lengths and a causal flag (a
+        boolean mask would become a [batch, heads, q, k] bias inside jax)."""
         if self.layout.transposed:
             q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
         impl = "cudnn" if self.attention_impl == "cudnn" else None
+        by_ids = {}
+        if isinstance(mask, MaskIds) and not mask.packed:
+            q_lengths, k_lengths = mask.lengths()
+            by_ids = dict(is_causal=mask.causal, query_seq_lengths=q_lengths,
+                          key_value_seq_lengths=k_lengths)
+            mask = None
         out = jax.nn.dot_product_attention(
-            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-            scale=self.logits_scale, implementation=impl)
+            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=as_dense(mask),
+            scale=self.logits_scale, implementation=impl, **by_ids)
         return jnp.swapaxes(out, 0, 1) if self.layout.transposed else out
 
     def _te_attention(self, q, k, v, bias, mask):

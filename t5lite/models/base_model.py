@@ -115,7 +115,17 @@ class BaseModel:
     def init_boxed(self, rng: jax.Array, batch_size: int = 1,
                    lengths: Optional[Mapping[str, int]] = None):
         """Variables with their logical-axis metadata (flax `Partitioned` boxes)."""
-        return self.module.init({"params": rng}, **self.dummy_batch(batch_size, lengths))
+        cfg = self._init_config()
+        module = self.module if cfg is self.config else self.NETWORK(cfg)
+        return module.init({"params": rng}, **self.dummy_batch(batch_size, lengths))
+
+    def _init_config(self, **changes):
+        """The config whose network draws this model's variables: the same parameters,
+        with attention that traces on any machine (jax looks for cuDNN as it traces
+        ATTENTION_IMPL='cudnn'; jax.nn's attention has the einsum's parameters)."""
+        if self.config.attention_impl in ("dot_product", "cudnn"):
+            changes.setdefault("attention_impl", "xla")
+        return dataclasses.replace(self.config, **changes) if changes else self.config
 
     def init(self, rng: jax.Array, batch_size: int = 1,
              lengths: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
@@ -132,7 +142,7 @@ class BaseModel:
         cfg = self.config
         if cfg.scan_layers or self._uses_te():
             return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
-        stacked_cfg = dataclasses.replace(cfg, scan_layers=True, remat_policy="none")
+        stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
         boxed = self.NETWORK(stacked_cfg).init({"params": rng},
                                                **self.dummy_batch(batch_size, lengths))
         return layouts.convert_params(nn.meta.unbox(boxed), stacked_cfg, cfg)

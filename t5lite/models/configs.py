@@ -58,6 +58,7 @@ from t5lite.models import lora
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
 ATTENTION_IMPLS = ("xla", "dot_product", "cudnn", "te")
+ATTENTION_MASKS = ("dense", "lengths")
 FP8_BACKENDS = ("native", "te")
 FP8_RECIPES = ("delayed", "current")
 PRECISIONS = ("bf16", "fp8")
@@ -85,6 +86,12 @@ class Switches:
     remat_policy: str = _switch("none", "REMAT_POLICY")
     scan_layers: bool = _switch(False, "SCAN_LAYERS")
     attention_impl: str = _switch("xla", "ATTENTION_IMPL")
+    # the attention scores' dtype ('float32', or 'bfloat16' as T5X's GPU runs used) and
+    # how padding, packing and causality reach the attention: 'dense', one [batch, 1, q, k]
+    # boolean mask a stack, or 'lengths', each layer's kernel takes the ids themselves
+    # (jax.nn / cuDNN: sequence lengths and a causal flag; `attention.MaskIds`)
+    attention_logits_dtype: str = _switch("float32", "ATTENTION_LOGITS_DTYPE")
+    attention_mask: str = _switch("dense", "ATTENTION_MASK")
     # low-rank adapters (`t5lite.models.lora`): rank 0 / None is off; alpha / rank scales
     # them; targets name projections (query, key, value, out, wi | wi_0, wi_1, wo)
     lora_rank: Optional[int] = _switch(0, "LORA_RANK")
@@ -213,6 +220,8 @@ def _check_switches(cfg) -> None:
                          f"{rate!r}")
     for name, allowed in (("remat_policy", REMAT_POLICIES), ("attention_impl", ATTENTION_IMPLS),
                           ("fp8_backend", FP8_BACKENDS), ("fp8_recipe", FP8_RECIPES),
+                          ("attention_logits_dtype", ("float32", "bfloat16")),
+                          ("attention_mask", ATTENTION_MASKS),
                           ("dtype", ("bfloat16", "float32", "float16"))):
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{macros[name]} ({name}) must be one of {', '.join(allowed)}; "

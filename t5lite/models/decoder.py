@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
-from t5lite.models.attention import Attention, attention_mask, decode_mask
+from t5lite.models.attention import Attention
+from t5lite.models.masks import attention_mask, decode_mask, make_mask
 from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
@@ -47,6 +48,7 @@ class DecoderOnlyLayer(nn.Module):
             dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=fp8_mode(c),
             logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl, causal=True,
+            logits_dtype=jnp.dtype(c.attention_logits_dtype),
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
             decode=self.decode, lora=lora.spec(c), name="self_attention")(
                 h, h, None, mask, positions, positions)
@@ -119,10 +121,14 @@ class DecoderOnly(nn.Module):
                 mask = mask | (prefix[:, None, :, None] & keys[:, None, None, :])
         else:
             valid = jnp.ones((batch, length), bool)
-            mask = attention_mask(valid, valid, True, decoder_segment_ids, decoder_segment_ids)
-            if prefix is not None:
-                mask = mask | attention_mask(prefix, prefix, False, decoder_segment_ids,
-                                             decoder_segment_ids)
+            if prefix is None:
+                mask = make_mask(c.attention_mask, valid, valid, True, decoder_segment_ids,
+                                 decoder_segment_ids)
+            else:  # a prefix LM: causal or within the prefix, only as a dense mask
+                mask = (attention_mask(valid, valid, True, decoder_segment_ids,
+                                       decoder_segment_ids)
+                        | attention_mask(prefix, prefix, False, decoder_segment_ids,
+                                         decoder_segment_ids))
         x = self.token_embedder(lay.to_internal(decoder_input_tokens))
         positions = lay.to_internal(decoder_positions)
         if c.position_embedding == "learned":

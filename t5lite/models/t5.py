@@ -16,8 +16,8 @@ import jax.numpy as jnp
 
 from t5lite.models import lora
 from t5lite.models.configs import T5Config
-from t5lite.models.attention import (Attention, RelativePositionBias, attention_mask,
-                                     decode_mask)
+from t5lite.models.attention import Attention, RelativePositionBias
+from t5lite.models.masks import attention_mask, decode_mask, make_mask
 from t5lite.models.layers import MLP, Dense, Embed, Layout, RMSNorm, get_dtype
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
@@ -48,7 +48,8 @@ class _T5Layer(nn.Module):
             fuse_qkv=c.fuse_qkv, fp8=fp8_mode(c), logits_scale=1.0,
             query_init_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl,
-            causal=causal, decode=self.decode, lora=lora.spec(c), name=name)
+            logits_dtype=jnp.dtype(c.attention_logits_dtype), causal=causal,
+            decode=self.decode, lora=lora.spec(c), name=name)
 
     def mlp(self) -> MLP:
         c = self.cfg
@@ -112,7 +113,7 @@ class Encoder(nn.Module):
         bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
                                     bidirectional=True, name="relpos_bias")(length, length)
         valid = tokens > 0
-        mask = attention_mask(valid, valid, False, segment_ids, segment_ids)
+        mask = make_mask(c.attention_mask, valid, valid, False, segment_ids, segment_ids)
         x = run_layers(EncoderLayer, c.num_encoder_layers, x, (bias, mask), scan=c.scan_layers,
                        remat=c.remat_policy, cfg=c, deterministic=deterministic)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="encoder_norm")(x)
@@ -155,10 +156,10 @@ class Decoder(nn.Module):
         else:
             valid = (decoder_target_tokens > 0 if decoder_target_tokens is not None
                      else jnp.ones(decoder_input_tokens.shape, bool))
-            self_mask = attention_mask(valid, valid, True, decoder_segment_ids,
-                                       decoder_segment_ids)
-            cross_mask = attention_mask(valid, encoder_tokens > 0, False, decoder_segment_ids,
-                                        encoder_segment_ids)
+            self_mask = make_mask(c.attention_mask, valid, valid, True, decoder_segment_ids,
+                                  decoder_segment_ids)
+            cross_mask = make_mask(c.attention_mask, valid, encoder_tokens > 0, False,
+                                   decoder_segment_ids, encoder_segment_ids)
             bias = relpos(length, length)
         x = _dropout(c, self.embedder(lay.to_internal(decoder_input_tokens)), deterministic)
         x = lay.constrain(x, "embed")

@@ -272,6 +272,12 @@ class PartitionedFunction:
         with self._partitioner.context():
             return self._jitted.lower(*args, **kwargs)
 
+    def lower_for(self, platform: str, *args):
+        """The program lowered for `platform` ("cuda", say) whatever this machine has: its
+        StableHLO can be read, not compiled, here."""
+        with self._partitioner.context():
+            return self._jitted.trace(*args).lower(lowering_platforms=(platform,))
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshSettings:

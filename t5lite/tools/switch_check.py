@@ -33,6 +33,8 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "float32": {"dtype": "float32"},
     "dot_product": {"attention_impl": "dot_product"},
     "cudnn": {"attention_impl": "cudnn"},
+    "cudnn_lengths": {"attention_impl": "cudnn", "attention_mask": "lengths"},
+    "bf16_logits": {"attention_logits_dtype": "bfloat16"},
     "fused_qkv": {"fuse_qkv": True},
     "transpose_bs": {"transpose_bs": True},
     "scan_layers": {"scan_layers": True},

@@ -22,9 +22,10 @@ would end every other process with JAX's abort before any Python runs. Process 0
 it instead as a process of its own (`runtime/process/coordinator.py`, the same service, where
 JAX would bind it), so that process 0 is lost like any other.
 
-**Leaving.** A process records its exit status, then shuts its JAX client down. Process 0
-leaves last (waiting at most peer_timeout + 60 s for the others), then ends the service;
-after reporting a loss it does the same once the other survivors have gone.
+**Leaving.** A process records its exit status, then shuts its JAX client down, once
+(`_shutdown_within`: the main thread and the watcher may both leave; JAX aborts a second
+disconnect). Process 0 leaves last (waiting at most peer_timeout + 60 s for the others),
+then ends the service; after reporting a loss it does the same once the others have gone.
 Not covered: the loss of process 0's whole host, which takes the service with it (the
 others then abort with JAX's message, status 134); a scheduler restarts the job all the
 same.
@@ -45,11 +46,11 @@ import jax
 
 from t5lite.errors import ConfigError
 from t5lite.errors import background_reports
+from t5lite.runtime.process import join_deadline
 
 log = logging.getLogger(__name__)
 
 EXIT_PEER_LOST = 4
-EXIT_NOT_JOINED = 5
 _KEY = "t5lite"
 
 
@@ -94,7 +95,7 @@ def join(settings: DistributedSettings) -> None:
         own_service = dict(coordinator_bind_address=f"127.0.0.1:{_spare_port()}")  # unused
     # JAX's own limit is a C++ abort: this process's ends it first, in one line
     joined = threading.Event()
-    threading.Thread(target=_end_unless_joined, daemon=True, name="t5lite-join",
+    threading.Thread(target=join_deadline.end_unless_joined, daemon=True, name="t5lite-join",
                      args=(settings.join_timeout_seconds, joined, address, index, count,
                            coordinator)).start()
     jax.distributed.initialize(coordinator_address=address, num_processes=count,
@@ -153,42 +154,6 @@ def _spare_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _end_unless_joined(timeout: int, joined: threading.Event, address: Optional[str],
-                       index: Optional[int], count: Optional[int],
-                       coordinator: Optional[subprocess.Popen] = None,
-                       exit: Callable[[int], None] = os._exit) -> None:
-    """After `timeout` s without `joined`: one line, the coordinator's process ended (its
-    port free for the next try), EXIT_NOT_JOINED."""
-    if joined.wait(timeout):
-        return
-    address = address or "the auto-detected coordinator"
-    index = "?" if index is None else index
-    count = "?" if count is None else count
-    if _answers(address):
-        why = (f"the coordinator at {address} answers, but not all {count} processes joined "
-               f"it (one did not start, or was given another --coordinator_address or "
-               f"--process_count)")
-    else:
-        why = (f"nothing answers at {address} (a wrong --coordinator_address, or process 0 "
-               f"did not start)")
-    os.write(2, (f"error: process {index} of {count} did not join the run within "
-                 f"{timeout}s: {why}. Nothing was trained or saved; fix it and start every "
-                 f"process again (--join_timeout_seconds waits longer)\n").encode())
-    if coordinator is not None:
-        coordinator.terminate()
-    exit(EXIT_NOT_JOINED)
-
-
-def _answers(address: str) -> bool:
-    """Whether a TCP connection to HOST:PORT opens within 2 s."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def watching() -> bool:
@@ -256,10 +221,8 @@ _shutdown_thread: Optional[threading.Thread] = None
 
 
 def _shutdown_within(seconds: float) -> None:
-    """jax.distributed.shutdown(), given up after `seconds` (it talks to the service).
-    Once per process: the main thread's `leave` and the watcher's loss line may both get
-    here, and a second disconnect of the same task makes JAX's client abort the process
-    (SIGABRT, status 134, instead of the status the first caller meant)."""
+    """jax.distributed.shutdown() once a process (a second call: SIGABRT), given up after
+    `seconds` (it talks to the service)."""
     global _shutdown_thread
     with _shutdown_lock:
         if _shutdown_thread is None:

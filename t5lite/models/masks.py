@@ -1,0 +1,85 @@
+"""Attention masks: which keys each query attends to (True: attend).
+
+Two forms, chosen by the ATTENTION_MASK switch (`make_mask`):
+
+- 'dense': a boolean [batch, 1, q_length, kv_length] array, built once a stack and read
+  by every layer (`attention_mask`; `decode_mask` for decoding against a KV cache);
+- 'lengths': `MaskIds`, the ids the mask is made of (validity [batch, q_length] /
+  [batch, kv_length], packed-segment ids or None, causality). Each layer's attention
+  builds what its kernel takes from them: the einsum path the same boolean inside its
+  softmax's fusion, `jax.nn.dot_product_attention` (cuDNN) sequence lengths and a causal
+  flag when nothing is packed, so no [batch, heads, q, k] bias is ever made from a mask.
+
+Lengths assume every row's valid tokens come first (right padding), as t5lite's
+batches always have them; a packed batch keeps its segment ids (dense inside the layer).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+NEG_INF = -1e10  # added to masked attention logits
+
+
+def attention_mask(q_valid: Array, k_valid: Array, causal: bool = False,
+                   q_segments: Optional[Array] = None,
+                   k_segments: Optional[Array] = None) -> Array:
+    """Boolean mask [batch, 1, q, k] from validity [batch, q] / [batch, k], optional
+    causality and packed-segment ids (attention only within one segment)."""
+    mask = q_valid[:, None, :, None] & k_valid[:, None, None, :]
+    if causal:
+        q_len, k_len = q_valid.shape[1], k_valid.shape[1]
+        mask = mask & jnp.asarray(np.tril(np.ones((q_len, k_len), bool)))[None, None]
+    if q_segments is not None and k_segments is not None:
+        mask = mask & (q_segments[:, None, :, None] == k_segments[:, None, None, :])
+    return mask
+
+
+def decode_mask(q_positions: Array, k_length: int) -> Array:
+    """Causal mask for decoding against a KV cache: query at position p (q_positions
+    [batch, q]) sees cache slots 0..p. Returns bool [batch, 1, q, k_length]."""
+    return (jnp.arange(k_length)[None, None, :] <= q_positions[:, :, None])[:, None]
+
+
+@flax.struct.dataclass
+class MaskIds:
+    """A mask as the ids it is made of (ATTENTION_MASK='lengths'); a pytree, so it passes
+    through scanned and rematerialized layers like the dense mask."""
+
+    q_valid: Array                       # [batch, q_length] bool
+    k_valid: Array                       # [batch, kv_length] bool
+    q_segments: Optional[Array] = None   # [batch, q_length] packed-segment ids, or None
+    k_segments: Optional[Array] = None   # [batch, kv_length]
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def dense(self) -> Array:
+        """The same mask as `attention_mask` builds: bool [batch, 1, q, k]."""
+        return attention_mask(self.q_valid, self.k_valid, self.causal, self.q_segments,
+                              self.k_segments)
+
+    @property
+    def packed(self) -> bool:
+        return self.q_segments is not None and self.k_segments is not None
+
+    def lengths(self):
+        """(query lengths, key lengths), int32 [batch] each: the valid tokens a row."""
+        return (jnp.sum(self.q_valid, axis=-1, dtype=jnp.int32),
+                jnp.sum(self.k_valid, axis=-1, dtype=jnp.int32))
+
+
+def make_mask(kind: str, q_valid: Array, k_valid: Array, causal: bool = False,
+              q_segments: Optional[Array] = None, k_segments: Optional[Array] = None):
+    """The mask in the form ATTENTION_MASK names ('dense' | 'lengths')."""
+    if kind == "lengths":
+        return MaskIds(q_valid, k_valid, q_segments, k_segments, causal)
+    return attention_mask(q_valid, k_valid, causal, q_segments, k_segments)
+
+
+def as_dense(mask):
+    """A dense boolean mask (or None) from either form."""
+    return mask.dense() if isinstance(mask, MaskIds) else mask
