@@ -19,12 +19,14 @@ CHANCE = 100.0 / 3
 
 
 def _pretrain(cwd, *extra):
-    return th.run([sys.executable, "-m", "t5lite.train", *extra], cwd=cwd, timeout=600)
+    return th.run([sys.executable, "-m", "t5lite.train", *extra], cwd=cwd, timeout=600,
+                  extra_env=th.optimized())
 
 
 def _finetune(cwd, *extra):
     return th.run([sys.executable, "-m", "t5lite.train",
-                   "--gin_file=configs/demo_finetune.gin", *extra], cwd=cwd, timeout=600)
+                   "--gin_file=configs/demo_finetune.gin", *extra], cwd=cwd, timeout=600,
+                  extra_env=th.optimized())
 
 
 def _losses(model_dir):
@@ -80,7 +82,7 @@ def test_demo_as_shipped(tmp_path):
     # t5lite.eval with configs/demo_eval.gin on the finetuned MODEL_DIR (its step 300)
     # reproduces the in-training evaluation.
     proc = th.run([sys.executable, "-m", "t5lite.eval", "--gin_file=configs/demo_eval.gin"],
-                  cwd=tmp_path, timeout=600)
+                  cwd=tmp_path, timeout=600, extra_env=th.optimized())
     assert proc.returncode == 0, th.describe(proc)
     summary = json.loads((demo / "mnli_eval" / "metrics.json").read_text())
     assert summary["step"] == 300
@@ -90,7 +92,8 @@ def test_demo_as_shipped(tmp_path):
     inputs.write_text("mnli hypothesis: Ada never built any boat. premise: Ada the pilot "
                       "built a red boat by the lake.\n")
     proc = th.run([sys.executable, "-m", "t5lite.infer", "--gin_file=configs/demo_infer.gin",
-                   f'--gin.INPUT_FILE="{inputs}"'], cwd=tmp_path, timeout=600)
+                   f'--gin.INPUT_FILE="{inputs}"'], cwd=tmp_path, timeout=600,
+                  extra_env=th.optimized())
     assert proc.returncode == 0, th.describe(proc)
     rows = [json.loads(l) for l in (demo / "infer" / "predictions.jsonl").open()]
     assert [r["prediction"] for r in rows] == ["contradiction"]

@@ -112,6 +112,8 @@ def test_a_lost_process_ends_the_other_in_one_line_and_the_run_resumes(fault, vi
         assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the "
                              f"same command (every process) to resume from it"), line
     assert th.complete_steps(model_dir) == [4]
+    if fault != "SIGKILL":  # the same committed step 4 as a kill leaves: its resume, once
+        return              # for each victim, below, proves what resuming it gives
 
     _run_pair(model_dir, tmp_path / "resumed")
     assert "start: resume:4 at step 4" in th.read_log(tmp_path / "resumed" / "p0.log")

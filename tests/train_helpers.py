@@ -44,6 +44,12 @@ DEFAULT_TIMEOUT = 420
 # ----------------------------------------------------------------------------- processes
 
 
+def optimized(devices: int = 1) -> Dict[str, str]:
+    """XLA_FLAGS for a subprocess that runs many steps: `devices` fake host devices,
+    without the tests' fast-compile flags (conftest.FAST_COMPILE)."""
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={int(devices)}"}
+
+
 def env(devices: int = 1, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The environment of a CPU subprocess with `devices` fake host devices."""
     out = dict(os.environ)
