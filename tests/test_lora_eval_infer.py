@@ -1,7 +1,7 @@
 """`t5lite.eval` and `t5lite.infer` on a LoRA checkpoint (tiny LLaMA, MNLI fixture): both
-read its base and adapters and run them unmerged, and predict the same; without the
-LORA_* settings both are refused in one line, and so is another LORA_ALPHA. Runs call
-`main(argv)` in this process."""
+read its base and adapters, merge them (the base network runs), and predict the same;
+without the LORA_* settings both are refused in one line, and so is another LORA_ALPHA.
+Runs call `main(argv)` in this process."""
 from __future__ import annotations
 
 import json
@@ -60,6 +60,8 @@ def test_eval_and_infer_run_a_lora_checkpoint_alike(tmp_path, tmp_path_factory, 
         assert "LORA_ALPHA=16" in line and "LORA_ALPHA=32" in line, line
         assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + LLAMA_LORA
                                 + task + shared + [f'--gin.OUTPUT_DIR="{out / "e"}"']) == 0
+        assert ("rank 4 adapters on query, value, out merged into the base for inference"
+                in capsys.readouterr().err)
         evaluated = [json.loads(l) for l in
                      (out / "e" / "eval" / "mnli_predictions.jsonl").read_text().splitlines()]
         inputs = tmp_path / "inputs.txt"

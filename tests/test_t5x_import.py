@@ -142,6 +142,39 @@ def test_initial_checkpoint_path_at_a_t5x_checkpoint_finetunes_and_converts(env,
     capsys.readouterr()
 
 
+def test_a_lora_run_takes_its_frozen_base_from_a_t5x_checkpoint(env, tmp_path, capsys):
+    """LoRA (issue 41) from a T5X checkpoint: the base is T5X's weights, bit for bit,
+    after training; only the adapters moved; the base's fingerprint is recorded."""
+    import json
+    import train_helpers as th
+    from t5lite import train
+    from t5lite.config import parsing
+    from t5lite.formats import t5x_checkpoint, t5x_params
+    from t5lite.runtime.checkpointing import lora_restore
+    ckpt = _tiny_t5x_checkpoint(tmp_path)
+    run = tmp_path / "lora"
+    lora = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'wo']"]
+    assert train.main([f"--gin_file={tmp_path}/model.gin", "--gin_file=configs/finetune_mnli.gin",
+                       f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
+                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
+                       "--gin.BATCH_SIZE=8", "--gin.TRAIN_STEPS=2", "--gin.EVAL_PERIOD=None",
+                       "--gin.CHECKPOINT_PERIOD=2", "--gin.train.optimizer=@adamw()",
+                       "--gin.adamw.learning_rate=1e-2",
+                       "--gin.CheckpointSettings.async_save=False", *lora]) == 0
+    parsing.parse_gin([f"{tmp_path}/model.gin"])
+    start = th.flat(t5x_params.params_from_t5x(t5x_checkpoint.read_checkpoint(ckpt)["target"],
+                                               parsing.resolve_macro("MODEL")))
+    trained = th.flat(th.load_state(run, 2)["params"]["params"])
+    adapters = {k for k in trained if "lora_" in k}
+    assert adapters and set(trained) - adapters == set(start)
+    for name, value in start.items():
+        np.testing.assert_array_equal(trained[name], np.asarray(value, np.float32), name)
+    assert any(np.any(trained[k] != 0) for k in adapters if k.endswith("lora_b']"))
+    data = json.loads((th.checkpoints_dir(run) / "2" / "data" / "metadata").read_text())
+    assert data[lora_restore.KEY].startswith("sha256:")
+    capsys.readouterr()
+
+
 def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
     import shutil
     from t5lite import convert, train

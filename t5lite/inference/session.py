@@ -11,7 +11,8 @@ Batches given to `predict` / `score` may hold fewer than `batch_size` rows (the 
 batch of a split): they are padded with zero rows, and the padding rows are dropped from
 the outputs. Every process passes the whole (same) batch; each feeds its own rows to the
 global array and gets the whole result back. `DecodingSettings` carries the decoding
-macros (DECODING_METHOD, BEAM_SIZE, ALPHA, TEMPERATURE, TOP_K, TOP_P, SEED).
+macros (DECODING_METHOD, BEAM_SIZE, ALPHA, TEMPERATURE, TOP_K, TOP_P, SEED). A LoRA
+checkpoint loads merged (`merged_lora`): the base network runs, with no adapter matmul.
 
 Nothing here imports TensorFlow or SeqIO.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
@@ -26,10 +28,12 @@ import jax
 import numpy as np
 
 from t5lite.errors import ConfigError, check_number, check_positive_int
-from t5lite.models import decoding
+from t5lite.models import decoding, lora
 from t5lite.formats import checkpoint_files
-from t5lite.runtime.checkpointing import finetune_restore
+from t5lite.runtime.checkpointing import finetune_restore, lora_restore
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
+
+log = logging.getLogger(__name__)
 
 DECODER_NAMES = ("greedy", "beam_search", "sample")
 
@@ -230,5 +234,22 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
     partitioner = mesh.partitioner(model=model)
     partitioner.data_layout(batch_size)  # it divides over the data shards: before loading
     params = restore_params(model, checkpoint_path, partitioner)
+    model, params = merged_lora(model, params, partitioner)
     return Session(model, partitioner, params, int(batch_size), lengths, decoder,
                    checkpoint_files.checkpoint_step(checkpoint_path), seed)
+
+
+def merged_lora(model, variables, partitioner: Partitioner):
+    """(model, variables) for inference: a LoRA model's adapters folded into its kernels
+    (W + (alpha / r) B A, `lora.merge_lora`, on the devices, sharded as the base is) and
+    the base model that runs them, so decoding does the base network's work and no
+    adapter matmul; any other model as it is."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not lora.enabled(cfg):
+        return model, variables
+    base = lora_restore.base_model(model)
+    shardings = partitioner.tree_shardings(base.abstract_variables(), base.logical_axes())
+    merged = jax.jit(lambda v: lora.merge_lora(v, cfg)[0], out_shardings=shardings)(variables)
+    log.info("LoRA: rank %d adapters on %s merged into the base for inference",
+             cfg.lora_rank, ", ".join(cfg.lora_targets))
+    return base, merged
