@@ -70,11 +70,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = footprint.model_report(model, optimizer, inputs_length=args.inputs_length,
                                     targets_length=args.targets_length,
                                     seq_length=args.seq_length, optimizer_source=origin)
-    table = footprint.format_report(report, source)
-    if args.memory or args.account:
-        table += footprint.step_reports(
+    account = ""
+    if args.memory or args.account:  # fills report["step_memory"], ["program_account"]
+        account = footprint.step_reports(
             report, model, optimizer, devices, args.per_device_batch,
             memory_gib=args.device_memory_gib if args.memory else None, account=args.account)
+    table = footprint.format_report(report, source) + account
     if args.json:
         print(table, file=sys.stderr)
         print(json.dumps(report))
