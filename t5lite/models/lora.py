@@ -215,6 +215,11 @@ def _merge_tree(tree: Mapping[str, Any], scale: float, name: str = "") -> Dict[s
             for k, v in tree.items()}
 
 
+def base_config(cfg):
+    """The config with LoRA off: the base network under the adapters."""
+    return dataclasses.replace(cfg, lora_rank=0, lora_targets=())
+
+
 def merge_lora(params: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], Any]:
     """(params with W + (alpha / r) B A folded into every adapted kernel and the adapters
     removed, the config with LoRA off). `params`: a variables dict {"params": ..., ...}
@@ -222,7 +227,7 @@ def merge_lora(params: Mapping[str, Any], cfg) -> Tuple[Dict[str, Any], Any]:
     if not enabled(cfg):
         return dict(params), cfg
     scale = float(cfg.lora_alpha) / int(cfg.lora_rank)
-    off = dataclasses.replace(cfg, lora_rank=0, lora_targets=())
+    off = base_config(cfg)
     if "params" in params:
         return {**params, "params": _merge_tree(params["params"], scale)}, off
     return _merge_tree(params, scale), off

@@ -97,8 +97,7 @@ def check_adapters(stored: Optional[Adapters], cfg, where: str, what: str) -> No
 
 def base_model(model):
     """The model with LoRA off (the base network a checkpoint without adapters holds)."""
-    import dataclasses
-    return type(model)(dataclasses.replace(model.config, lora_rank=0, lora_targets=()))
+    return type(model)(lora.base_config(model.config))
 
 
 def restore_base(restore: Callable[..., Any], model, abstract_params: Mapping[str, Any],
@@ -189,8 +188,9 @@ def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Map
     """(what the run records beside its data position, None without LoRA: the base
     fingerprint and LORA_ALPHA; `data_state` without them) as a run starts from `source`
     (`checkpoints.restore_or_init`): a resumed LoRA run's base must fingerprint, and its
-    LORA_ALPHA be, as its checkpoint records, and so for the adapters of a LoRA run's
-    checkpoint given as INITIAL_CHECKPOINT_PATH (CheckpointMismatchError)."""
+    LORA_ALPHA be, as its checkpoint records; so must the base under the adapters of a
+    LoRA run's checkpoint given as INITIAL_CHECKPOINT_PATH, whose alpha
+    `finetune_restore` checked as it loaded them (CheckpointMismatchError)."""
     data = ({k: v for k, v in data_state.items() if k not in (KEY, ALPHA_KEY)}
             if data_state else data_state)
     cfg = getattr(model, "config", None)
@@ -206,10 +206,9 @@ def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Map
         from t5lite.formats.checkpoint_files import STATE_ITEM, resolve_item
         if not t5x_checkpoint.is_t5x_checkpoint(initial_checkpoint_path):
             item_dir, item = resolve_item(initial_checkpoint_path)
-            if item == STATE_ITEM:
-                where = f"INITIAL_CHECKPOINT_PATH {item_dir.parent}"
-                check_base(recorded(item_dir), now, where)
-                check_alpha(recorded(item_dir, ALPHA_KEY), cfg, where)
+            if item == STATE_ITEM:  # (its alpha: checked as its adapters loaded)
+                check_base(recorded(item_dir), now,
+                           f"INITIAL_CHECKPOINT_PATH {item_dir.parent}")
     return {KEY: now, ALPHA_KEY: float(cfg.lora_alpha)}, data
 
 
