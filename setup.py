@@ -40,6 +40,18 @@ RUNTIME = [
     "importlib_resources>=6.0",
 ]
 
+# Compiling for an H100 / H200 on a machine without a GPU (`python -m t5lite.info
+# --gpu=h200`, t5lite/tools/gpu_target.py): jax's CUDA plugin and PJRT of jax's own
+# version (cuda13-local: the plugin without NVIDIA's runtime libraries), ptxas (nvcc) and
+# libdevice (nvvm) for the kernels, cuDNN for the fused attention's trace. About 1.5 GB;
+# the test extra includes it, so CI compiles the tiny models for a GPU.
+GPU_AOT = [
+    "jax[cuda13-local]>=0.11.2,<0.13",
+    "nvidia-cuda-nvcc>=13.0.48",
+    "nvidia-nvvm>=13.0.48",
+    "nvidia-cudnn-cu13>=9.12,<10",
+]
+
 setup(
     name="t5lite",
     version="0.1.0",
@@ -62,7 +74,8 @@ setup(
             "torch==2.13.0",
             "transformers>=4.40",
             "safetensors>=0.4",
-        ],
+        ] + GPU_AOT,
+        "gpu-aot": GPU_AOT,
         "gpu": ["jax[cuda13]>=0.11.2,<0.13"],
         # NVIDIA Transformer Engine for JAX (FP8_BACKEND='te', ATTENTION_IMPL='te'; needs an
         # NVIDIA GPU, CUDA and `pip install --no-build-isolation`): the metapackage's jax

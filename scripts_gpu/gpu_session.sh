@@ -23,7 +23,13 @@
 #   proof.txt, results.md, profile.txt   the proof's, the grid's, the profile's own reports
 #   session.log      this script's lines (each phase's output is in its log in the archive)
 #   session.tar.gz   everything else: each grid configuration's JSON, every log, the
-#                    switch report, the profile and A/B JSONs
+#                    switch report, the profile and A/B JSONs, and gpu/: this GPU's XLA
+#                    target config (target_config.txtpb) and the autotune results of
+#                    every program each phase compiled (autotune_PHASE.textproto), which
+#                    later CPU-side compiles load (`info --gpu=gpu/target_config.txtpb
+#                    --autotune_results=...`, docs/performance.md)
+# Every grid row has the step-time predictor's time for the program the GPU compiled
+# ("pred ms", tools/step_time.py) beside the measured ones.
 # The proof runs the switch check beside its training runs (gpu_proof.sh SWITCH_PARALLEL).
 # Compiles are shared through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR and
 # T5LITE_COMPILATION_CACHE_DIR, both CACHE_DIR; emptied first unless KEEP_CACHE=1): the
@@ -56,7 +62,7 @@ large=${LARGE_RECIPE:-configs/large_pile_pretrain.gin}; large_batch=${LARGE_BATC
 inputs=${INPUTS:-512}; targets=${TARGETS:-128}
 deadline=${DEADLINE_S:-450}
 work=${WORK_DIR:-/tmp/t5lite_session}; cache=${CACHE_DIR:-/tmp/t5lite_compile_cache}
-mkdir -p "$out"; rm -rf "$work"; mkdir -p "$work/logs"
+mkdir -p "$out"; rm -rf "$work"; mkdir -p "$work/logs" "$work/gpu"
 [ "${KEEP_CACHE:-0}" = 1 ] || rm -rf "$cache"
 mkdir -p "$cache"
 export JAX_COMPILATION_CACHE_DIR=$cache T5LITE_COMPILATION_CACHE_DIR=$cache PYTHONUNBUFFERED=1
@@ -117,7 +123,7 @@ phase() {  # NAME CAP_S RESERVE_S MIN_S COMMAND...: COMMAND under `timeout` for 
 versions() {
   python3 -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda[0-9]+-(plugin|pjrt)|flax|optax|orbax-checkpoint|numpy|tensorstore|gin-config) "
   python3 - <<'PY'
-import importlib, importlib.metadata, jax
+import importlib, importlib.metadata, os, jax
 found = []
 for module, dist in [("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("optax", "optax"),
                      ("orbax.checkpoint", "orbax-checkpoint"), ("numpy", "numpy"),
@@ -129,6 +135,22 @@ for module, dist in [("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("o
         found.append(f"{dist}: {type(e).__name__}")
 print("imported:", ", ".join(found))
 print("devices:", jax.devices(), jax.devices()[0].device_kind)
+from t5lite.tools import gpu_target
+spec = gpu_target.local_target_config()
+if spec:
+    with open(f"{os.environ['work']}/gpu/target_config.txtpb", "w") as f:
+        f.write(spec)
+print("target config:", "saved to gpu/target_config.txtpb" if spec else "none (not a GPU)")
+# t5lite draws random bits with jax's threefry GPU kernel (partitioning.py): the same
+# bits as the hash XLA unrolls, checked here on this device
+import numpy as np
+from jax._src import config
+draws = []
+for kernel in (False, True):
+    with config.threefry_gpu_kernel_lowering(kernel):
+        draws.append(np.asarray(jax.jit(lambda k: jax.random.normal(k, (4096,)))(
+            jax.random.PRNGKey(7))))
+print("threefry kernel bits:", "equal" if np.array_equal(*draws) else "DIFFER")
 PY
   python3 -c "import transformer_engine.jax as t, importlib.metadata as m; print('transformer_engine: imports,', m.version('transformer_engine'))" 2>/dev/null \
     || echo "transformer_engine: does not import ($(python3 -c 'import transformer_engine.jax' 2>&1 | tail -1 | cut -c1-120))"
@@ -144,10 +166,14 @@ proof() {  # the switch check beside the training runs; it ends 15 s before the 
     "${PROOF_STEPS:-20}" "$inputs" "$targets"
 }
 
+autotune_to() {  # the XLA flag that dumps this process's autotune results to gpu/NAME
+  echo "--xla_gpu_dump_autotune_results_to=$work/gpu/autotune_$1.textproto"
+}
+
 grid_part() {  # OUT PATTERN...: the grid's runs matching a pattern, within PHASE_LIMIT
   local dest=$1 only=() pattern; shift
   for pattern in "$@"; do only+=("--only=$pattern"); done
-  python3 -m t5lite.bench --grid="$grid" --out_dir="$work/$dest" "${only[@]}" \
+  XLA_FLAGS="$XLA_FLAGS $(autotune_to "$dest")" python3 -m t5lite.bench --grid="$grid" --out_dir="$work/$dest" "${only[@]}" \
     --time_budget_s=$(( PHASE_LIMIT - 10 ))
 }
 
@@ -167,7 +193,7 @@ for r in bench_grid.load_grid(sys.argv[1]).runs:
 
 profile() {
   mkdir -p "$work/profile"
-  python3 -m t5lite.tools.profile_summary --gin_file="$large" --gin.BATCH_SIZE="$large_batch" \
+  XLA_FLAGS="$XLA_FLAGS $(autotune_to profile)" python3 -m t5lite.tools.profile_summary --gin_file="$large" --gin.BATCH_SIZE="$large_batch" \
     "$lengths" --gin.NUM_MICROBATCHES=1 --gin.FP8=False \
     --out="$work/profile/profile.txt" --json_out="$work/profile/profile.json"
 }
@@ -188,7 +214,7 @@ init_ab() {  # the initializer's compile, threefry's GPU kernel lowering off, th
 }
 
 # the phases run in `timeout`'s child shells
-export -f versions proof grid_part grid_tail profile init_ab
+export -f versions proof grid_part grid_tail profile init_ab autotune_to
 export work cache grid small large large_batch inputs targets lengths head_patterns
 read -ra head_list <<< "$head_patterns"  # (split, never globbed)
 proof_s=${PROOF_S:-150}; profile_s=${PROFILE_S:-60}; head_min=${HEAD_MIN_S:-150}

@@ -87,7 +87,8 @@ def _grid(work):
         rows += _json(f"{work}/{part}/summary.json") or []
     if not rows:
         return []
-    columns = ("run", "b/dev", "status", "step ms", "ahead ms", "seq/s", "TFLOP/s", "MFU",
+    columns = ("run", "b/dev", "status", "step ms", "ahead ms", "pred ms", "seq/s", "TFLOP/s",
+               "MFU",
                "peak GiB", "build s", "compile s", "init s", "cache")
     table = []
     for r in rows:
@@ -96,6 +97,8 @@ def _grid(work):
         table.append((r["run"], str(r["per_device_batch"]), r["status"],
                       f"{1000 * r['median_step_s']:.1f}" if ok else "",
                       "-" if not ok or ahead is None else f"{1000 * ahead:.1f}",
+                      "-" if not ok or r.get("predicted_step_s") is None
+                      else f"{1000 * r['predicted_step_s']:.1f}",
                       f"{r['seq_per_s'] / (r.get('device_count') or 1):.1f}" if ok else "",
                       "-" if not ok or r.get("tflops_per_device") is None
                       else f"{r['tflops_per_device']:.1f}",
@@ -112,7 +115,8 @@ def _grid(work):
         out.append(line)
     first = next((r for r in rows if r.get("status") == "ok"), None)
     head = "grid" + ("" if first is None else
-                     f" ({first.get('device_count')} x {first.get('device_kind')}; seconds: "
+                     f" ({first.get('device_count')} x {first.get('device_kind')}; pred: the step-time "
+                     f"predictor on the program this GPU compiled; seconds: "
                      f"build the run, compile the step, init = compile + run; cache: "
                      f"hits, misses):")
     return [head] + out

@@ -5,6 +5,7 @@
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
         [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32]
         [--account [--devices=1 --per_device_batch=32]] [--json]
+        [--gpu=h100|h200|TARGET.txtpb [--autotune_results=FILE]]
 
 Prints the exact parameter count, training model FLOPs (matmuls, fwd + bwd) and the
 bytes of float32 parameters plus the state of the optimizer the config binds (or
@@ -14,7 +15,10 @@ per-device memory XLA plans for it, with a plain answer for a --device_memory_gi
 With --account it lowers the train step for a GPU (CUDA; nothing compiled) and prints
 its biggest tensors and the bytes its operations write and read before fusion
 (`t5lite.tools.program_account`; --devices defaults to 1 there: shapes per device).
-With --json the table goes to stderr and a JSON dict to stdout.
+With --gpu (the gpu-aot extra) it compiles the step and initializer for that GPU on this
+machine: compile times, memory, kernels by model part and kind, a predicted step time
+(`tools.gpu_report`); with the extra, --memory compiles for a GPU (H100 unless --gpu)
+unless --cpu_compiler. With --json the table goes to stderr and a JSON dict to stdout.
 """
 from __future__ import annotations
 
@@ -23,10 +27,9 @@ import json
 import sys
 from typing import Optional, Sequence
 
-
 from t5lite.config import command, flags, parsing
 from t5lite.errors import ConfigError
-from t5lite.tools import benchmarking, footprint, step_memory
+from t5lite.tools import benchmarking, footprint, gpu_report, step_memory
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,8 +49,12 @@ def _parser() -> argparse.ArgumentParser:
                         "with --account alone: 1")
     parser.add_argument("--per_device_batch", type=int, help="with --memory: examples per "
                         "device (default: the config's BATCH_SIZE / --devices)")
-    parser.add_argument("--device_memory_gib", type=float, default=80.0,
-                        help="with --memory: memory of one device (H100: 80)")
+    parser.add_argument("--device_memory_gib", type=float, help="with --memory: memory "
+                        "of one device (default: the GPU's, or 80 as an H100's)")
+    parser.add_argument("--gpu", help="compile for this GPU here (h100, h200 or a target "
+                        "config file): kernels, bytes, memory, predicted step time")
+    parser.add_argument("--autotune_results", help="with --gpu: a GPU session's autotune file")
+    parser.add_argument("--cpu_compiler", action="store_true", help="--memory on CPUs")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, table on stderr")
     return parser
 
@@ -56,11 +63,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = flags.parse_flags(_parser(), argv)
     if not args.gin_file:
         raise ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
-    # a run config (configs/*_pile_pretrain.gin) leaves its run macros REQUIRED; info
-    # only needs the model, so unset ones get placeholders
+    # unset run macros (REQUIRED in configs/*_pile_pretrain.gin) get placeholders
     if args.devices is None:
         args.devices = 8 if args.memory else 1
-    devices = step_memory.cpu_devices(args.devices) if args.memory or args.account else None
+    gpu = gpu_report.gpu_for(args.gpu, args.memory and not args.cpu_compiler)
+    devices = (gpu_report.devices(gpu, args.devices) if gpu else step_memory.cpu_devices(
+        args.devices) if args.memory or args.account else None)
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
                       placeholders=parsing.RUN_PLACEHOLDERS)
     command.start_compilation_cache()  # --memory compiles the train step
@@ -70,11 +78,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = footprint.model_report(model, optimizer, inputs_length=args.inputs_length,
                                     targets_length=args.targets_length,
                                     seq_length=args.seq_length, optimizer_source=origin)
-    account = ""
+    account = ""  # the tables after the model's
     if args.memory or args.account:  # fills report["step_memory"], ["program_account"]
+        memory_gib = args.device_memory_gib or gpu_report.memory_gib(gpu)
         account = footprint.step_reports(
             report, model, optimizer, devices, args.per_device_batch,
-            memory_gib=args.device_memory_gib if args.memory else None, account=args.account)
+            memory_gib=memory_gib if args.memory else None, account=args.account)
+    if args.gpu:  # fills report["gpu_step"]
+        account += gpu_report.info_section(report, model, optimizer, gpu, devices,
+                                           args.per_device_batch, args.autotune_results)
     table = footprint.format_report(report, source) + account
     if args.json:
         print(table, file=sys.stderr)

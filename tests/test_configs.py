@@ -73,9 +73,19 @@ def test_switch_macros_reach_the_config():
     default = _model("models/gpt/5b.gin").config
     assert default.scan_layers  # 5B scans by default
     cfg = _model("models/gpt/5b.gin", "SCAN_LAYERS = False", "FUSE_QKV = True",
-                 "REMAT_POLICY = 'full'", "ATTENTION_IMPL = 'cudnn'", "DROPOUT_RATE = 0.1").config
-    assert (cfg.scan_layers, cfg.fuse_qkv, cfg.remat_policy, cfg.attention_impl,
-            cfg.dropout_rate) == (False, True, "full", "cudnn", 0.1)
+                 "REMAT_POLICY = 'full'", "ATTENTION_IMPL = 'cudnn'").config
+    assert (cfg.scan_layers, cfg.fuse_qkv, cfg.remat_policy, cfg.attention_impl) == (
+        False, True, "full", "cudnn")
+    assert _model("models/gpt/5b.gin", "DROPOUT_RATE = 0.1").config.dropout_rate == 0.1
+
+
+@pytest.mark.parametrize("impl", ["cudnn", "dot_product"])
+def test_an_attention_kernel_without_dropout_refuses_a_dropout_rate(impl):
+    """jax.nn.dot_product_attention has no dropout: ATTENTION_IMPL cudnn / dot_product
+    with DROPOUT_RATE > 0 would silently train without the attention weights' dropout."""
+    with pytest.raises(Exception, match=rf"ATTENTION_IMPL='{impl}' applies no dropout.*"
+                                        r"DROPOUT_RATE=0.0.*ATTENTION_IMPL='xla'"):
+        _model("models/t5_1_1/tiny.gin", f"ATTENTION_IMPL = '{impl}'", "DROPOUT_RATE = 0.1")
 
 
 def test_rewrite_gin_args_keeps_order():

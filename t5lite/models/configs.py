@@ -226,3 +226,9 @@ def _check_switches(cfg) -> None:
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{macros[name]} ({name}) must be one of {', '.join(allowed)}; "
                              f"got {getattr(cfg, name)!r}")
+    if rate > 0 and cfg.attention_impl in ("cudnn", "dot_product"):
+        # jax.nn.dot_product_attention takes no dropout: the attention weights' dropout
+        # would be left out without a word
+        raise ValueError(f"ATTENTION_IMPL={cfg.attention_impl!r} applies no dropout to the "
+                         f"attention weights, and DROPOUT_RATE={rate}: use DROPOUT_RATE=0.0, "
+                         f"or ATTENTION_IMPL='xla' (or 'te') to keep that dropout")

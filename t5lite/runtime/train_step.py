@@ -130,8 +130,9 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
     def init(rng):
         return init_state(model, tx, rng, lengths)
 
-    with partitioner.context():
-        abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+    with partitioner.context():  # an abstract key: no array is made on the mesh's
+        # devices, which may be compile-only ones (a GPU's, compiled for on a CPU)
+        abstract = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
     shardings = state_shardings(partitioner, model, abstract)
     trainable_shardings = model.split_trainable(shardings.params["params"])[0]
 

@@ -235,12 +235,13 @@ def _cells(row: Dict[str, Any]) -> List[str]:
     compiled = (row.get("compiled_memory") or {}).get("peak_bytes")
     if row["status"] != "ok":
         return [row["run"], str(row["per_device_batch"]), row["status"], "", "", "", "", "",
-                "", _gib(compiled), row.get("message", "")]
+                "", "", _gib(compiled), row.get("message", "")]
     mfu = row.get("mfu")
-    ahead = row.get("async_step_s")
+    ahead, predicted = row.get("async_step_s"), row.get("predicted_step_s")
     return [row["run"], str(row["per_device_batch"]), "ok",
             f"{1000 * row['median_step_s']:.1f}",
             "-" if ahead is None else f"{1000 * ahead:.1f}",
+            "-" if predicted is None else f"{1000 * predicted:.1f}",
             f"{row['seq_per_s'] / per_device:.1f}",
             "-" if row.get("tflops_per_device") is None else f"{row['tflops_per_device']:.1f}",
             "-" if mfu is None else f"{100 * mfu:.1f}%", _gib(row.get("peak_memory_bytes")),
@@ -259,7 +260,8 @@ def markdown_table(rows: Sequence[Dict[str, Any]]) -> str:
     first = next((r for r in rows if r["status"] == "ok"), None)
     head = ("" if first is None else
             f"{first['device_count']} x {first['device_kind']}, jax {first['jax_version']}\n\n")
-    columns = ["run", "batch / device", "status", "step ms", "ahead ms", "seq/s / device",
+    columns = ["run", "batch / device", "status", "step ms", "ahead ms", "predicted ms",
+               "seq/s / device",
                "TFLOP/s / device", "MFU", "peak GiB (measured)", "step GiB (compiled)", "note"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]

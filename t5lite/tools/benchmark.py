@@ -30,7 +30,7 @@ import jax
 
 from t5lite.runtime import metrics
 from t5lite.runtime.run import TrainingRun
-from t5lite.tools import step_memory
+from t5lite.tools import gpu_program, gpu_target, step_memory, step_time
 
 
 def _device_stat(key: str) -> List[int]:
@@ -111,18 +111,29 @@ def bench(run: TrainingRun, steps: int, warmup: int, fp8: bool = False,
         jax.block_until_ready((state, m))
         windows.append((time.perf_counter() - t) / steps)
     median = statistics.median(durations)
+    predicted = predicted_step_s(step)
     result = metrics.throughput(median, run.batch_size, run.target_tokens,
                                 run.flops_per_example, jax.device_count(),
                                 jax.devices()[0].device_kind, fp8=fp8)
     result.update(median_step_s=median, compile_s=compile_s, first_step_s=first_step_s,
                   compile_and_first_step_s=compile_s + first_step_s, init_s=init_s,
                   async_step_s=statistics.median(windows) if windows else None,
-                  async_window_step_s=windows,
+                  async_window_step_s=windows, predicted_step_s=predicted,
                   step_durations_s=durations, peak_memory_bytes=peak_memory_bytes(),
                   compiled_memory=None if memory is None else memory.as_dict(),
                   final_loss=float(m["loss"]))
     del state, m
     return result
+
+
+def predicted_step_s(compiled) -> Optional[float]:
+    """The step-time predictor's time (`tools.step_time`) for this very program, as the
+    GPU compiled and autotuned it; None off a GPU."""
+    spec = gpu_target.local_target_config()
+    if spec is None:
+        return None
+    kernels = gpu_program.program_kernels(compiled.as_text())
+    return step_time.predict(kernels, gpu_target.device_facts(spec))
 
 
 def startup(run: TrainingRun) -> Dict[str, Any]:

@@ -16,7 +16,7 @@ import jax
 
 from t5lite.errors import ConfigError
 from t5lite.models.model import BaseModel
-from t5lite.tools import benchmarking, program_account, step_memory
+from t5lite.tools import benchmarking, gpu_target, program_account, step_memory
 
 FLOAT32_BYTES = 4
 
@@ -78,6 +78,8 @@ def step_memory_report(the_run, task_feature_lengths, pack: bool,
     return {"devices": mesh.size, "mesh": dict(mesh.shape), "batch_size": the_run.batch_size,
             "per_device_batch": the_run.batch_size // mesh.size,
             "platform": mesh.devices.flat[0].platform, "device_bytes": device_bytes,
+            "device_kind": (mesh.devices.flat[0].device_kind if gpu_target.is_compile_only_gpu(
+                mesh.devices.flat[0]) else None),
             **memory.as_dict(), "verdict": step_memory.verdict(memory.peak_bytes, device_bytes)}
 
 
@@ -135,8 +137,10 @@ def format_report(report: Dict[str, Any], source: str = "") -> str:
     mem = report.get("step_memory")
     if mem:
         mesh = " x ".join(f"{k} {v}" for k, v in mem["mesh"].items())
-        rows += [("train step memory", f"per device, compiled for {mem['devices']} simulated "
-                  f"{mem['platform'].upper()} devices (mesh {mesh}), {mem['per_device_batch']} "
+        where = (f"compile-only {mem['device_kind']}" if mem.get("device_kind")
+                 else f"simulated {mem['platform'].upper()}")
+        rows += [("train step memory", f"per device, compiled for {mem['devices']} {where} "
+                  f"devices (mesh {mesh}), {mem['per_device_batch']} "
                   f"examples per device"),
                  ("  arguments", _human_bytes(mem["argument_bytes"])),
                  ("  temporaries", _human_bytes(mem["temp_bytes"])),

@@ -28,6 +28,7 @@ import numpy as np
 from t5lite.data import synthetic
 from t5lite.errors import ConfigError
 from t5lite.runtime.run import TrainingRun
+from t5lite.tools import gpu_target
 
 GiB = 2 ** 30
 HEADROOM = 0.9
@@ -96,7 +97,11 @@ def compile_train_step(run: TrainingRun, batch: Mapping[str, Any], state: Any = 
     (default: the abstract state): a `jax.stages.Compiled`, callable as
     `compiled(state, batch)`."""
     state = abstract_state(run) if state is None else state
-    return run.step_fns.train_step.lower(state, dict(batch)).compile()
+    lowered = run.step_fns.train_step.lower(state, dict(batch))
+    device = run.partitioner.mesh.devices.flat[0]
+    if gpu_target.is_compile_only_gpu(device):  # the GPU launchers' flags: the GPU's program
+        return lowered.compile(gpu_target.compiler_options())
+    return lowered.compile()
 
 
 def compiled_memory(compiled) -> Optional[StepMemory]:

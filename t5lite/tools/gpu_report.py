@@ -1,0 +1,196 @@
+"""`info --gpu`: a config's train step and initializer compiled for an H100 / H200 on
+this machine (no GPU needed), with the compile times, the compiled memory per device,
+its kernels grouped by model part and kind (FLOPs, bytes) and a predicted step time.
+
+    report = gpu_step_report(model, optimizer, "h200", batch_size=32,
+                             task_feature_lengths={"inputs": 512, "targets": 128})
+    print(format_gpu_report(report))
+
+The run is built over compile-only devices (`gpu_target.gpu_devices`), so nothing is
+allocated; the step is compiled with the launchers' XLA flags (`gpu_target.
+compiler_options`), which makes the program the GPU runs, less its autotuning (unless an
+autotune file from a GPU session is given).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+import gin
+import jax
+
+from t5lite.errors import ConfigError
+from t5lite.tools import benchmarking, gpu_program, gpu_target, step_memory, step_time
+
+TOP_OPS = 12
+
+
+def _cost_analysis(compiled) -> Dict[str, float]:
+    """XLA's own HloCostAnalysis of the optimized module (custom calls count -1 there)."""
+    try:
+        from jax._src.lib import _jax
+        module = compiled._executable.xla_extension_executable().hlo_modules()[0]
+        cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+        return {"flops": float(cost.get("flops", 0)),
+                "bytes": float(cost.get("bytes accessed", 0))}
+    except Exception:  # noqa: BLE001 - a private API: the report goes on without it
+        return {}
+
+
+def gpu_facts(gpu: str) -> Dict[str, Any]:
+    """The GPU's device kind, bandwidth, memory and peaks (`gpu_target.device_facts`)."""
+    return gpu_target.device_facts(gpu_target.target_config(gpu))
+
+
+def compile_step(the_run, lengths: Mapping[str, int], pack: bool,
+                 autotune_file: Optional[str] = None):
+    """(compiled train step, lower seconds, compile seconds)."""
+    t0 = time.perf_counter()
+    lowered = the_run.step_fns.train_step.lower(
+        step_memory.abstract_state(the_run),
+        dict(step_memory.abstract_batch(the_run, lengths, pack)))
+    t1 = time.perf_counter()
+    compiled = lowered.compile(gpu_target.compiler_options(autotune_file))
+    return compiled, t1 - t0, time.perf_counter() - t1
+
+
+def compile_init(the_run, autotune_file: Optional[str] = None) -> float:
+    """Seconds to lower and compile the run's sharded initializer."""
+    t0 = time.perf_counter()
+    key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+    the_run.step_fns.init.lower(key).compile(gpu_target.compiler_options(autotune_file))
+    return time.perf_counter() - t0
+
+
+def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
+                    task_feature_lengths: Mapping[str, int], pack: bool = False,
+                    autotune_file: Optional[str] = None, init: bool = True,
+                    devices=None) -> Dict[str, Any]:
+    """The report (JSON-able but for `kernels`, the Kernel list; `kernels_by_part` and
+    `top_ops` as rows), compiled for `devices` (default: one compile-only `gpu`)."""
+    devices = devices or gpu_target.gpu_devices(gpu)
+    the_run = benchmarking.step_run(model, batch_size=batch_size, devices=devices,
+                                    task_feature_lengths=task_feature_lengths,
+                                    optimizer=optimizer)
+    compiled, lower_s, compile_s = compile_step(the_run, task_feature_lengths, pack,
+                                                autotune_file)
+    kernels = gpu_program.program_kernels(compiled.as_text())
+    facts = gpu_facts(gpu)
+    memory = step_memory.compiled_memory(compiled)
+    report = {
+        "gpu": gpu, **facts, "devices": len(devices), "batch_size": batch_size,
+        "task_feature_lengths": dict(task_feature_lengths), "pack": pack,
+        "autotune_file": autotune_file, "step_lower_s": lower_s, "step_compile_s": compile_s,
+        "init_compile_s": compile_init(the_run, autotune_file) if init else None,
+        "memory": memory.as_dict() if memory else None,
+        "model_flops": the_run.flops_per_example * batch_size,
+        **{f"program_{k}": v for k, v in gpu_program.totals(kernels).items()},
+        "xla_cost_analysis": _cost_analysis(compiled),
+        "predicted_step_s": step_time.predict(kernels, facts),
+        **step_time.breakdown(kernels, facts),
+        "gemm_efficiency": step_time.GEMM_EFFICIENCY,
+        "kernels_by_part": _rows(kernels, facts, lambda k: (k.part, k.kind)),
+        "kernels_by_kind": _rows(kernels, facts, lambda k: (k.kind,)),
+        "top_ops": _rows(kernels, facts, lambda k: (gpu_program.op_path(k.op_name), k.kind),
+                         limit=TOP_OPS),
+    }
+    report["predicted_seq_per_s"] = batch_size / report["predicted_step_s"]
+    report["kernels"] = kernels
+    return report
+
+
+def _rows(kernels: List[gpu_program.Kernel], facts, key, limit: Optional[int] = None):
+    groups: Dict[Any, List[gpu_program.Kernel]] = {}
+    for k in kernels:
+        groups.setdefault(key(k), []).append(k)
+    rows = [{"group": list(g), **gpu_program.totals(ks),
+             "predicted_s": step_time.predict(ks, facts)} for g, ks in groups.items()]
+    rows.sort(key=lambda r: -r["bytes"])
+    return rows[:limit] if limit else rows
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:,.1f} GB"
+
+
+def format_gpu_report(r: Mapping[str, Any]) -> str:
+    """The report as tables."""
+    mem = r.get("memory") or {}
+    init = (f", initializer {r['init_compile_s']:.1f} s "
+            f"({100 * r['init_compile_s'] / r['step_compile_s']:.0f}% of the step's)"
+            if r.get("init_compile_s") is not None else "")
+    xla = r.get("xla_cost_analysis") or {}
+    lines = [
+        f"compiled for {r['device_kind']} on this machine (no GPU; "
+        f"{'autotune results loaded' if r.get('autotune_file') else 'not autotuned'}), "
+        f"global batch {r['batch_size']}",
+        f"  compile        step {r['step_compile_s']:.1f} s (lowering {r['step_lower_s']:.1f} s)"
+        + init,
+        f"  memory         {mem.get('peak_bytes', 0) / 2**30:,.1f} GiB a device (temporaries "
+        f"{mem.get('temp_bytes', 0) / 2**30:,.1f} GiB) of {r['device_memory_size'] / 2**30:,.0f}",
+        f"  program        {r['program_launches']:,.0f} kernel launches, "
+        f"{r['program_flops'] / 1e12:,.2f} TFLOP (model: {r['model_flops'] / 1e12:,.2f}), "
+        f"{_gb(r['program_bytes'])} moved"
+        + (f" (XLA's cost analysis: {xla['flops'] / 1e12:,.2f} TFLOP, {_gb(xla['bytes'])}, "
+           f"library calls uncounted)" if xla else ""),
+        f"  predicted step {1e3 * r['predicted_step_s']:,.1f} ms, "
+        f"{r['predicted_seq_per_s']:,.1f} seq/s (compute-bound kernels "
+        f"{1e3 * r['compute_bound_s']:,.1f} ms, memory-bound {1e3 * r['memory_bound_s']:,.1f}, "
+        f"launches {1e3 * r['launch_s']:,.1f}; GEMMs at {r['gemm_efficiency']:.0%} of peak)",
+        "  by part and kind                          launches     TFLOP        GB   pred ms"]
+    lines += [_row(" / ".join(row["group"]), row, 40) for row in r["kernels_by_part"]]
+    lines.append("  by kind")
+    lines += [_row(row["group"][0], row, 40) for row in r["kernels_by_kind"]]
+    lines.append("  the ops that move the most (layers merged)")
+    lines += [_row(f"{row['group'][0][-60:]} [{row['group'][1]}]", row, 40, wide=True)
+              for row in r["top_ops"]]
+    return "\n".join(lines)
+
+
+def _row(label: str, row: Mapping[str, Any], width: int, wide: bool = False) -> str:
+    text = f"    {label}" if wide else f"    {label:<{width}}"
+    values = (f"{row['launches']:>8,.0f} {row['flops'] / 1e12:>9,.2f} "
+              f"{row['bytes'] / 1e9:>9,.1f} {1e3 * row['predicted_s']:>9,.1f}")
+    return f"{text}\n    {'':<{width}}{values}" if wide else f"{text}{values}"
+
+
+# ---------------------------------------------------------------------------------------
+# `python -m t5lite.info --gpu` / `--memory`
+# ---------------------------------------------------------------------------------------
+def gpu_for(gpu: Optional[str], memory: bool) -> Optional[str]:
+    """The GPU info compiles for: --gpu, else an H100 for --memory where the gpu-aot extra
+    is installed (a GPU's memory plan is not a CPU's), else None (simulated CPUs). Makes
+    jax run on the CPU when a GPU is compiled for."""
+    if gpu is None and memory and gpu_target.available():
+        gpu = "h100"
+    if gpu is not None:
+        gpu_target.target_config(gpu)  # a wrong name: one line, before jax starts
+        gpu_target.use_cpu_platform()
+    return gpu
+
+
+def devices(gpu: str, count: int):
+    """`count` compile-only devices of `gpu` on one host."""
+    if count < 1:
+        raise ConfigError(f"--devices must be >= 1, got {count}")
+    return gpu_target.gpu_devices(gpu, count)
+
+
+def memory_gib(gpu: Optional[str]) -> float:
+    """A device's memory for --memory's verdict: the GPU's, or an H100's 80 GiB."""
+    if gpu is None:
+        return 80.0
+    return gpu_target.device_facts(gpu_target.target_config(gpu))["device_memory_size"] / 2**30
+
+
+def info_section(report: Dict[str, Any], model, optimizer, gpu: str, devices_,
+                 per_device_batch: Optional[int], autotune_file: Optional[str]) -> str:
+    """`info --gpu`: the report into report["gpu_step"] (without its kernel list); its
+    tables."""
+    batch = benchmarking.global_batch(per_device_batch, len(devices_))
+    pack = bool(gin.get_bindings("train").get("pack", False))
+    result = gpu_step_report(model, optimizer, gpu, batch, report["task_feature_lengths"],
+                             pack, autotune_file, devices=devices_)
+    result.pop("kernels")
+    report["gpu_step"] = result
+    return "\n" + format_gpu_report(result)

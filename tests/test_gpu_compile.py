@@ -1,0 +1,155 @@
+"""Compiling for an H100 / H200 on this CPU machine (`tools.gpu_target`,
+`tools.gpu_report`, `python -m t5lite.info --gpu`): the compile-only devices, the
+program's kernels against XLA's own cost analysis, both families' steps, the switches
+that change the GPU program (cuDNN attention), --memory on a GPU's plan, and one-line
+errors. Needs the gpu-aot extra, which the test extra installs."""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import train_helpers as th
+from t5lite.config import parsing
+from t5lite.errors import ConfigError
+from t5lite.tools import benchmarking, gpu_program, gpu_report, gpu_target
+
+LENGTHS = ["--inputs_length=64", "--targets_length=32"]
+
+
+def _info(*args):
+    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=th.REPO,
+                          env=th.env(devices=1), capture_output=True, text=True, timeout=600)
+
+
+def test_target_configs_come_from_the_plugin():
+    for gpu, kind in gpu_target.GPUS.items():
+        facts = gpu_target.device_facts(gpu_target.target_config(gpu))
+        assert facts["device_kind"] == kind
+        assert facts["core_count"] == 132
+    assert gpu_target.device_facts(gpu_target.target_config("h200"))["memory_bandwidth"] == 4.8e12
+    assert gpu_target.device_facts(gpu_target.target_config("h100"))["device_memory_size"] > 79e9
+    with pytest.raises(ConfigError, match="h100, h200 or the path"):
+        gpu_target.target_config("z100")
+
+
+def test_launcher_options_are_the_launchers_flags():
+    """The CPU-side compile uses the flags of scripts_gpu/xla_flags.sh that shape a
+    one-GPU program, with the same values."""
+    text = (th.REPO / "scripts_gpu" / "xla_flags.sh").read_text()
+    flags = dict(re.findall(r"--(xla_gpu_\w+)=(\w+)", text))
+    for name, value in gpu_target.LAUNCHER_OPTIONS.items():
+        assert flags[name] == str(value).lower(), name
+
+
+def test_a_program_for_an_h200_against_xla_cost_analysis():
+    devices = gpu_target.gpu_devices("h200")
+    assert devices[0].device_kind == gpu_target.GPUS["h200"]
+    mesh = jax.sharding.Mesh(devices, ("x",))
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    a = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=spec)
+    b = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=spec)
+
+    def f(a, b):
+        return jax.nn.softmax((a @ b).astype(jnp.float32), axis=-1).sum(axis=0)
+
+    compiled = jax.jit(f).lower(a, b).compile(gpu_target.compiler_options())
+    text = compiled.as_text()
+    assert "__cublas$" in text  # the launchers' flags: GEMMs go to cuBLAS
+    kernels = gpu_program.program_kernels(text)
+    gemms = [k for k in kernels if k.kind == "cublas gemm"]
+    assert len(gemms) == 1 and gemms[0].flops == 2 * 256 * 384 * 512
+    assert gemms[0].bytes == 2 * (256 * 512 + 512 * 384 + 256 * 384)
+    xla = gpu_report._cost_analysis(compiled)
+    own = sum(k.bytes * k.count for k in kernels if k.kind != "cublas gemm")
+    assert own == pytest.approx(xla["bytes"], rel=0.05)
+    assert compiled.memory_analysis().temp_size_in_bytes > 0
+
+
+def _report(gin_files, bindings, batch=8, lengths=None):
+    parsing.parse_gin(gin_files, bindings, [], placeholders=parsing.RUN_PLACEHOLDERS)
+    model = parsing.resolve_macro("MODEL", origin="test")
+    optimizer, _ = benchmarking.run_optimizer()
+    return gpu_report.gpu_step_report(model, optimizer, "h200", batch,
+                                      lengths or {"inputs": 64, "targets": 32}, init=False)
+
+
+def test_the_decoder_only_step_compiles_for_a_gpu_with_its_parts():
+    r = _report(["configs/models/gpt/tiny.gin", "configs/runs/pretrain.gin"],
+                ["TASK_FEATURE_LENGTHS = {'targets': 64}"], lengths={"targets": 64})
+    parts = {row["group"][0] for row in r["kernels_by_part"]}
+    assert {"attention scores", "attention projections", "MLP", "layer norm",
+            "logits and loss"} <= parts, parts
+    assert r["program_flops"] >= r["model_flops"] * 0.95
+    assert r["predicted_step_s"] > 0 and r["memory"]["peak_bytes"] > 0
+
+
+def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes():
+    """ATTENTION_IMPL='cudnn' with the mask as lengths: cuDNN's fused attention forward
+    and backward (no [batch, heads, q, k] tensor in memory), fewer bytes than the
+    einsum attention on the same model."""
+    base = ["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"]
+    einsum = _report(base, [])
+    cudnn = _report(base, ["ATTENTION_IMPL = 'cudnn'", "ATTENTION_MASK = 'lengths'"])
+    kinds = {row["group"][0] for row in cudnn["kernels_by_kind"]}
+    assert "cudnn attention" in kinds
+    launches = {row["group"][0]: row["launches"] for row in cudnn["kernels_by_kind"]}
+    # forward and backward for each of the 2 + 2 self- and 2 cross-attention layers
+    assert launches["cudnn attention"] == 2 * 6
+    scores = {r["group"][0]: r for r in einsum["kernels_by_part"] if r["group"][0] ==
+              "attention scores"}
+    assert cudnn["program_bytes"] < einsum["program_bytes"] - 0.5 * scores[
+        "attention scores"]["bytes"]
+
+
+def test_info_gpu_reports_compiles_memory_kernels_and_a_prediction():
+    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
+                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--gpu=h200",
+                 "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)["gpu_step"]
+    assert r["device_kind"] == "NVIDIA H200 141GB HBM3e" and r["batch_size"] == 8
+    assert r["step_compile_s"] > 0 and r["init_compile_s"] > 0
+    assert r["memory"]["peak_bytes"] > r["memory"]["argument_bytes"] > 0
+    assert r["program_flops"] == pytest.approx(r["model_flops"], rel=0.15)
+    parts = {row["group"][0] for row in r["kernels_by_part"]}
+    assert {"attention scores", "MLP", "layer norm", "embeddings and position bias"} <= parts
+    assert sum(row["bytes"] for row in r["kernels_by_part"]) == r["program_bytes"]
+    assert r["predicted_step_s"] == pytest.approx(
+        sum(row["predicted_s"] for row in r["kernels_by_kind"]), rel=1e-9)
+    for words in ("compiled for NVIDIA H200", "initializer", "predicted step",
+                  "by part and kind", "attention scores"):
+        assert words in proc.stderr
+
+
+def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed():
+    args = ["--gin_file=configs/models/t5_1_1/tiny.gin",
+            "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--memory", "--devices=2",
+            "--per_device_batch=2", "--json"]
+    gpu = _info(*args)
+    assert gpu.returncode == 0, gpu.stderr
+    assert "2 compile-only NVIDIA H100 80GB HBM3 devices" in gpu.stderr
+    cpu = _info(*args, "--cpu_compiler")
+    assert cpu.returncode == 0, cpu.stderr
+    assert "2 simulated CPU devices" in cpu.stderr
+    gpu_mem, cpu_mem = (json.loads(p.stdout)["step_memory"] for p in (gpu, cpu))
+    assert gpu_mem["argument_bytes"] == cpu_mem["argument_bytes"]  # the same sharded state
+    assert gpu_mem["device_kind"] == gpu_target.GPUS["h100"] and cpu_mem["device_kind"] is None
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--gpu=z100"], ["--gpu='z100'", "h100, h200"]),
+    (["--gpu=h200", "--autotune_results=/nonexistent/a.textproto"], ["--autotune_results"]),
+])
+def test_info_gpu_mistakes_are_one_line(args, words):
+    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
+                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, *args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in words:
+        assert word in lines[0]
