@@ -52,13 +52,21 @@ def test_info_account_of_a_train_step(capsys):
     assert "program account  lowered for cuda" in out.err and "largest tensors" in out.err
 
 
-def test_cudnn_cannot_be_accounted_here_one_line(capsys):
+def test_cudnn_is_accounted_with_the_gpu_extra_and_one_line_without(capsys, monkeypatch):
     """Its parameters are drawn through the einsum attention (the same parameters), so
-    `info` answers; the step itself cannot be traced without cuDNN."""
+    `info` answers; the step traces cuDNN's attention where the gpu-aot extra brings
+    cuDNN (the test extra does), and without cuDNN says so in one line."""
     gin = f"--gin_file={th.REPO / th.MODEL_FILES['t5']}"
     assert info.main([gin, "--gin.ATTENTION_IMPL='cudnn'"]) == 0
     assert "parameters" in capsys.readouterr().out
+    args = [gin, "--account", "--per_device_batch=1", "--inputs_length=16",
+            "--targets_length=8", "--gin.ATTENTION_IMPL='cudnn'"]
+    assert info.main(args) == 0
+    assert "program account  lowered for cuda" in capsys.readouterr().out
+
+    def no_cudnn(*a, **k):
+        raise RuntimeError("cuDNN not found")  # what jax raises where it has no cuDNN
+    monkeypatch.setattr(program_account, "step_account", no_cudnn)
     with pytest.raises(ConfigError, match=r"ATTENTION_IMPL='cudnn' cannot be traced .*"
                                           r"ATTENTION_IMPL='dot_product'"):
-        info.main([gin, "--account", "--per_device_batch=1", "--inputs_length=16",
-                   "--targets_length=8", "--gin.ATTENTION_IMPL='cudnn'"])
+        info.main(args)

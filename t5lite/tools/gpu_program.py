@@ -333,20 +333,9 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
         moved = array_bytes(inst.type, skip_scratch=inst.opcode == "custom-call") + sum(
             array_bytes(types.get(o, "")) for o in inst.operands)
         op_name, frame = _origin(module, inst)
-        source = module.source(frame)
-        out.append(Kernel(inst.name, kind, _part(op_name, source), _phase(op_name),
-                          op_name, flops, moved, times, fp8))
-
-
-def _fp8_operands(module: Module, inst: Instruction, types: Mapping[str, str]) -> bool:
-    """Whether a GEMM multiplies FP8 arrays (a cuBLAS call's operands, or the dot's
-    inside a GEMM fusion)."""
-    if inst.opcode == "fusion":
-        inner = module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
-        inner_types = {i.name: i.type for i in inner}
-        dots = [i for i in inner if i.opcode == "dot"]
-        return any(inner_types.get(o, "").startswith("f8") for d in dots for o in d.operands)
-    return any(types.get(o, "").startswith("f8") for o in inst.operands[:2])
+        part = _fusion_part(module, inst) or _part(op_name, module.source(frame))
+        out.append(Kernel(inst.name, kind, part, _phase(op_name), op_name, flops, moved,
+                          times, fp8))
 
 
 def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
@@ -362,20 +351,35 @@ def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
     return name, next(i.frame for i in inner if i.op_name == name)
 
 
+def _fusion_part(module: Module, inst: Instruction) -> Optional[str]:
+    """"optimizer update" for a fusion that updates parameters or moments, whatever else
+    it fuses (XLA fuses AdamW's update with the norms the step logs, and names the kernel
+    after the norm's reduce); None otherwise."""
+    if inst.opcode != "fusion":
+        return None
+    for i in module.computations.get((inst.attr("calls") or "").lstrip("%"), []):
+        if i.frame and _part(i.op_name, module.source(i.frame)) == "optimizer update":
+            return "optimizer update"
+    return None
+
+
+def _fp8_operands(module: Module, inst: Instruction, types: Mapping[str, str]) -> bool:
+    """Whether a GEMM multiplies FP8 arrays (a cuBLAS call's operands, or the dot's
+    inside a GEMM fusion)."""
+    if inst.opcode == "fusion":
+        inner = module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
+        inner_types = {i.name: i.type for i in inner}
+        dots = [i for i in inner if i.opcode == "dot"]
+        return any(inner_types.get(o, "").startswith("f8") for d in dots for o in d.operands)
+    return any(types.get(o, "").startswith("f8") for o in inst.operands[:2])
+
+
 def totals(kernels: Iterable[Kernel]) -> Dict[str, float]:
     """FLOPs, bytes and launches of a whole program (loop bodies times their trips)."""
     ks = list(kernels)
     return {"flops": sum(k.flops * k.count for k in ks),
             "bytes": sum(k.bytes * k.count for k in ks),
             "launches": sum(k.count for k in ks)}
-
-
-def grouped(kernels: Iterable[Kernel], key) -> Dict[Tuple, Dict[str, float]]:
-    """Totals of the kernels grouped by `key(kernel)`."""
-    groups: Dict[Tuple, List[Kernel]] = collections.defaultdict(list)
-    for k in kernels:
-        groups[key(k)].append(k)
-    return {g: totals(ks) for g, ks in groups.items()}
 
 
 def op_path(op_name: str) -> str:

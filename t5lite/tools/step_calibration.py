@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from t5lite.tools import gpu_target
 
 INPUTS = ("name", "gpu", "gin_files", "bindings", "batch_size", "measured_s", "measured",
-          "source")
+          "source", "threefry_gpu_kernel")
 
 
 def _compile_row(row):
@@ -30,8 +30,10 @@ def _compile_row(row):
     model = parsing.resolve_macro("MODEL", origin=", ".join(row["gin_files"]))
     optimizer, _ = benchmarking.run_optimizer()
     lengths = gin.get_bindings("train")["task_feature_lengths"]
-    report = gpu_report.gpu_step_report(model, optimizer, row["gpu"], row["batch_size"],
-                                        lengths, init=False)
+    from jax._src import config  # the random bits lowered as they were when measured
+    with config.threefry_gpu_kernel_lowering(row["threefry_gpu_kernel"]):
+        report = gpu_report.gpu_step_report(model, optimizer, row["gpu"], row["batch_size"],
+                                            lengths, init=False)
     facts = {k: report[k] for k in ("device_kind", "peak_flops", "memory_bandwidth")}
     return {**{k: row[k] for k in INPUTS}, "gpu_facts": facts,
             "program_bytes": report["program_bytes"], "program_flops": report["program_flops"],
