@@ -1,12 +1,13 @@
-"""Compile configurations for an H100 / H200 on this machine (no GPU) with
-`python -m t5lite.info --gpu --json`, keep each report as JSON and print a markdown table:
-the numbers of docs/performance.md, "Compiled for a GPU on this machine".
+"""Compile configurations for an H100 / H200 on this machine (no GPU) as
+`python -m t5lite.info --gpu --json` does (`tools.gpu_report`), each in a process of its
+own, keep each report as JSON and print a markdown table: the numbers of
+docs/performance.md, "Compiled for a GPU on this machine".
 
     python scripts_gpu/aot_table.py OUT_DIR [NAME_PATTERN ...]   # rows named, else all
 
 Each row is a shipped recipe at one GPU's batch, as shipped or with the switches named;
 "2026-11-26" rows pin the settings the recipes had when the first H200 numbers were
-measured. The reports (compile times, memory, kernels by part and kind, the predicted
+measured, and the launchers' XLA flags of then (OLD_XLA). The reports (compile times, memory, kernels by part and kind, the predicted
 step) go to OUT_DIR/NAME.json; rows already there are read, not compiled again.
 """
 import fnmatch
@@ -15,59 +16,81 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 OLD = ["ATTENTION_IMPL='xla'", "ATTENTION_MASK='dense'", "FUSE_QKV=False",
        "ATTENTION_LOGITS_DTYPE='float32'"]
 """The Pile recipes' switches as measured on 2026-11-26 (before they became defaults)."""
+OLD_XLA = {"xla_gpu_enable_latency_hiding_scheduler": True, "xla_gpu_enable_triton_gemm": False}
+"""The launchers' XLA flags then (no dot-merger threshold: XLA's default merging)."""
+SHIPPED_XLA = None  # the launchers' flags now (t5lite.tools.gpu_target.LAUNCHER_OPTIONS)
 
 RECIPES = {"small": ("configs/small_pile_pretrain.gin", 128),
            "base": ("configs/base_pile_pretrain.gin", 64),
            "large": ("configs/large_pile_pretrain.gin", 32)}
 
-ROWS = []
+ROWS = []  # (name, gpu, recipe, batch, bindings, environment)
 for gpu in ("h200", "h100"):
     for model, (recipe, batch) in RECIPES.items():
-        ROWS.append((f"{model}_b{batch}_{gpu}_2026-11-26", gpu, recipe, batch, OLD, True))
-        ROWS.append((f"{model}_b{batch}_{gpu}", gpu, recipe, batch, [], True))
+        ROWS.append((f"{model}_b{batch}_{gpu}_2026-11-26", gpu, recipe, batch, OLD, OLD_XLA))
+        ROWS.append((f"{model}_b{batch}_{gpu}", gpu, recipe, batch, [], SHIPPED_XLA))
+CUDNN = ["ATTENTION_IMPL='cudnn'", "ATTENTION_MASK='lengths'"]
 SWITCHES = {  # each on the 2026-11-26 settings of large, then together
-    "bf16_scores": ["ATTENTION_LOGITS_DTYPE='bfloat16'"],
-    "fused_qkv": ["FUSE_QKV=True"],
-    "cudnn": ["ATTENTION_IMPL='cudnn'"],
-    "cudnn_lengths": ["ATTENTION_IMPL='cudnn'", "ATTENTION_MASK='lengths'"],
-    "cudnn_lengths_fused_qkv": ["ATTENTION_IMPL='cudnn'", "ATTENTION_MASK='lengths'",
-                                "FUSE_QKV=True"],
-    "cudnn_lengths_fused_qkv_transposed": ["ATTENTION_IMPL='cudnn'",
-                                           "ATTENTION_MASK='lengths'", "FUSE_QKV=True",
-                                           "TRANSPOSE_BS=True"],
-    "cudnn_lengths_fused_qkv_fp8": ["ATTENTION_IMPL='cudnn'", "ATTENTION_MASK='lengths'",
-                                    "FUSE_QKV=True", "FP8=True"],
+    "bf16_scores": (["ATTENTION_LOGITS_DTYPE='bfloat16'"], OLD_XLA),
+    "fused_qkv": (["FUSE_QKV=True"], OLD_XLA),
+    "cudnn": (["ATTENTION_IMPL='cudnn'"], OLD_XLA),
+    "cudnn_lengths": (CUDNN, OLD_XLA),
+    "cudnn_lengths_fused_qkv": (CUDNN + ["FUSE_QKV=True"], OLD_XLA),
+    "cudnn_lengths_no_gemm_merging": (CUDNN, SHIPPED_XLA),
+    "cudnn_lengths_no_gemm_merging_transposed": (CUDNN + ["TRANSPOSE_BS=True"], SHIPPED_XLA),
+    "cudnn_lengths_no_gemm_merging_fp8": (CUDNN + ["FP8=True"], SHIPPED_XLA),
 }
-for name, switches in SWITCHES.items():
+for name, (switches, env) in SWITCHES.items():
     ROWS.append((f"large_b32_h200+{name}", "h200", RECIPES["large"][0], 32, OLD + switches,
-                 False))
+                 env))
 for name, switches in {"bf16_scores": ["ATTENTION_LOGITS_DTYPE='bfloat16'"],
                        "fused_qkv": ["FUSE_QKV=True"]}.items():
     ROWS.append((f"small_b128_h200+{name}", "h200", RECIPES["small"][0], 128, OLD + switches,
-                 False))
+                 OLD_XLA))
 
 
-def compile_row(out_dir, name, gpu, recipe, batch, bindings, init):
+def compile_row(out_dir, name, gpu, recipe, batch, bindings, options):
     path = os.path.join(out_dir, f"{name}.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    cmd = [sys.executable, "-m", "t5lite.info", f"--gin_file={recipe}", f"--gpu={gpu}",
-           f"--per_device_batch={batch}", "--json"] + [f"--gin.{b}" for b in bindings]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    report = json.loads(proc.stdout)["gpu_step"]
-    report.update(name=name, command=" ".join(cmd[1:]))
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+    if not os.path.exists(path):
+        proc = subprocess.run([sys.executable, __file__, "--row", out_dir, name],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            print(f"{name}: failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return None
+    with open(path) as f:
+        report = json.load(f)
     print(f"{name}: {report['program_bytes'] / 1e9:.1f} GB, predicted "
           f"{1e3 * report['predicted_step_s']:.1f} ms", file=sys.stderr, flush=True)
     return report
+
+
+def _row(out_dir, name):
+    """One row compiled in this process (the child of compile_row)."""
+    _, gpu, recipe, batch, bindings, options = next(r for r in ROWS if r[0] == name)
+    from t5lite.tools import gpu_target
+    gpu_target.use_cpu_platform()
+    from t5lite.config import parsing
+    from t5lite.tools import benchmarking, gpu_report
+    if options is not None:
+        gpu_target.LAUNCHER_OPTIONS.clear()
+        gpu_target.LAUNCHER_OPTIONS.update(options)
+    parsing.parse_gin([recipe], [b.replace("=", " = ", 1) for b in bindings],
+                      placeholders=parsing.RUN_PLACEHOLDERS)
+    model = parsing.resolve_macro("MODEL", origin=recipe)
+    optimizer, _ = benchmarking.run_optimizer()
+    lengths = {"inputs": 512, "targets": 128}
+    report = gpu_report.gpu_step_report(model, optimizer, gpu, batch, lengths)
+    report.pop("kernels")
+    report.update(name=name, gin_file=recipe, bindings=bindings,
+                  xla_options=dict(gpu_target.LAUNCHER_OPTIONS),
+                  command=f"python scripts_gpu/aot_table.py OUT_DIR {name}")
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(report, f, indent=1)
 
 
 def table(reports):
@@ -87,6 +110,8 @@ def table(reports):
 
 
 def main():
+    if sys.argv[1] == "--row":
+        return _row(sys.argv[2], sys.argv[3])
     out_dir, patterns = sys.argv[1], sys.argv[2:]
     os.makedirs(out_dir, exist_ok=True)
     rows = [r for r in ROWS if not patterns or any(fnmatch.fnmatch(r[0], p) for p in patterns)]

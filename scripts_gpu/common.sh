@@ -7,7 +7,8 @@ make_switches() {
   local prec=$1 fp8=$2 transpose=$3 fuse=$4
   case "$prec" in
     bf16) GIN_SWITCHES="--gin.ACTIVATION_DTYPE=\"bfloat16\"" ;;
-    fp32) GIN_SWITCHES="--gin.ACTIVATION_DTYPE=\"float32\"" ;;
+    # cuDNN's fused attention (the larger recipes' default) runs in bf16 / fp16 only
+    fp32) GIN_SWITCHES="--gin.ACTIVATION_DTYPE=\"float32\" --gin.ATTENTION_IMPL=\"xla\" --gin.ATTENTION_MASK=\"dense\"" ;;
     *) echo "error: PREC must be bf16 or fp32, got '$prec'" >&2; return 2 ;;
   esac
   if [ "$fp8" = 1 ]; then

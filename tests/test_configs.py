@@ -88,6 +88,17 @@ def test_an_attention_kernel_without_dropout_refuses_a_dropout_rate(impl):
         _model("models/t5_1_1/tiny.gin", f"ATTENTION_IMPL = '{impl}'", "DROPOUT_RATE = 0.1")
 
 
+def test_cudnn_attention_refuses_float32_activations():
+    """cuDNN's fused attention runs in bf16 / fp16 only: float32 with it is one line
+    before anything is traced (the launchers' fp32 switches the attention to xla)."""
+    with pytest.raises(Exception, match=r"ATTENTION_IMPL='cudnn' runs in bfloat16 or "
+                                        r"float16 only.*ATTENTION_IMPL='xla'"):
+        _model("models/t5_1_1/tiny.gin", "ATTENTION_IMPL = 'cudnn'",
+               "ACTIVATION_DTYPE = 'float32'")
+    assert _model("models/t5_1_1/tiny.gin", "ATTENTION_IMPL = 'dot_product'",
+                  "ACTIVATION_DTYPE = 'float32'").config.dtype == "float32"
+
+
 def test_rewrite_gin_args_keeps_order():
     argv = ["--gin_file=a.gin", "--gin.BATCH_SIZE=8", "--gin_bindings=X = 1",
             "--gin.MODEL_DIR='/tmp/x=y'"]

@@ -4,7 +4,6 @@ program's kernels against XLA's own cost analysis, both families' steps, the swi
 that change the GPU program (cuDNN attention), --memory on a GPU's plan, and one-line
 errors. Needs the gpu-aot extra, which the test extra installs."""
 import json
-import pathlib
 import re
 import subprocess
 import sys
@@ -16,7 +15,8 @@ import pytest
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
-from t5lite.tools import benchmarking, gpu_program, gpu_report, gpu_target
+from t5lite.tools import (benchmark, benchmarking, gpu_program, gpu_report, gpu_target,
+                          step_time)
 
 LENGTHS = ["--inputs_length=32", "--targets_length=16"]
 
@@ -46,7 +46,9 @@ def test_launcher_options_are_the_launchers_flags():
         assert flags[name] == str(value).lower(), name
 
 
-def test_a_program_for_an_h200_against_xla_cost_analysis():
+@pytest.fixture(scope="module")
+def h200_program():
+    """A matmul, a float32 softmax and a reduction, compiled for an H200 here."""
     devices = gpu_target.gpu_devices("h200")
     assert devices[0].device_kind == gpu_target.GPUS["h200"]
     mesh = jax.sharding.Mesh(devices, ("x",))
@@ -57,7 +59,11 @@ def test_a_program_for_an_h200_against_xla_cost_analysis():
     def f(a, b):
         return jax.nn.softmax((a @ b).astype(jnp.float32), axis=-1).sum(axis=0)
 
-    compiled = jax.jit(f).lower(a, b).compile(gpu_target.compiler_options())
+    return jax.jit(f).lower(a, b).compile(gpu_target.compiler_options())
+
+
+def test_a_program_for_an_h200_against_xla_cost_analysis(h200_program):
+    compiled = h200_program
     text = compiled.as_text()
     assert "__cublas$" in text  # the launchers' flags: GEMMs go to cuBLAS
     kernels = gpu_program.program_kernels(text)
@@ -68,6 +74,17 @@ def test_a_program_for_an_h200_against_xla_cost_analysis():
     own = sum(k.bytes * k.count for k in kernels if k.kind != "cublas gemm")
     assert own == pytest.approx(xla["bytes"], rel=0.05)
     assert compiled.memory_analysis().temp_size_in_bytes > 0
+
+
+def test_bench_predicts_the_program_the_gpu_compiled(h200_program, monkeypatch):
+    """On a GPU, bench's result holds the predictor's time for the program that GPU
+    compiled (its own target config); off a GPU, none."""
+    assert benchmark.predicted_step_s(h200_program) is None  # jax runs on the CPU here
+    spec = gpu_target.target_config("h200")
+    monkeypatch.setattr(gpu_target, "local_target_config", lambda: spec)
+    kernels = gpu_program.program_kernels(h200_program.as_text())
+    expected = step_time.predict(kernels, gpu_target.device_facts(spec))
+    assert benchmark.predicted_step_s(h200_program) == expected > 0
 
 
 def _report(gin_files, bindings, batch=4, lengths=None):

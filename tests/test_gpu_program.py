@@ -139,6 +139,10 @@ def test_parts_and_phases_from_op_names_and_source(kernels):
     assert gp.op_path(kernels["nu"].op_name) == "reduce_sum"
     assert kernels["nu"].part == "optimizer update"
     assert gp.op_path(kernels["f"].op_name) == "jvp(T5)/T5.encode/encoder/layers_N/mlp/mul"
+    norm = "jit(step_fn)/jvp(T5)/T5.encode/encoder/layers_2/pre_attention_layer_norm/mul"
+    assert gp._part(norm, []) == "layer norm"
+    assert gp._part("jit(step_fn)/jvp(T5)/T5.decode/decoder/layers_1/encoder_decoder_attention"
+                    "/kv/dot_general", []) == "attention projections"
 
 
 def test_predicted_time_is_the_roofline_sum(kernels):

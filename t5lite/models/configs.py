@@ -226,6 +226,10 @@ def _check_switches(cfg) -> None:
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{macros[name]} ({name}) must be one of {', '.join(allowed)}; "
                              f"got {getattr(cfg, name)!r}")
+    if cfg.attention_impl == "cudnn" and cfg.dtype == "float32":
+        raise ValueError("ATTENTION_IMPL='cudnn' runs in bfloat16 or float16 only (cuDNN's "
+                         "fused attention), and ACTIVATION_DTYPE='float32': use "
+                         "ATTENTION_IMPL='xla' (or 'dot_product') for float32")
     if rate > 0 and cfg.attention_impl in ("cudnn", "dot_product"):
         # jax.nn.dot_product_attention takes no dropout: the attention weights' dropout
         # would be left out without a word

@@ -278,12 +278,12 @@ def _phase(op_name: str) -> str:
 
 def _part(op_name: str, source: Sequence[Tuple[str, str]]) -> str:
     path = re.sub(r"layers_\d+", "layers_N", op_name)
+    if "layer_norm" in path or "_norm/" in path:  # (pre_attention_layer_norm: a norm)
+        return "layer norm"
     if "attention" in path:
-        if "_project" in path or re.search(r"attention/(out|query|key|value|qkv)/", path):
+        if "_project" in path or re.search(r"attention/(out|query|key|value|qkv|kv)/", path):
             return "attention projections"
         return "attention scores"
-    if "layer_norm" in path or "_norm/" in path:
-        return "layer norm"
     if "/mlp/" in path:
         return "MLP"
     if "token_embedder" in path or "relpos_bias" in path or "position" in path:

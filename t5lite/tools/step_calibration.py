@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from t5lite.tools import gpu_target
 
 INPUTS = ("name", "gpu", "gin_files", "bindings", "batch_size", "measured_s", "measured",
-          "source", "threefry_gpu_kernel")
+          "source", "threefry_gpu_kernel", "xla_options")
 
 
 def _compile_row(row):
@@ -31,9 +31,16 @@ def _compile_row(row):
     optimizer, _ = benchmarking.run_optimizer()
     lengths = gin.get_bindings("train")["task_feature_lengths"]
     from jax._src import config  # the random bits lowered as they were when measured
-    with config.threefry_gpu_kernel_lowering(row["threefry_gpu_kernel"]):
-        report = gpu_report.gpu_step_report(model, optimizer, row["gpu"], row["batch_size"],
-                                            lengths, init=False)
+    launchers = dict(gpu_target.LAUNCHER_OPTIONS)  # and the launchers' flags of then
+    gpu_target.LAUNCHER_OPTIONS.clear()
+    gpu_target.LAUNCHER_OPTIONS.update(row["xla_options"])
+    try:
+        with config.threefry_gpu_kernel_lowering(row["threefry_gpu_kernel"]):
+            report = gpu_report.gpu_step_report(model, optimizer, row["gpu"],
+                                                row["batch_size"], lengths, init=False)
+    finally:
+        gpu_target.LAUNCHER_OPTIONS.clear()
+        gpu_target.LAUNCHER_OPTIONS.update(launchers)
     facts = {k: report[k] for k in ("device_kind", "peak_flops", "memory_bandwidth")}
     return {**{k: row[k] for k in INPUTS}, "gpu_facts": facts,
             "program_bytes": report["program_bytes"], "program_flops": report["program_flops"],
