@@ -73,7 +73,7 @@ def test_unreadable_grid_file(tmp_path):
 def _fake_result(batch):
     return {"median_step_s": 0.1, "seq_per_s": 10.0 * batch, "tflops_per_device": 1.0,
             "mfu": 0.5, "peak_memory_bytes": batch * 2**30, "compile_s": 3.0,
-            "async_step_s": 0.09, "build_s": 2.0, "init_s": 1.0, "device_count": 1, "device_kind": "fake", "jax_version": "0",
+            "async_step_s": 0.09, "predicted_step_s": 0.095, "build_s": 2.0, "init_s": 1.0, "device_count": 1, "device_kind": "fake", "jax_version": "0",
             "compiled_memory": {"peak_bytes": batch * 2**30}, "step_durations_s": [0.1]}
 
 
@@ -115,7 +115,7 @@ def test_sweep_stops_at_the_first_batch_that_does_not_fit_and_the_grid_goes_on(t
     table = (out / "results.md").read_text().splitlines()
     assert table[0] == "1 x fake, jax 0"
     assert len([l for l in table if l.startswith("| big ")]) == 3
-    assert ("| big | 16 | ok | 100.0 | 90.0 | 160.0 | 1.0 | 50.0% | 16.0 | 16.0 | "
+    assert ("| big | 16 | ok | 100.0 | 90.0 | 95.0 | 160.0 | 1.0 | 50.0% | 16.0 | 16.0 | "
             "build 2 s, compile 3 s, init 1 s |") in table[5]
 
 

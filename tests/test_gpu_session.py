@@ -68,7 +68,8 @@ def test_summary_of_a_session_cut_off_halfway(tmp_path):
     (work / "proof" / "switches.log").write_text(
         "measured float32: rel L2 3.10e-03, max |d| 0.1, argmax 0.999, loss 10.4\n")
     ok = {"run": "large_bf16", "per_device_batch": 32, "status": "ok", "median_step_s": 0.2577,
-          "async_step_s": 0.25, "seq_per_s": 124.2, "tflops_per_device": 186.5, "mfu": 0.188,
+          "async_step_s": 0.25, "predicted_step_s": 0.2697, "seq_per_s": 124.2,
+          "tflops_per_device": 186.5, "mfu": 0.188,
           "peak_memory_bytes": 58.6 * 2**30, "device_count": 1, "device_kind": "NVIDIA H100",
           "build_s": 4.4, "compile_s": 50.7, "init_s": 12.0,
           "compilation_cache": {"hits": 0, "misses": 2}}
@@ -84,7 +85,7 @@ def test_summary_of_a_session_cut_off_halfway(tmp_path):
     assert "phases: versions ok, 5 s; proof cut off at 150 s, 150 s; grid_head ok" in text
     assert "measured: float32: rel L2 3.10e-03" in text and "resume: no verdict" in text
     row = next(line for line in lines if line.startswith("large_bf16") and " ok " in line)
-    assert row.split() == ["large_bf16", "32", "ok", "257.7", "250.0", "124.2", "186.5",
+    assert row.split() == ["large_bf16", "32", "ok", "257.7", "250.0", "269.7", "124.2", "186.5",
                            "18.8%", "58.6", "4", "51", "12", "0h", "2m"]
     assert any(line.split()[:3] == ["large_bf16", "64", "skipped"] and
                line.endswith("60 s of the time budget left") for line in lines)

@@ -142,7 +142,7 @@ def test_info_memory_on_simulated_devices():
     proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
                  "--gin_file=configs/synthetic_pretrain.gin", "--inputs_length=64",
                  "--targets_length=32", "--memory", "--devices=4", "--per_device_batch=2",
-                 "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--json")
+                 "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--cpu_compiler", "--json")
     assert proc.returncode == 0, proc.stderr
     mem = json.loads(proc.stdout)["step_memory"]
     assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
@@ -154,7 +154,7 @@ def test_info_memory_on_simulated_devices():
     # the same step on a device of a few KiB: a plain no, with what to change
     proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
                  "--gin_file=configs/synthetic_pretrain.gin", "--memory", "--devices=2",
-                 "--per_device_batch=2", "--device_memory_gib=0.00001")
+                 "--per_device_batch=2", "--device_memory_gib=0.00001", "--cpu_compiler")
     assert proc.returncode == 0, proc.stderr
     assert "does not fit in 0 GiB" in proc.stdout and "REMAT_POLICY" in proc.stdout
 

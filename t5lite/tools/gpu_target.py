@@ -128,6 +128,9 @@ def use_cpu_platform() -> None:
         jax.config.update("jax_platforms", "cpu")
     except RuntimeError:
         pass  # jax already started; its platforms stay
+    # a compile-only program cannot be loaded back from JAX's persistent cache (each
+    # read is a warning): compile without it
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 def available() -> bool:
