@@ -65,7 +65,8 @@ setup(
     packages=find_packages(include=["t5lite", "t5lite.*"]) + ["t5lite.configs"],
     package_dir={"t5lite.configs": "configs"},
     include_package_data=True,
-    package_data={"t5lite.configs": ["*.gin", "**/*.gin"]},
+    # the step-time predictor's calibration (t5lite/tools/gpu_calibration.json)
+    package_data={"t5lite.configs": ["*.gin", "**/*.gin"], "t5lite.tools": ["*.json"]},
     install_requires=RUNTIME,
     extras_require={
         "test": [
