@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import ConfigError, check_number
-from t5lite.models import decoding, layouts, lora, losses, te_backend
+from t5lite.models import decoding, layouts, lora, losses, moe, te_backend
 
 Batch = Mapping[str, jax.Array]
 MODEL_EOS = "model"  # predict_batch's default eos_id: the model's own (config.eos_id)
@@ -138,9 +138,11 @@ class BaseModel:
         parameter's random draw once instead of once per layer (T5 large: 19 draws
         instead of 433), which is what its compile time grew with; and a fresh init is
         the same under SCAN_LAYERS True and False. Transformer Engine's modules keep
-        their own per-layer init."""
+        their own per-layer init, and so does a stack that alternates dense and
+        mixture-of-experts layers (MOE_EVERY > 1)."""
         cfg = self.config
-        if cfg.scan_layers or self._uses_te():
+        if cfg.scan_layers or self._uses_te() or getattr(cfg, "moe_every", 1) > 1 and \
+                getattr(cfg, "num_experts", 0):
             return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
         stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
         boxed = self.NETWORK(stacked_cfg).init({"params": rng},
@@ -185,8 +187,13 @@ class BaseModel:
     def loss_sums(self, params, batch: Batch, rng: Optional[jax.Array] = None):
         """Token sums, before normalization: (loss_sum, {name: sum} for the names in
         METRIC_SUMS). Sums add across microbatches, so accumulated gradients equal the
-        whole batch's."""
-        logits = self.logits(params, batch, rng)
+        whole batch's. A mixture-of-experts model adds its routers' statistics
+        (`moe_metrics`), means over this batch's routing groups, not sums: `moe/objective`
+        is the weighted router losses to add to the normalized loss."""
+        rngs = {"dropout": rng} if rng is not None else {}
+        logits, state = self.module.apply(params, **self._network_inputs(batch),
+                                          deterministic=rng is None, rngs=rngs,
+                                          mutable=[moe.STATS_COLLECTION])
         targets = batch["decoder_target_tokens"]
         weights = self._weights(batch)
         tok_loss, tok_z = losses.cross_entropy_with_logits(logits, targets, self.z_loss,
@@ -194,8 +201,29 @@ class BaseModel:
         sums = {"z_loss": jnp.sum(tok_z * weights),
                 "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights),
                 "weight_sum": jnp.sum(weights),
-                "nonpadding": jnp.sum(targets > 0).astype(jnp.float32)}
+                "nonpadding": jnp.sum(targets > 0).astype(jnp.float32),
+                **self.moe_metrics(state.get(moe.STATS_COLLECTION, {}))}
         return jnp.sum(tok_loss * weights), sums
+
+    def moe_metrics(self, stats) -> Dict[str, jax.Array]:
+        """The routers' statistics sown by the MoE layers -> `moe/<stat>` (the mean over
+        MoE layers), `moe/<stat>/layer_<i>` for dropped_fraction, and `moe/objective`:
+        ROUTER_AUX_LOSS * moe/aux_loss + ROUTER_Z_LOSS * moe/z_loss. Empty when dense."""
+        per_layer = moe.layer_stats(stats)
+        if not per_layer:
+            return {}
+        out = {f"moe/{name}": jnp.mean(per_layer[name]) for name in moe.MOE_STATS}
+        for i, value in enumerate(per_layer["dropped_fraction"]):
+            out[f"moe/dropped_fraction/layer_{self.moe_layer_ids()[i]}"] = value
+        out["moe/objective"] = (self.config.router_aux_loss * out["moe/aux_loss"]
+                                + self.config.router_z_loss * out["moe/z_loss"])
+        return out
+
+    def moe_layer_ids(self) -> List[int]:
+        """The indices of the mixture-of-experts layers (empty when dense)."""
+        cfg = self.config
+        return [i for i in range(getattr(cfg, "num_layers", 0))
+                if getattr(cfg, "num_experts", 0) and cfg.is_moe_layer(i)]
 
     def normalizer(self, batch: Batch) -> jax.Array:
         """What the loss sums of `batch` are divided by (LOSS_NORMALIZING_FACTOR)."""

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.attention import Attention
+from t5lite.models.moe import moe_mlp
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
 from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm
 from t5lite.models.precision import fp8_mode
@@ -30,6 +31,7 @@ class DecoderOnlyLayer(nn.Module):
     deterministic: bool = True
     scanned: bool = False
     decode: bool = False  # KV cache in the self-attention (see attention.Attention)
+    moe: bool = False  # a mixture of experts in place of the MLP (`moe.MoeMLP`)
 
     @nn.compact
     def __call__(self, x: Array, mask: Optional[Array], positions: Array):
@@ -54,9 +56,12 @@ class DecoderOnlyLayer(nn.Module):
                 h, h, None, mask, positions, positions)
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
-        h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
-                use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
-                deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
+        if self.moe:
+            h = moe_mlp(c, lay, self.deterministic)(h)
+        else:
+            h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
+                    use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
+                    deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
         x = lay.constrain(x + dropout(h), "embed")
         return (x, None) if self.scanned else x
 
@@ -69,7 +74,8 @@ class DecoderStack(nn.Module):
                  decode: bool = False) -> Array:
         c = self.cfg
         x = run_layers(DecoderOnlyLayer, c.num_layers, x, (mask, positions), scan=c.scan_layers,
-                       remat=c.remat_policy, cfg=c, deterministic=deterministic, decode=decode)
+                       remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       cfg=c, deterministic=deterministic, decode=decode)
         return make_norm(c.norm_type, c.layer_norm_epsilon, get_dtype(c.dtype), "decoder_norm")(x)
 
 

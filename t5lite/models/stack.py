@@ -7,7 +7,7 @@ mlpwi, mlpwo.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -31,12 +31,18 @@ def remat_policy(name: str):
 
 
 def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[Any], *,
-               scan: bool, remat: str, **layer_kwargs) -> jax.Array:
+               scan: bool, remat: str,
+               per_layer: Optional[Callable[[int], Dict[str, Any]]] = None,
+               **layer_kwargs) -> jax.Array:
     """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
     `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
     method of the parent module. Layers take a `scanned` attribute and return
     `(x, None)` when it is set, as nn.scan requires. A decoding KV cache (collection
-    "cache") gains a leading `layers` axis under scan, like the parameters."""
+    "cache") gains a leading `layers` axis under scan, like the parameters, and so do the
+    statistics layers sow ("intermediates"). `per_layer(i)`: attributes that differ
+    between layers (a mixture-of-experts layer among dense ones); a scan applies layer
+    0's to all, so the caller scans only identical layers."""
+    per_layer = per_layer or (lambda i: {})
     policy = remat_policy(remat)
     cls = layer_cls
     if policy is not None:
@@ -44,14 +50,14 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
     if scan:
         scanned = nn.scan(
             cls,
-            variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0},
+            variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0, "intermediates": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(args),
             length=num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
-        x, _ = scanned(scanned=True, name="layers", **layer_kwargs)(x, *args)
+        x, _ = scanned(scanned=True, name="layers", **per_layer(0), **layer_kwargs)(x, *args)
         return x
     for i in range(num_layers):
-        x = cls(name=f"layers_{i}", **layer_kwargs)(x, *args)
+        x = cls(name=f"layers_{i}", **per_layer(i), **layer_kwargs)(x, *args)
     return x

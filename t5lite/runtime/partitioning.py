@@ -1,12 +1,13 @@
-"""The partitioner shared by every model family: a (data, fsdp, tensor) device mesh, the
+"""The partitioner shared by every model family: a (data, fsdp, tensor, expert) device mesh, the
 logical-axis rules that map the models' axis names onto it, shardings for parameters,
 optimizer and FP8 state and batches, host-slice -> global-array batches, jitted functions
 that run under the mesh and rules (`Partitioner.partition`), and process 0's decisions shared with every process.
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
-`layers`, `lora_rank`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp, embed -> fsdp,
-heads / joined_kv / mlp / vocab -> tensor, everything else (LoRA's rank too) replicated. Extra rules, the gin macro
+`layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert,
+embed -> fsdp, heads / joined_kv / mlp / vocab -> tensor, expert -> expert (the experts'
+kernels and their dispatched tokens), everything else (LoRA's rank too) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
@@ -35,13 +36,20 @@ from t5lite.errors import ConfigError, PartitioningError
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+# the batch is split over the expert axis too: outside the experts, its devices are data
+# parallel (GShard); a mesh shape of three entries has no expert axis (size 1)
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # Order matters: an earlier rule claims its mesh axes first (so an activation's `embed`
 # does not take `fsdp` once its `batch` has it).
 DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("batch", BATCH_AXES),
+    ("expert", "expert"),
+    # the routing groups of tokens dispatched to their experts: the batch's split less
+    # the expert axis, which their expert axis took (XLA's all-to-all moves them)
+    ("expert_groups", ("data", "fsdp")),
+    ("expert_logits", None),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("joined_kv", "tensor"),
@@ -65,6 +73,8 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
 
 def _fill(shape: Sequence[int], total: int, what: str) -> Tuple[int, ...]:
     shape = tuple(int(s) for s in shape)
+    if len(shape) == len(MESH_AXES) - 1:  # (data, fsdp, tensor): no expert axis
+        shape = shape + (1,)
     if len(shape) != len(MESH_AXES):
         raise PartitioningError(f"{what} must have {len(MESH_AXES)} entries {MESH_AXES}, "
                                 f"got {shape}")
@@ -81,7 +91,8 @@ def _fill(shape: Sequence[int], total: int, what: str) -> Tuple[int, ...]:
 def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
               dcn_mesh_shape: Sequence[int] = (1, 1, 1),
               devices: Optional[Sequence[Any]] = None) -> Mesh:
-    """Mesh over (data, fsdp, tensor). `ici_mesh_shape` lays out the devices within one
+    """Mesh over (data, fsdp, tensor, expert); a shape of three entries leaves the expert
+    axis 1. `ici_mesh_shape` lays out the devices within one
     host (or slice), `dcn_mesh_shape` the hosts; the full mesh is their product. One -1
     entry in each fills the remaining devices."""
     devices = list(devices if devices is not None else jax.devices())
@@ -109,7 +120,8 @@ def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
             # group by process: each process's devices form one ICI block
             by_proc = sorted(devices, key=lambda d: (d.process_index, d.id))
             blocks = np.array(by_proc).reshape(dcn + ici)
-            arr = blocks.transpose(0, 3, 1, 4, 2, 5).reshape(
+            k = len(MESH_AXES)
+            arr = blocks.transpose([a for i in range(k) for a in (i, k + i)]).reshape(
                 tuple(a * b for a, b in zip(dcn, ici)))
     return Mesh(arr, MESH_AXES)
 
@@ -254,7 +266,8 @@ class Partitioner:
             raise PartitioningError(
                 f"batch of {per} examples (BATCH_SIZE={global_batch_size} / NUM_MICROBATCHES="
                 f"{num_microbatches}) does not divide over {self.data_shards} data shards "
-                f"(mesh data x fsdp = {self.mesh.shape['data']} x {self.mesh.shape['fsdp']}); "
+                f"(mesh data x fsdp x expert = {self.mesh.shape['data']} x "
+                f"{self.mesh.shape['fsdp']} x {self.mesh.shape['expert']}); "
                 f"use a multiple of {self.data_shards}")
         sharding = self.batch_sharding(1)
         index_map = sharding.addressable_devices_indices_map((global_batch_size,))
@@ -299,7 +312,8 @@ class PartitionedFunction:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSettings:
-    """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor)
+    """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor,
+    expert) (three entries: no expert axis)
     (one -1 entry in each fills the devices), and PARTITION_RULES, extra
     (logical name, mesh axes) rules tried before `DEFAULT_RULES`."""
 
@@ -310,12 +324,14 @@ class MeshSettings:
     def __post_init__(self):
         for name, shape in (("ICI_MESH_SHAPE", self.ici_mesh_shape),
                             ("DCN_MESH_SHAPE", self.dcn_mesh_shape)):
-            if not isinstance(shape, (list, tuple)) or len(shape) != len(MESH_AXES) or any(
+            if not isinstance(shape, (list, tuple)) or len(shape) not in (
+                    len(MESH_AXES) - 1, len(MESH_AXES)) or any(
                     isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
                     for s in shape):
                 raise ConfigError(f"{name} must be {len(MESH_AXES)} whole numbers "
-                                  f"{list(MESH_AXES)}, each >= 1 or one -1 (the rest of the "
-                                  f"devices), e.g. [-1, 1, 1]; got {shape!r}")
+                                  f"{list(MESH_AXES)} (or the first three, no expert axis), "
+                                  f"each >= 1 or one -1 (the rest of the devices), e.g. "
+                                  f"[-1, 1, 1]; got {shape!r}")
         rules = self.partition_rules
         if not isinstance(rules, (list, tuple)) or any(
                 not isinstance(r, (list, tuple)) or len(r) != 2 or not isinstance(r[0], str)
@@ -335,6 +351,12 @@ class MeshSettings:
         """The mesh over `devices` (default all) with these rules; with `model`, its
         tracing context (Transformer Engine's mesh resource) joins the mesh and rules."""
         mesh = make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices)
+        experts = getattr(getattr(model, "config", None), "num_experts", 0)
+        if experts and experts % mesh.shape["expert"]:
+            raise PartitioningError(
+                f"NUM_EXPERTS={experts} does not divide over the mesh's expert axis of "
+                f"{mesh.shape['expert']} devices; make the expert entry of ICI_MESH_SHAPE / "
+                f"DCN_MESH_SHAPE a divisor of {experts}")
         if model is None:
             return Partitioner(mesh, self.partition_rules)
         axes = {name: name for name in MESH_AXES}

@@ -75,20 +75,30 @@ class StepFunctions:
     init: Callable[[jax.Array], TrainState]
 
 
-def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, partitioner):
+def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, partitioner,
+                      norm):
     """Summed loss, summed metrics and summed gradients (float32) of the trainable
     parameters (`model.split_trainable`) over microbatches; FP8 state combined by
     `precision.combine_fp8` (max; min for TE's scales). Returns (loss_sum, metrics_sums,
-    trainable_grads, new_fp8)."""
+    trainable_grads, new_fp8).
+
+    The gradient is that of loss_sum + norm * moe/objective / num_microbatches for each
+    microbatch (`norm`: the whole batch's normalizer), so that, divided by `norm`, it is
+    the gradient of loss / norm plus the mean over microbatches (all the same size) of
+    the routers' losses: k microbatches give the whole batch's, load balancing included."""
     params, fp8 = _split_variables(variables)
     trainable, frozen = model.split_trainable(params["params"])
 
     def loss_sums(trainable_, fp8_, mb, mb_rng):
         whole = {"params": model.join_trainable(trainable_, frozen), **fp8_}
-        return model.loss_sums(whole, mb, mb_rng)
+        loss_sum, sums = model.loss_sums(whole, mb, mb_rng)
+        objective = loss_sum
+        if "moe/objective" in sums:
+            objective = objective + norm * sums["moe/objective"] / num_microbatches
+        return objective, (loss_sum, sums)
 
     def one(mb, mb_rng):
-        (loss_sum, sums), (g_params, g_fp8) = jax.value_and_grad(
+        (_, (loss_sum, sums)), (g_params, g_fp8) = jax.value_and_grad(
             loss_sums, argnums=(0, 1), has_aux=True)(trainable, fp8, mb, mb_rng)
         g_params = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), g_params)
         return loss_sum, sums, g_params, g_fp8
@@ -115,7 +125,9 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
 
     zero_g = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
     low_fp8 = precision.fp8_identity(fp8)
-    zero_sums = {k: jnp.zeros((), jnp.float32) for k in model.METRIC_SUMS}
+    first = jax.tree_util.tree_map(lambda x: x[0], mbs)
+    zero_sums = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                       jax.eval_shape(one, first, rng)[1])
     (loss_sum, sums, grads, new_fp8), _ = jax.lax.scan(
         body, (jnp.zeros((), jnp.float32), zero_sums, zero_g, low_fp8),
         (jnp.arange(num_microbatches), mbs))
@@ -140,7 +152,7 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         norm = model.normalizer(batch)
         loss_sum, sums, grads, new_fp8 = _microbatch_grads(
-            model, state.variables, batch, rng, num_microbatches, partitioner)
+            model, state.variables, batch, rng, num_microbatches, partitioner, norm)
         grads = jax.tree_util.tree_map(lambda g: g / norm, grads)
         grads = jax.lax.with_sharding_constraint(grads, trainable_shardings)
         trainable, frozen = model.split_trainable(state.params["params"])
@@ -159,6 +171,8 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
             "weight_sum": sums["weight_sum"],
             "nonpadding_fraction": sums["nonpadding"] / batch["decoder_target_tokens"].size,
         }
+        metrics.update({k: v / num_microbatches for k, v in sums.items()
+                        if k.startswith("moe/")})  # per-microbatch means
         if learning_rate_fn is not None:
             metrics["learning_rate"] = jnp.asarray(learning_rate_fn(state.step), jnp.float32)
         return new_state, metrics

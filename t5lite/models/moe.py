@@ -1,0 +1,241 @@
+"""The mixture-of-experts feed-forward block: a float32 router, `routing`'s choice of
+experts, and `num_experts` MLPs whose kernels carry a leading `expert` axis.
+
+Parameters (under a layer's `mlp`, where a dense layer has its MLP)::
+
+    router/kernel                  [embed, expert_logits]  float32, used in float32
+    wi_0/kernel, wi_1/kernel       [expert, embed, mlp]    (wi/kernel when not gated)
+    wo/kernel                      [expert, mlp, embed]
+    wi*/bias [expert, mlp], wo/bias [expert, embed]        with use_bias
+
+Tokens are taken in [batch, length] order (the routing never depends on the layout or
+the mesh) and cut into routing groups of `group_size` tokens (`MoeSettings.group`).
+'capacity' routing dispatches each group's tokens into [expert, group, slot, embed] with
+an einsum, which XLA turns into an all-to-all when the expert axis is sharded;
+'dropless' routing sorts the tokens' choices by expert and runs the experts as ragged
+matmuls (`jax.lax.ragged_dot`).
+
+Statistics for the loss and the logs are sown into the "intermediates" collection
+(`MOE_STATS`): each layer's aux_loss, z_loss, dropped_fraction and expert_load.
+The experts' matmuls run in the activation dtype, also under FP8 (only the dense layers'
+matmuls are FP8); the router's logits and softmax are float32 whatever the dtype.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from t5lite.models import routing
+from t5lite.models.layers import ACTIVATIONS, Layout
+
+Array = jax.Array
+MOE_STATS = ("aux_loss", "z_loss", "dropped_fraction", "expert_load")
+STATS_COLLECTION = "intermediates"
+
+
+def expert_init(scale: float = 1.0):
+    """Truncated-normal fan-in scaling of an [expert, in, out] kernel: each expert as a
+    dense kernel [in, out] would be drawn."""
+    return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal",
+                                            in_axis=-2, out_axis=-1, batch_axis=(0,))
+
+
+class MoeMLP(nn.Module):
+    """x [batch, length, embed] (or [length, batch, embed] in the SB layout) ->
+    the same shape: sum over a token's kept choices of gate * expert_e(x)."""
+
+    num_experts: int
+    top_k: int
+    mlp_dim: int
+    activations: Sequence[str]
+    routing_kind: str  # 'capacity' | 'dropless'
+    capacity_factor: float
+    eval_capacity_factor: float
+    group_size: int
+    layout: Layout
+    dtype: jnp.dtype = jnp.bfloat16
+    use_bias: bool = False
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        lay = self.layout
+        tokens = lay.to_external(x)  # [batch, length, embed]
+        batch, length, embed = tokens.shape
+        flat = tokens.reshape(batch * length, embed)
+        group = group_size_for(self.group_size, flat.shape[0])
+        router, _ = ExpertParams((embed, self.num_experts), ("embed", "expert_logits"),
+                                 False, name="router")()
+        logits = jnp.dot(flat.astype(jnp.float32), router,
+                         precision=jax.lax.Precision.HIGHEST)  # [tokens, expert] float32
+        logits = logits.reshape(-1, group, self.num_experts)  # [groups, group, expert]
+        probs = jax.nn.softmax(logits, axis=-1)
+        experts = self._experts(embed)
+        if self.routing_kind == "capacity":
+            cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor
+            cap = routing.expert_capacity(group, self.num_experts, cf)
+            r = routing.capacity_routing(probs, self.top_k, cap)
+            xg = flat.reshape(-1, group, embed).astype(self.dtype)
+            dispatched = jnp.einsum("gsec,gsd->egcd", r.dispatch.astype(self.dtype), xg)
+            dispatched = nn.with_logical_constraint(
+                dispatched, ("expert", "expert_groups", None, "embed"))
+            out = experts(dispatched)
+            out = nn.with_logical_constraint(out, ("expert", "expert_groups", None, "embed"))
+            y = jnp.einsum("gsec,egcd->gsd", r.combine.astype(self.dtype), out)
+            kept, ids = r.kept, r.ids
+        else:
+            ids, gates = routing.top_k_choices(probs, self.top_k)
+            y = self._dropless(flat, ids.reshape(-1, self.top_k), gates.reshape(-1, self.top_k),
+                               experts)
+            kept = jnp.ones(ids.shape, bool)
+        self._sow_stats(logits, probs, ids, kept)
+        y = y.reshape(batch, length, embed).astype(self.dtype)
+        return lay.to_internal(y)
+
+    def _experts(self, embed: int) -> "_ExpertFn":
+        """The experts' parameters, as a function of their inputs."""
+        e, f = self.num_experts, self.mlp_dim
+        names = ["wi"] if len(self.activations) == 1 else [
+            f"wi_{i}" for i in range(len(self.activations))]
+        wis = [ExpertParams((e, embed, f), ("expert", "embed", "mlp"), self.use_bias, name=n)()
+               for n in names]
+        wo = ExpertParams((e, f, embed), ("expert", "mlp", "embed"), self.use_bias, name="wo")()
+        return _ExpertFn(wis, wo, self.activations, self.dtype,
+                         nn.Dropout(self.dropout_rate), self.deterministic)
+
+    def _dropless(self, flat: Array, ids: Array, gates: Array, experts) -> Array:
+        """flat [tokens, embed]; ids / gates [tokens, k] -> [tokens, embed]."""
+        tokens, k = ids.shape
+        order = jnp.argsort(ids.reshape(-1), stable=True)
+        sizes = jnp.bincount(ids.reshape(-1), length=self.num_experts).astype(jnp.int32)
+        xs = jnp.take(flat.astype(self.dtype), order // k, axis=0)  # [tokens * k, embed]
+        ys = experts.ragged(xs, sizes)
+        ys = jnp.zeros_like(ys).at[order].set(ys).reshape(tokens, k, -1)
+        return jnp.einsum("tkd,tk->td", ys, gates.astype(self.dtype))
+
+    def _sow_stats(self, logits, probs, ids, kept):
+        stats = {
+            "aux_loss": routing.load_balancing_loss(probs, ids[..., 0]),
+            "z_loss": routing.z_loss(logits),
+            "dropped_fraction": 1.0 - jnp.mean(kept.astype(jnp.float32)),
+            "expert_load": jax.lax.stop_gradient(routing.expert_load(ids, self.num_experts)),
+        }
+        for name in MOE_STATS:
+            self.sow(STATS_COLLECTION, f"moe_{name}", stats[name])
+
+
+class ExpertParams(nn.Module):
+    """One kernel (and its bias over the trailing axis with `use_bias`), float32: the
+    router's [embed, expert_logits] (drawn as a dense kernel), or an expert projection
+    [expert, in, out] (each expert drawn as a dense kernel [in, out])."""
+
+    shape: Sequence[int]
+    axes: Sequence[str]
+    use_bias: bool
+
+    @nn.compact
+    def __call__(self):
+        kernel = self.param("kernel", nn.with_logical_partitioning(
+            expert_init() if len(self.shape) == 3 else
+            nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"),
+            tuple(self.axes)), tuple(self.shape), jnp.float32)
+        bias = None
+        if self.use_bias:
+            bias_shape = (self.shape[0], self.shape[-1])
+            bias = self.param("bias", nn.with_logical_partitioning(
+                nn.initializers.zeros_init(), (self.axes[0], self.axes[-1])), bias_shape,
+                jnp.float32)
+        return kernel, bias
+
+
+class _ExpertFn:
+    """The experts' MLPs over their parameters (kernels [expert, in, out])."""
+
+    def __init__(self, wis, wo, activations, dtype, dropout, deterministic):
+        self.wis, self.wo, self.activations, self.dtype = wis, wo, activations, dtype
+        self.dropout, self.deterministic = dropout, deterministic
+
+    def _hidden(self, matmul, bias_shape) -> Array:
+        hidden = None
+        for (kernel, bias), act in zip(self.wis, self.activations):
+            y = matmul(jnp.asarray(kernel, self.dtype))
+            if bias is not None:
+                y = y + bias_shape(jnp.asarray(bias, self.dtype))
+            y = ACTIVATIONS[act](y)
+            hidden = y if hidden is None else hidden * y
+        hidden = checkpoint_name(hidden, "mlpwi")
+        return self.dropout(hidden, deterministic=self.deterministic)
+
+    def __call__(self, x: Array) -> Array:
+        """x [expert, group, slot, embed] -> the same shape."""
+        hidden = self._hidden(lambda k: jnp.einsum("egcd,edf->egcf", x, k),
+                              lambda b: b[:, None, None, :])
+        kernel, bias = self.wo
+        y = jnp.einsum("egcf,efd->egcd", hidden, jnp.asarray(kernel, self.dtype))
+        if bias is not None:
+            y = y + jnp.asarray(bias, self.dtype)[:, None, None, :]
+        return checkpoint_name(y, "mlpwo")
+
+    def ragged(self, xs: Array, sizes: Array) -> Array:
+        """xs [rows, embed] sorted by expert, `sizes` [expert] rows each -> [rows, embed]."""
+        row_expert = jnp.repeat(jnp.arange(sizes.shape[0]), sizes, total_repeat_length=xs.shape[0])
+        hidden = self._hidden(lambda k: jax.lax.ragged_dot(xs, k, sizes),
+                              lambda b: jnp.take(b, row_expert, axis=0))
+        kernel, bias = self.wo
+        y = jax.lax.ragged_dot(hidden, jnp.asarray(kernel, self.dtype), sizes)
+        if bias is not None:
+            y = y + jnp.take(jnp.asarray(bias, self.dtype), row_expert, axis=0)
+        return checkpoint_name(y, "mlpwo")
+
+
+def group_size_for(group_size: int, tokens: int) -> int:
+    """The routing group of a call with `tokens` tokens: `group_size`, or all the tokens
+    when there are fewer (a decoding step); ValueError when it does not divide them."""
+    group = min(group_size, tokens)
+    if tokens % group:
+        raise ValueError(f"MOE_GROUP_SIZE={group_size} does not divide the {tokens} tokens of "
+                         f"a batch (batch x length); use a divisor of the sequence length")
+    return group
+
+
+def moe_mlp(cfg, layout: Layout, deterministic: bool) -> MoeMLP:
+    """The MoE block a config's sparse layers hold (named "mlp", as a dense MLP)."""
+    return MoeMLP(num_experts=cfg.num_experts, top_k=cfg.moe_top_k, mlp_dim=cfg.mlp_dim,
+                  activations=cfg.expert_activations, routing_kind=cfg.routing,
+                  capacity_factor=cfg.capacity_factor,
+                  eval_capacity_factor=cfg.eval_capacity_factor,
+                  group_size=cfg.moe_group_size, layout=layout,
+                  dtype=jnp.dtype(cfg.dtype), use_bias=cfg.use_bias,
+                  dropout_rate=cfg.dropout_rate, deterministic=deterministic, name="mlp")
+
+
+def layer_stats(stats) -> dict:
+    """The "intermediates" a network's MoE layers sowed -> {stat: [moe layers] float32},
+    in layer order (a scanned stack's sow holds all its layers at once); {} when none."""
+    found = {name: [] for name in MOE_STATS}
+
+    def visit(tree, path):
+        if isinstance(tree, dict):
+            for key in sorted(tree, key=_layer_order):
+                visit(tree[key], path + (key,))
+            return
+        name = path[-1][len("moe_"):] if path and path[-1].startswith("moe_") else None
+        if name in found:
+            for value in tree:  # sow keeps a tuple of the calls' values
+                found[name].append(jnp.reshape(value, (-1,)))
+
+    visit(stats, ())
+    if not found["aux_loss"]:
+        return {}
+    return {name: jnp.concatenate(values) for name, values in found.items()}
+
+
+def _layer_order(key: str):
+    """layers_10 after layers_9: sort `layers_<i>` by number, other keys by name."""
+    head, _, tail = key.rpartition("_")
+    return (head, int(tail)) if tail.isdigit() else (key, -1)

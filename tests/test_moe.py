@@ -1,0 +1,270 @@
+"""Mixture of experts (decoder-only): the routing against a hand-written NumPy dispatch,
+the MoE block against a per-expert loop, the router's losses at their known values, the
+router in float32 under bf16 and FP8, the expert axis and microbatches giving the
+one-device, whole-batch update (router losses included), and the settings that cannot
+work refused in one line."""
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from t5lite.data.synthetic import SyntheticTask
+from t5lite.models import moe, routing
+from t5lite.models.configs import DecoderConfig
+from t5lite.models.layers import ACTIVATIONS, Layout
+from t5lite.models.model import DecoderOnlyModel
+from t5lite.runtime import partitioning, train_step
+
+MOE = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                    num_layers=2, mlp_dim=48, dtype="float32", num_experts=8, moe_top_k=2,
+                    moe_every=1, moe_group_size=8, routing="capacity", capacity_factor=1.0,
+                    eval_capacity_factor=1.0, router_aux_loss=0.1, router_z_loss=0.01)
+
+
+# ----------------------------------------------------------------------------- routing
+
+def _hand_dispatch(probs, top_k, capacity):
+    """Priority routing written out token by token: every first choice in token order,
+    then every second choice; a choice whose expert is full is dropped."""
+    groups, tokens, experts = probs.shape
+    dispatch = np.zeros((groups, tokens, experts, capacity), bool)
+    combine = np.zeros((groups, tokens, experts, capacity), np.float32)
+    for g in range(groups):
+        order = [sorted(range(experts), key=lambda e: (-probs[g, s, e], e))[:top_k]
+                 for s in range(tokens)]
+        gates = [probs[g, s, order[s]] for s in range(tokens)]
+        if top_k > 1:
+            gates = [w / w.sum() for w in gates]
+        count = [0] * experts
+        for j in range(top_k):
+            for s in range(tokens):
+                e = order[s][j]
+                if count[e] < capacity:
+                    dispatch[g, s, e, count[e]] = True
+                    combine[g, s, e, count[e]] = gates[s][j]
+                    count[e] += 1
+    return dispatch, combine
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_capacity_routing_matches_hand_dispatch(top_k):
+    rng = np.random.default_rng(top_k)
+    logits = rng.normal(size=(3, 16, 4)).astype(np.float32)
+    logits[..., 0] += 1.5  # expert 0 popular: its slots run out
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    capacity = routing.expert_capacity(16, 4, 1.0)
+    assert capacity == 4
+    got = routing.capacity_routing(jnp.asarray(probs), top_k, capacity)
+    dispatch, combine = _hand_dispatch(probs, top_k, capacity)
+    np.testing.assert_array_equal(np.asarray(got.dispatch), dispatch)
+    np.testing.assert_allclose(np.asarray(got.combine), combine, rtol=1e-6, atol=0)
+    kept = np.asarray(got.kept)
+    assert 0 < kept.mean() < 1  # some choices were dropped, some kept
+    assert dispatch.sum() == kept.sum()
+
+
+def test_capacity_rule():
+    assert routing.expert_capacity(8192, 64, 2.0) == 256  # GLaM 126M/64E's
+    assert routing.expert_capacity(1000, 64, 1.0) == 16  # int(15.6) = 15, up to 16
+    assert routing.expert_capacity(16, 64, 1.0) == 4  # at least 4
+    assert routing.expert_capacity(2, 4, 8.0) == 2  # never more than the group
+
+
+def test_zero_router_losses():
+    logits = jnp.zeros((2, 8, 16), jnp.float32)
+    probs = jax.nn.softmax(logits)
+    first = routing.top_k_choices(probs, 2)[0][..., 0]
+    assert float(routing.load_balancing_loss(probs, first)) == 1.0
+    np.testing.assert_allclose(float(routing.z_loss(logits)), math.log(16) ** 2, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the block
+
+def _block(routing_kind, top_k, cf=64.0, activations=("silu", "linear"), experts=4):
+    return moe.MoeMLP(num_experts=experts, top_k=top_k, mlp_dim=12, activations=activations,
+                      routing_kind=routing_kind, capacity_factor=cf, eval_capacity_factor=cf,
+                      group_size=8, layout=Layout(), dtype=jnp.float32)
+
+
+def _expert_loop(params, x, top_k, kept=None):
+    """Each token: its top-k experts' MLPs, weighted by the (renormalized) gates."""
+    p = jax.tree_util.tree_map(np.asarray, params["params"])
+    flat = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
+    logits = flat @ p["router"]["kernel"]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(flat)
+    for t in range(flat.shape[0]):
+        chosen = sorted(range(probs.shape[1]), key=lambda e: (-probs[t, e], e))[:top_k]
+        gates = probs[t, chosen] / (probs[t, chosen].sum() if top_k > 1 else 1.0)
+        for j, e in enumerate(chosen):
+            if kept is not None and not kept[t, j]:
+                continue
+            names = sorted(n for n in p if n.startswith("wi"))
+            hidden = None
+            for n, act in zip(names, ("silu", "linear") if len(names) == 2 else ("relu",)):
+                h = np.asarray(ACTIVATIONS[act](flat[t] @ p[n]["kernel"][e]))
+                hidden = h if hidden is None else hidden * h
+            out[t] += gates[j] * (hidden @ p["wo"]["kernel"][e])
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("routing_kind,top_k", [("capacity", 1), ("capacity", 2),
+                                                ("dropless", 2)])
+def test_block_without_drops_equals_expert_loop(routing_kind, top_k):
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 16), jnp.float32)
+    block = _block(routing_kind, top_k)
+    params = nn.meta.unbox(block.init(jax.random.PRNGKey(2), x))
+    y, state = block.apply(params, x, mutable=[moe.STATS_COLLECTION])
+    np.testing.assert_allclose(np.asarray(y), _expert_loop(params, x, top_k), atol=1e-6)
+    stats = moe.layer_stats(state[moe.STATS_COLLECTION])
+    assert float(stats["dropped_fraction"][0]) == 0.0
+
+
+def test_block_with_drops_equals_hand_dispatch():
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 8, 16), jnp.float32)
+    block = _block("capacity", 2, cf=1.0, activations=("relu",), experts=8)
+    params = nn.meta.unbox(block.init(jax.random.PRNGKey(4), x))
+    # a router that favours expert 0, so its 4 slots of each 8-token group overflow
+    params["params"]["router"]["kernel"] = params["params"]["router"]["kernel"].at[:, 0].add(
+        jnp.sign(x.reshape(-1, 16).mean(0)) * 2.0)
+    y, state = block.apply(params, x, mutable=[moe.STATS_COLLECTION])
+    flat = np.asarray(x).reshape(2, 8, 16)
+    logits = flat @ np.asarray(params["params"]["router"]["kernel"])
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    dispatch, _ = _hand_dispatch(probs, 2, 4)
+    kept = np.zeros((16, 2), bool)
+    for g in range(2):
+        for s in range(8):
+            chosen = sorted(range(8), key=lambda e: (-probs[g, s, e], e))[:2]
+            for j, e in enumerate(chosen):
+                kept[g * 8 + s, j] = dispatch[g, s, e].any()
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(np.asarray(y), _expert_loop(params, x, 2, kept), atol=1e-6)
+    stats = moe.layer_stats(state[moe.STATS_COLLECTION])
+    np.testing.assert_allclose(float(stats["dropped_fraction"][0]), 1 - kept.mean(), rtol=1e-6)
+
+
+def _dot_dtypes(jaxpr, experts, found):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            out = eqn.outvars[0].aval
+            if out.shape and out.shape[-1] == experts:
+                found.append((out.dtype, tuple(v.aval.dtype for v in eqn.invars)))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            _dot_dtypes(sub, experts, found)
+    return found
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_router_is_float32_under_bf16_and_fp8(fp8):
+    cfg = dataclasses.replace(MOE, dtype="bfloat16", fp8=fp8, num_experts=5)
+    model = DecoderOnlyModel(cfg)
+    variables = model.abstract_variables(2, {"targets": 8})
+    batch = model.dummy_batch(2, {"targets": 8})
+    jaxpr = jax.make_jaxpr(lambda v: model.logits(v, batch))(variables)
+    found = _dot_dtypes(jaxpr.jaxpr, 5, [])
+    assert len(found) == cfg.num_layers  # one router matmul a layer
+    assert all(out == jnp.float32 and ins == (jnp.float32, jnp.float32) for out, ins in found)
+
+
+# ----------------------------------------------------------------------------- training
+
+def _run(cfg, mesh_shape, num_microbatches=1, steps=1):
+    model = DecoderOnlyModel(cfg)
+    lengths = {"targets": 8}
+    task = SyntheticTask(lengths, cfg.vocab_size, "decoder_only", seed=3)
+    devices = jax.devices()[:int(np.prod(mesh_shape))]
+    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
+    fns = train_step.make_train_step(model, optax.sgd(0.1), part,
+                                     num_microbatches=num_microbatches, lengths=lengths)
+    state = fns.init(jax.random.PRNGKey(0))
+    for step in range(steps):
+        batch = part.host_to_global(task.global_batch(step, 16), part.data_layout(16))
+        state, metrics = fns.train_step(state, batch)
+    return jax.device_get(metrics), jax.device_get(state), state
+
+
+@pytest.fixture(scope="module", params=["capacity", "dropless"])
+def one_device(request):
+    cfg = dataclasses.replace(MOE, routing=request.param)
+    return cfg, _run(cfg, (1, 1, 1))
+
+
+def _assert_same(run, ref):
+    for name in ("loss", "grad_norm", "moe/aux_loss", "moe/z_loss", "moe/dropped_fraction"):
+        np.testing.assert_allclose(run[0][name], ref[0][name], rtol=1e-5, err_msg=name)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                                   atol=1e-5),
+                           run[1].params, ref[1].params)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 8), (1, 2, 1, 4)])
+def test_expert_meshes_match_one_device(one_device, mesh_shape):
+    cfg, ref = one_device
+    if cfg.routing == "capacity":  # drops happen, and the router losses are in the step
+        assert 0 < ref[0]["moe/dropped_fraction"] < 1
+        assert ref[0]["moe/aux_loss"] > 1
+    run = _run(cfg, mesh_shape)
+    _assert_same(run, ref)
+    kernel = run[2].params["params"]["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
+    assert len({str(s.index) for s in kernel.addressable_shards}) == 8
+
+
+def test_microbatches_match_whole_batch(one_device):
+    cfg, ref = one_device
+    _assert_same(_run(cfg, (1, 1, 1), num_microbatches=2), ref)
+
+
+def test_router_losses_reach_the_gradient():
+    """With the router's losses weighted up, the router's update changes (and only its
+    and the layers' below it): the objective really holds them."""
+    base = _run(MOE, (1, 1, 1))
+    heavy = _run(dataclasses.replace(MOE, router_aux_loss=10.0), (1, 1, 1))
+    np.testing.assert_allclose(heavy[0]["loss"], base[0]["loss"], rtol=1e-6)
+    router = lambda r: np.asarray(r[1].params["params"]["decoder"]["layers_1"]["mlp"]
+                                  ["router"]["kernel"])
+    assert np.abs(router(heavy) - router(base)).max() > 1e-4
+    np.testing.assert_allclose(heavy[0]["moe/objective"],
+                               10.0 * heavy[0]["moe/aux_loss"] + 0.01 * heavy[0]["moe/z_loss"],
+                               rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- settings
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"moe_top_k": 9}, "MOE_TOP_K=9 exceeds NUM_EXPERTS=8"),
+    ({"capacity_factor": 0.0}, "CAPACITY_FACTOR (capacity_factor) must be a number > 0"),
+    ({"eval_capacity_factor": -1.0}, "EVAL_CAPACITY_FACTOR"),
+    ({"routing": "sinkhorn"}, "ROUTING (routing) must be one of capacity, dropless"),
+    ({"expert_mlp": "swish"}, "EXPERT_MLP (expert_mlp) must be one of"),
+    ({"scan_layers": True, "moe_every": 2}, "SCAN_LAYERS=True scans identical layers"),
+    ({"lora_rank": 4, "lora_targets": ("query",)}, "LoRA (LORA_RANK > 0) does not adapt"),
+    ({"fp8": True, "fp8_backend": "te"}, "FP8_BACKEND='te' does not run mixture-of-experts"),
+])
+def test_bad_settings_are_one_line(changes, needle):
+    with pytest.raises(ValueError) as err:
+        dataclasses.replace(MOE, **changes)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_expert_axis_must_divide_the_experts():
+    settings = partitioning.MeshSettings((1, 1, 1, 3), (1, 1, 1), ())
+    with pytest.raises(partitioning.PartitioningError) as err:
+        settings.partitioner(jax.devices()[:3], model=DecoderOnlyModel(MOE))
+    assert "NUM_EXPERTS=8" in str(err.value) and "expert axis of 3" in str(err.value)
+
+
+def test_group_size_must_divide_the_tokens():
+    cfg = dataclasses.replace(MOE, moe_group_size=6)
+    model = DecoderOnlyModel(cfg)
+    with pytest.raises(ValueError) as err:
+        model.init(jax.random.PRNGKey(0), 2, {"targets": 8})
+    assert "MOE_GROUP_SIZE=6 does not divide the 16 tokens" in str(err.value)
