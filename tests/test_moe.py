@@ -15,9 +15,10 @@ import optax
 import pytest
 
 from t5lite.data.synthetic import SyntheticTask
-from t5lite.models import moe, routing
+from t5lite.models import moe
+from t5lite.models.moe import routing
 from t5lite.models.configs import DecoderConfig
-from t5lite.models.layers import ACTIVATIONS, Layout
+from t5lite.models.layers import ACTIVATIONS
 from t5lite.models.model import DecoderOnlyModel
 from t5lite.runtime import partitioning, train_step
 
@@ -87,9 +88,10 @@ def test_zero_router_losses():
 # ----------------------------------------------------------------------------- the block
 
 def _block(routing_kind, top_k, cf=64.0, activations=("silu", "linear"), experts=4):
-    return moe.MoeMLP(num_experts=experts, top_k=top_k, mlp_dim=12, activations=activations,
+    return moe.MoeMLP(num_experts=experts, top_k=top_k, mlp_dim=12,
+                      activations=tuple(ACTIVATIONS[a] for a in activations),
                       routing_kind=routing_kind, capacity_factor=cf, eval_capacity_factor=cf,
-                      group_size=8, layout=Layout(), dtype=jnp.float32)
+                      group_size=8, dtype=jnp.float32)
 
 
 def _expert_loop(params, x, top_k, kept=None):

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.attention import Attention
-from t5lite.models.moe import moe_mlp
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
-from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm
+from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm, moe_mlp
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -57,7 +56,7 @@ class DecoderOnlyLayer(nn.Module):
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         if self.moe:
-            h = moe_mlp(c, lay, self.deterministic)(h)
+            h = lay.to_internal(moe_mlp(c, self.deterministic)(lay.to_external(h)))
         else:
             h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
                     use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,

@@ -21,6 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import lora as lora_lib
 from t5lite.models import precision
+from t5lite.models import moe
 
 Array = jax.Array
 
@@ -258,3 +259,15 @@ class MLP(nn.Module):
             hidden, deterministic=self.deterministic)
         y = self._dense(x.shape[-1], ("mlp", "embed"), "wo")(hidden)
         return checkpoint_name(y, "mlpwo")
+
+
+def moe_mlp(cfg, deterministic: bool) -> "moe.MoeMLP":
+    """The mixture-of-experts block a config's sparse layers hold (named "mlp", as a
+    dense MLP; it takes and returns [batch, length, embed])."""
+    return moe.MoeMLP(num_experts=cfg.num_experts, top_k=cfg.moe_top_k, mlp_dim=cfg.mlp_dim,
+                      activations=tuple(ACTIVATIONS[a] for a in cfg.expert_activations),
+                      routing_kind=cfg.routing, capacity_factor=cfg.capacity_factor,
+                      eval_capacity_factor=cfg.eval_capacity_factor,
+                      group_size=cfg.moe_group_size, dtype=get_dtype(cfg.dtype),
+                      use_bias=cfg.use_bias, dropout_rate=cfg.dropout_rate,
+                      deterministic=deterministic, name="mlp")

@@ -22,15 +22,14 @@ matmuls are FP8); the router's logits and softmax are float32 whatever the dtype
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from t5lite.models import routing
-from t5lite.models.layers import ACTIVATIONS, Layout
+from t5lite.models.moe import routing
 
 Array = jax.Array
 MOE_STATS = ("aux_loss", "z_loss", "dropped_fraction", "expert_load")
@@ -45,18 +44,18 @@ def expert_init(scale: float = 1.0):
 
 
 class MoeMLP(nn.Module):
-    """x [batch, length, embed] (or [length, batch, embed] in the SB layout) ->
-    the same shape: sum over a token's kept choices of gate * expert_e(x)."""
+    """x [batch, length, embed] -> the same shape: the sum over a token's kept choices of
+    gate * expert_e(x). `activations`: one function (wi) or several, multiplied (a gated
+    MLP: wi_0, wi_1, ...)."""
 
     num_experts: int
     top_k: int
     mlp_dim: int
-    activations: Sequence[str]
+    activations: Tuple[Callable, ...]
     routing_kind: str  # 'capacity' | 'dropless'
     capacity_factor: float
     eval_capacity_factor: float
     group_size: int
-    layout: Layout
     dtype: jnp.dtype = jnp.bfloat16
     use_bias: bool = False
     dropout_rate: float = 0.0
@@ -64,10 +63,8 @@ class MoeMLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        lay = self.layout
-        tokens = lay.to_external(x)  # [batch, length, embed]
-        batch, length, embed = tokens.shape
-        flat = tokens.reshape(batch * length, embed)
+        batch, length, embed = x.shape
+        flat = x.reshape(batch * length, embed)
         group = group_size_for(self.group_size, flat.shape[0])
         router, _ = ExpertParams((embed, self.num_experts), ("embed", "expert_logits"),
                                  False, name="router")()
@@ -94,8 +91,7 @@ class MoeMLP(nn.Module):
                                experts)
             kept = jnp.ones(ids.shape, bool)
         self._sow_stats(logits, probs, ids, kept)
-        y = y.reshape(batch, length, embed).astype(self.dtype)
-        return lay.to_internal(y)
+        return y.reshape(batch, length, embed).astype(self.dtype)
 
     def _experts(self, embed: int) -> "_ExpertFn":
         """The experts' parameters, as a function of their inputs."""
@@ -166,7 +162,7 @@ class _ExpertFn:
             y = matmul(jnp.asarray(kernel, self.dtype))
             if bias is not None:
                 y = y + bias_shape(jnp.asarray(bias, self.dtype))
-            y = ACTIVATIONS[act](y)
+            y = act(y)
             hidden = y if hidden is None else hidden * y
         hidden = checkpoint_name(hidden, "mlpwi")
         return self.dropout(hidden, deterministic=self.deterministic)
@@ -201,17 +197,6 @@ def group_size_for(group_size: int, tokens: int) -> int:
         raise ValueError(f"MOE_GROUP_SIZE={group_size} does not divide the {tokens} tokens of "
                          f"a batch (batch x length); use a divisor of the sequence length")
     return group
-
-
-def moe_mlp(cfg, layout: Layout, deterministic: bool) -> MoeMLP:
-    """The MoE block a config's sparse layers hold (named "mlp", as a dense MLP)."""
-    return MoeMLP(num_experts=cfg.num_experts, top_k=cfg.moe_top_k, mlp_dim=cfg.mlp_dim,
-                  activations=cfg.expert_activations, routing_kind=cfg.routing,
-                  capacity_factor=cfg.capacity_factor,
-                  eval_capacity_factor=cfg.eval_capacity_factor,
-                  group_size=cfg.moe_group_size, layout=layout,
-                  dtype=jnp.dtype(cfg.dtype), use_bias=cfg.use_bias,
-                  dropout_rate=cfg.dropout_rate, deterministic=deterministic, name="mlp")
 
 
 def layer_stats(stats) -> dict:
