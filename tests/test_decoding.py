@@ -38,7 +38,16 @@ GPT_TINY = DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8, 
                          mlp_dim=64, mlp_activations=("gelu",), norm_type="layer",
                          position_embedding="learned", max_length=32, use_bias=True,
                          tie_embeddings=True, dtype="float32")
-MODELS = {"t5": T5_TINY, "llama_gqa": LLAMA_TINY, "gpt": GPT_TINY}
+# GLaM's decoder (T5's causal relative buckets a layer, unscaled query, tied logits scaled)
+# with a mixture of 8 experts in every layer, routed with room for every token at eval
+GLAM_MOE_TINY = DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8,
+                              num_layers=2, mlp_dim=48, mlp_activations=("gelu", "linear"),
+                              position_embedding="relative", relpos_num_buckets=8,
+                              relpos_max_distance=12, tie_embeddings=True,
+                              scale_tied_logits=True, scale_attention_logits=False,
+                              layer_norm_epsilon=1e-6, num_experts=8, expert_mlp="relu",
+                              eval_capacity_factor=8.0, dtype="float32")
+MODELS = {"t5": T5_TINY, "llama_gqa": LLAMA_TINY, "gpt": GPT_TINY, "glam_moe": GLAM_MOE_TINY}
 SETTINGS = {"plain": {}, "transposed_fused": dict(transpose_bs=True, fuse_qkv=True),
             "scanned": dict(scan_layers=True)}
 STEPS = 10  # new tokens per row

@@ -270,3 +270,65 @@ def test_group_size_must_divide_the_tokens():
     with pytest.raises(ValueError) as err:
         model.init(jax.random.PRNGKey(0), 2, {"targets": 8})
     assert "MOE_GROUP_SIZE=6 does not divide the 16 tokens" in str(err.value)
+
+
+def test_too_many_drops_warn_once(caplog):
+    from t5lite.runtime.step_duties import DropWarning
+    warning = DropWarning(share=0.1)
+    with caplog.at_level("WARNING"):
+        warning.check(1, {"loss": 1.0})  # a dense model: nothing to say
+        warning.check(2, {"moe/dropped_fraction": 0.05})
+        warning.check(3, {"moe/dropped_fraction": 0.25})
+        warning.check(4, {"moe/dropped_fraction": 0.5})
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "step 3" in lines[0] and "25.0%" in lines[0]
+    assert "CAPACITY_FACTOR" in lines[0]
+
+
+# ----------------------------------------------------------------------------- configs
+
+def _glam_by_hand(layers, d, ff, heads, hd, experts, vocab=50304):
+    """Pax's GLaM layout: shared embedding, per layer q/k/v/o, a relative-bias table
+    [heads, 32] and two RMSNorm scales; odd layers a gated GELU MLP (3 d ff), even ones 64
+    two-matrix ReLU experts and a router; a final norm."""
+    attention = 4 * d * heads * hd + heads * 32 + 2 * d
+    dense = attention + 3 * d * ff
+    sparse = attention + experts * 2 * d * ff + d * experts
+    total = vocab * d + layers // 2 * (dense + sparse) + d
+    active = total - layers // 2 * (experts - 2) * 2 * d * ff
+    return total, active
+
+
+def _mixtral_by_hand(layers=32, d=4096, ff=14336, heads=32, kv=8, hd=128, experts=8,
+                     vocab=32000):
+    attention = d * heads * hd * 2 + d * kv * hd * 2
+    layer = attention + experts * 3 * d * ff + d * experts + 2 * d
+    total = 2 * vocab * d + layers * layer + d
+    return total, total - layers * (experts - 2) * 3 * d * ff
+
+
+@pytest.mark.parametrize("gin_file,by_hand,published", [
+    ("models/glam/126m_64e.gin", _glam_by_hand(12, 768, 3072, 12, 64, 64), 1_921_670_400),
+    ("models/glam/64b_64e.gin", _glam_by_hand(64, 8192, 32768, 64, 128, 64),
+     1_142_891_356_160),
+    ("models/mixtral/8x7b.gin", _mixtral_by_hand(), 46_702_792_704),
+])
+def test_moe_parameter_counts(gin_file, by_hand, published):
+    from t5lite.config import parsing
+    from t5lite.tools import footprint
+    parsing.parse_gin([gin_file], [])
+    model = parsing.resolve_macro("MODEL")
+    params = footprint.abstract_params(model)
+    assert footprint.param_count(params) == by_hand[0] == published
+    assert footprint.active_param_count(model, params) == by_hand[1]
+    if "mixtral" in gin_file:
+        assert by_hand[1] == 12_879_925_248  # Mistral's published active count
+
+
+def test_moe_flops_count_the_active_experts():
+    from t5lite.models import flops
+    dense = dataclasses.replace(MOE, num_experts=0)
+    per_token = flops.decoder_only_train_flops_per_token
+    d, ff = MOE.emb_dim, MOE.mlp_dim
+    extra = MOE.num_layers * 3 * ((2 - 1) * 2 * d * ff * 3 + 2 * d * MOE.num_experts)
+    assert per_token(MOE, 8) - per_token(dense, 8) == extra

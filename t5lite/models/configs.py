@@ -193,11 +193,19 @@ class DecoderConfig(MoeSettings):
     mlp_activations: Tuple[str, ...] = ("silu", "linear")
     norm_type: str = "rms"  # "rms" (LLaMA) or "layer" (GPT, with bias)
     layer_norm_epsilon: float = 1e-5
-    position_embedding: str = "rope"  # "rope" (LLaMA) or "learned" (GPT)
+    # "rope" (LLaMA), "learned" (GPT) or "relative" (GLaM: T5's causal buckets as an
+    # attention bias, one [heads, relpos_buckets] table a layer)
+    position_embedding: str = "rope"
     max_length: int = 4096  # table size for learned positions
     rope_theta: float = 10000.0
+    relpos_num_buckets: int = 32
+    relpos_max_distance: int = 128
     use_bias: bool = False  # biases on every projection (GPT)
     tie_embeddings: bool = False
+    # attention scores times head_dim^-0.5 (off: GLaM, whose query is not scaled)
+    scale_attention_logits: bool = True
+    # with tied embeddings, the logits of the last layer's output times emb_dim^-0.5 (GLaM)
+    scale_tied_logits: bool = False
     # prefix LM (a task's inputs then targets in one sequence): the inputs attend to each
     # other both ways, as T5X's decoder_causal_attention does; off: causal throughout
     # (GPT, LLaMA). Needs attention_impl 'xla'
@@ -217,9 +225,13 @@ class DecoderConfig(MoeSettings):
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.norm_type not in ("rms", "layer"):
             raise ValueError(f"norm_type must be 'rms' or 'layer', got {self.norm_type!r}")
-        if self.position_embedding not in ("rope", "learned"):
-            raise ValueError(
-                f"position_embedding must be 'rope' or 'learned', got {self.position_embedding!r}")
+        if self.position_embedding not in ("rope", "learned", "relative"):
+            raise ValueError(f"position_embedding must be 'rope', 'learned' or 'relative', got "
+                             f"{self.position_embedding!r}")
+        if self.position_embedding == "relative" and self.attention_impl == "te":
+            raise ValueError("position_embedding='relative' adds a bias to the attention scores, "
+                             "which ATTENTION_IMPL='te' does not take here: use 'xla' or "
+                             "'cudnn'")
         if self.bidirectional_prefix and self.attention_impl != "xla":
             raise ValueError(f"bidirectional_prefix needs attention_impl 'xla' (the fused "
                              f"kernels take causal or padding masks only), got "

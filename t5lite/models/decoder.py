@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
-from t5lite.models.attention import Attention
+from t5lite.models.attention import Attention, RelativePositionBias
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
 from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm, moe_mlp
 from t5lite.models.precision import fp8_mode
@@ -44,15 +44,24 @@ class DecoderOnlyLayer(nn.Module):
                 y, deterministic=self.deterministic)
 
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
+        bias = None
+        if c.position_embedding == "relative":  # GLaM: T5's causal buckets, a table a layer
+            relpos = RelativePositionBias(c.num_heads, c.relpos_num_buckets,
+                                          c.relpos_max_distance, bidirectional=False,
+                                          name="relpos_bias")
+            length = x.shape[lay.length_axis]
+            bias = (relpos(length, mask.shape[-1], q_positions=lay.to_external(positions))
+                    if self.decode else relpos(length, length))
         h = Attention(
             num_heads=c.num_heads, num_kv_heads=c.kv_heads, head_dim=c.head_dim, layout=lay,
             dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=fp8_mode(c),
-            logits_scale=c.head_dim ** -0.5, dropout_rate=c.dropout_rate,
+            logits_scale=c.head_dim ** -0.5 if c.scale_attention_logits else 1.0,
+            dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl, causal=True,
             logits_dtype=jnp.dtype(c.attention_logits_dtype),
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
             decode=self.decode, lora=lora.spec(c), name="self_attention")(
-                h, h, None, mask, positions, positions)
+                h, h, bias, mask, positions, positions)
         x = lay.constrain(x + dropout(h), "embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         if self.moe:
@@ -141,6 +150,11 @@ class DecoderOnly(nn.Module):
         x = self.embed_dropout(x, deterministic=deterministic)
         x = lay.constrain(x, "embed")
         x = self.decoder(x, mask, positions, deterministic, decode)
-        logits = self.token_embedder.attend(x) if c.tie_embeddings else self.logits_dense(x)
+        if c.tie_embeddings:
+            if c.scale_tied_logits:  # GLaM, as T5 1.0: the shared embedding's logits / sqrt(d)
+                x = x * jnp.asarray(c.emb_dim ** -0.5, x.dtype)
+            logits = self.token_embedder.attend(x)
+        else:
+            logits = self.logits_dense(x)
         logits = lay.constrain(logits, "vocab")
         return lay.to_external(logits).astype(jnp.float32)

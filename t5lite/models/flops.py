@@ -5,6 +5,10 @@ no recomputation counted, padding counts as real tokens. `inner = num_heads * he
 `n_in = len(mlp_activations)` input projections in the MLP (2 for gated MLPs). Decoder-only
 attention is causal, so its score/value matmuls are halved. Pure functions, no gin.
 
+A mixture-of-experts layer counts its active parameters: the router (2 d E a token) and
+top_k experts' MLPs; the capacity routing's dispatch and combine einsums are overhead, not
+model FLOPs (MaxText's convention), and dropped tokens count as routed.
+
 With LoRA (`lora_rank` > 0) the backward pass computes no gradient of a frozen weight:
 a weight matmul costs 2 x forward (forward, the gradient of its input), an attention
 matmul (scores, values: both operands activations) still 3 x, and each adapter (A
@@ -86,10 +90,14 @@ def _decoder_only_parts(cfg: DecoderConfig, S: int) -> Tuple[int, int, int]:
     causal sequence of `S`."""
     d, ff, V = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size
     H, Hkv, hd = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    dense_mlp = _mlp_flops_per_token(d, ff, len(cfg.mlp_activations))
+    sparse = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    moe_mlp = (cfg.moe_top_k * _mlp_flops_per_token(d, ff, len(cfg.expert_activations))
+               + 2 * d * cfg.num_experts)                        # top-k experts, the router
     weights = cfg.num_layers * (2 * d * (H + 2 * Hkv) * hd       # q, k, v projections
                                 + 2 * d * H * hd                 # output projection
-                                + _mlp_flops_per_token(d, ff, len(cfg.mlp_activations))
                                 ) + 2 * d * V                    # the logits
+    weights += (cfg.num_layers - sparse) * dense_mlp + sparse * moe_mlp
     attention = cfg.num_layers * (4 * S * H * hd // 2)           # QK^T and AV, causal: halved
     adapters = cfg.num_layers * (
         _adapter(cfg, "query", d, H * hd) + _adapter(cfg, "key", d, Hkv * hd)

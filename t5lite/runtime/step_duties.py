@@ -87,6 +87,27 @@ def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path) 
         f"without saving it. {kept}. Lower the learning rate or check the data")
 
 
+DROPPED_SHARE_WARNING = 0.1  # the share of routed choices dropped that warns (once)
+
+
+class DropWarning:
+    """One warning, the first time a logged step's mixture-of-experts layers drop more
+    than `share` of their tokens' expert choices (`moe/dropped_fraction`)."""
+
+    def __init__(self, share: float = DROPPED_SHARE_WARNING):
+        self.share, self.warned = share, False
+
+    def check(self, step: int, values: Mapping[str, float]) -> None:
+        dropped = values.get("moe/dropped_fraction")
+        if self.warned or dropped is None or not dropped > self.share:
+            return
+        self.warned = True
+        log.warning("step %d: the mixture-of-experts layers dropped %.1f%% of their tokens' "
+                    "expert choices (more than %.0f%%; those go on through the residual "
+                    "alone): raise CAPACITY_FACTOR, or use ROUTING='dropless' (warned once)",
+                    step, 100 * dropped, 100 * self.share)
+
+
 class Reports:
     """A step's metrics read back (the loop's one wait for the device), checked and logged:
     at once, or one step late (`later`, then `read_late` after the next step is
@@ -100,6 +121,7 @@ class Reports:
         self.device_kind = device_kind or jax.devices()[0].device_kind
         self.late: Optional[tuple] = None
         self.t_last, self.last_logged = time.perf_counter(), step
+        self.drops = DropWarning()
 
     def read(self, step: int, step_metrics) -> Dict[str, float]:
         values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
@@ -118,6 +140,7 @@ class Reports:
                                          self.device_kind))
         self.writer.write_scalars(step, values)
         self.writer.flush()  # on disk now: a crash must not lose the curve so far
+        self.drops.check(step, values)
         self.lock.touch()
         self.progress.update(step, values)
         return values

@@ -35,6 +35,19 @@ def param_count(params) -> int:
     return sum(math.prod(s) for s in _shapes(params))
 
 
+def active_param_count(model, params) -> int:
+    """Parameters a token uses: all of them, less the experts it is not routed to (a
+    kernel with an `expert` axis counts top_k / num_experts of its size)."""
+    cfg = model.config
+    experts = getattr(cfg, "num_experts", 0)
+    if not experts:
+        return param_count(params)
+    names = jax.tree_util.tree_leaves(model.logical_axes()["params"],
+                                      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    return sum(math.prod(shape) * cfg.moe_top_k // experts if "expert" in tuple(axes)
+               else math.prod(shape) for shape, axes in zip(_shapes(params), names))
+
+
 def optimizer_state_bytes(params, optimizer, param_axes=None) -> int:
     """Bytes of the state `optimizer` (a t5lite Optimizer) keeps for `params` (with
     logical axis names `param_axes`: Adafactor factors by them)."""
@@ -53,6 +66,7 @@ def model_report(model, optimizer, *, inputs_length: int = 512, targets_length: 
     n = param_count(params)
     report: Dict[str, Any] = {"model": type(model).__name__,
                               "config": type(model.config).__name__, "params": n,
+                              "active_params": active_param_count(model, params),
                               "lora_rank": int(getattr(model.config, "lora_rank", 0) or 0)}
     report.update(model.flops_report(inputs_length=inputs_length,
                                      targets_length=targets_length, seq_length=seq_length))
@@ -119,7 +133,9 @@ def _human_bytes(b: int) -> str:
 
 def format_report(report: Dict[str, Any], source: str = "") -> str:
     rows = [("model", f"{report['model']}({report['config']})" + (f"  [{source}]" if source else "")),
-            ("parameters", f"{report['params']:,}")]
+            ("parameters", f"{report['params']:,}" + (
+                f"  ({report['active_params']:,} active a token: its top-k experts)"
+                if report.get("active_params", report["params"]) != report["params"] else ""))]
     if "train_flops_per_token" in report:
         s = report["seq_length"]
         rows += [("train FLOPs / token", f"{report['train_flops_per_token'] / 1e9:,.3f} GFLOP"
