@@ -17,8 +17,8 @@ its biggest tensors and the bytes its operations write and read before fusion
 (`t5lite.tools.program_account`; --devices defaults to 1 there: shapes per device).
 With --gpu (the gpu-aot extra) it compiles the step and initializer for that GPU on this
 machine: compile times, memory, kernels by model part and kind, a predicted step time
-(`tools.gpu_report`); with the extra, --memory compiles for a GPU (H100 unless --gpu)
-unless --cpu_compiler. With --json the table goes to stderr and a JSON dict to stdout.
+(`tools.gpu_report`; --memory then reads that compiled step); with the extra, --memory
+alone compiles for an H100 unless --cpu_compiler. --json: table to stderr, JSON to stdout.
 """
 from __future__ import annotations
 
@@ -78,14 +78,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = footprint.model_report(model, optimizer, inputs_length=args.inputs_length,
                                     targets_length=args.targets_length,
                                     seq_length=args.seq_length, optimizer_source=origin)
+    memory_gib = (args.device_memory_gib or gpu_report.memory_gib(gpu)) if args.memory else None
+    own_gib = None if args.gpu else memory_gib  # with --gpu: the GPU report's compiled step
     account = ""  # the tables after the model's
-    if args.memory or args.account:  # fills report["step_memory"], ["program_account"]
-        memory_gib = args.device_memory_gib or gpu_report.memory_gib(gpu)
-        account = footprint.step_reports(
-            report, model, optimizer, devices, args.per_device_batch,
-            memory_gib=memory_gib if args.memory else None, account=args.account)
-    if args.gpu:  # fills report["gpu_step"]
-        account += gpu_report.info_section(report, model, optimizer, gpu, devices,
+    if own_gib is not None or args.account:  # fills report["step_memory"], ["program_account"]
+        account = footprint.step_reports(report, model, optimizer, devices, args.per_device_batch,
+                                         memory_gib=own_gib, account=args.account)
+    if args.gpu:  # fills report["gpu_step"] (and, with --memory, report["step_memory"])
+        account += gpu_report.info_section(report, model, optimizer, gpu, devices, memory_gib,
                                            args.per_device_batch, args.autotune_results)
     table = footprint.format_report(report, source) + account
     if args.json:

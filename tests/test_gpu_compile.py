@@ -21,9 +21,22 @@ from t5lite.tools import (benchmark, benchmarking, gpu_program, gpu_report, gpu_
 LENGTHS = ["--inputs_length=32", "--targets_length=16"]
 
 
-def _info(*args):
+def _info(*args, extra=None):
     return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=th.REPO,
-                          env=th.env(devices=1), capture_output=True, text=True, timeout=600)
+                          env=th.env(devices=1, extra=extra), capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def info_h200():
+    """`info --gpu=h200 --memory --json` on the tiny T5, run once for the tests that read
+    it (the CLI's report, --memory from the report's compile, and the einsum baseline of
+    the cuDNN test): (process, its JSON). jax logs each compile on stderr."""
+    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
+                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--gpu=h200",
+                 "--memory", "--devices=1", "--json", extra={"JAX_LOG_COMPILES": "1"})
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(proc.stdout)
 
 
 def test_target_configs_come_from_the_plugin():
@@ -105,13 +118,15 @@ def test_the_decoder_only_step_compiles_for_a_gpu_with_its_parts():
     assert r["predicted_step_s"] > 0 and r["memory"]["peak_bytes"] > 0
 
 
-def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes():
+def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes(info_h200):
     """ATTENTION_IMPL='cudnn' with the mask as lengths: cuDNN's fused attention forward
     and backward (no [batch, heads, q, k] tensor in memory), fewer bytes than the
-    einsum attention on the same model."""
+    einsum attention on the same model (info's report of it, same batch and lengths)."""
     base = ["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"]
-    einsum = _report(base, [])
-    cudnn = _report(base, ["ATTENTION_IMPL = 'cudnn'", "ATTENTION_MASK = 'lengths'"])
+    einsum = info_h200[1]["gpu_step"]
+    assert einsum["task_feature_lengths"] == {"inputs": 32, "targets": 16}
+    cudnn = _report(base, ["ATTENTION_IMPL = 'cudnn'", "ATTENTION_MASK = 'lengths'"],
+                    batch=einsum["batch_size"])
     kinds = {row["group"][0] for row in cudnn["kernels_by_kind"]}
     assert "cudnn attention" in kinds
     launches = {row["group"][0]: row["launches"] for row in cudnn["kernels_by_kind"]}
@@ -123,12 +138,9 @@ def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes():
         "attention scores"]["bytes"]
 
 
-def test_info_gpu_reports_compiles_memory_kernels_and_a_prediction():
-    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
-                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--gpu=h200",
-                 "--json")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout)["gpu_step"]
+def test_info_gpu_reports_compiles_memory_kernels_and_a_prediction(info_h200):
+    proc, out = info_h200
+    r = out["gpu_step"]
     assert r["device_kind"] == "NVIDIA H200 141GB HBM3e" and r["batch_size"] == 8
     assert r["step_compile_s"] > 0 and r["init_compile_s"] > 0
     assert r["memory"]["peak_bytes"] > r["memory"]["argument_bytes"] > 0
@@ -141,6 +153,19 @@ def test_info_gpu_reports_compiles_memory_kernels_and_a_prediction():
     for words in ("compiled for NVIDIA H200", "initializer", "predicted step",
                   "by part and kind", "attention scores"):
         assert words in proc.stderr
+
+
+def test_info_gpu_memory_reads_the_reports_compiled_step(info_h200):
+    """--gpu --memory: the memory table is the GPU report's compiled step, compiled once."""
+    proc, out = info_h200
+    mem, r = out["step_memory"], out["gpu_step"]
+    assert {k: mem[k] for k in r["memory"]} == r["memory"] and "step_memory" not in r
+    assert mem["device_kind"] == gpu_target.GPUS["h200"] and mem["devices"] == 1
+    assert mem["batch_size"] == mem["per_device_batch"] == r["batch_size"]
+    assert mem["device_bytes"] == r["device_memory_size"]
+    assert mem["verdict"].startswith("fits in 141 GiB")
+    assert "1 compile-only NVIDIA H200 141GB HBM3e devices" in proc.stderr
+    assert proc.stderr.count("Finished XLA compilation of jit(step_fn)") == 1, proc.stderr
 
 
 def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed():

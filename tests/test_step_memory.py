@@ -39,17 +39,31 @@ def _memory(model, batch, mesh_shape, optimizer=None, devices=8):
     return step_memory.compiled_memory(compiled)
 
 
+@pytest.fixture(scope="module")
+def tiny_memory():
+    """`_memory` of `_tiny_t5(**switches)` with AdamW on 8 devices, each program compiled
+    once in this module (the state test's data-parallel step is the activation test's
+    small one)."""
+    compiled = {}
+
+    def memory(batch, mesh_shape, **switches):
+        key = (batch, mesh_shape, tuple(sorted(switches.items())))
+        if key not in compiled:
+            compiled[key] = _memory(_tiny_t5(**switches), batch, mesh_shape)
+        return compiled[key]
+    return memory
+
+
 def _state_bytes(model, optimizer):
     params = footprint.abstract_params(model)
     return 4 * footprint.param_count(params) + footprint.optimizer_state_bytes(params,
                                                                                optimizer)
 
 
-def test_state_is_sharded_by_fsdp_and_replicated_by_data_parallelism():
-    model, opt = _tiny_t5(), optimizers.adamw(1e-3)
-    state = _state_bytes(model, opt)
-    data = _memory(model, 8, (8, 1, 1), opt)
-    fsdp = _memory(model, 8, (1, 8, 1), opt)
+def test_state_is_sharded_by_fsdp_and_replicated_by_data_parallelism(tiny_memory):
+    state = _state_bytes(_tiny_t5(), optimizers.adamw(1e-3))  # tiny_memory's optimizer
+    data = tiny_memory(8, (8, 1, 1))
+    fsdp = tiny_memory(8, (1, 8, 1))
     # data parallel: every device holds the whole state (plus batch, rng, step)
     assert state <= data.argument_bytes < state * 1.05
     # fsdp over 8: each holds about an eighth of it (small leaves stay replicated)
@@ -59,14 +73,14 @@ def test_state_is_sharded_by_fsdp_and_replicated_by_data_parallelism():
 
 
 @pytest.mark.slow  # out of the quick local subset (-m "not slow"); CI runs it
-def test_activations_grow_with_the_batch_and_remat_shrinks_them():
-    small = _memory(_tiny_t5(), 8, (8, 1, 1), devices=8)     # 1 example per device
-    large = _memory(_tiny_t5(), 64, (8, 1, 1), devices=8)    # 8 per device
+def test_activations_grow_with_the_batch_and_remat_shrinks_them(tiny_memory):
+    small = tiny_memory(8, (8, 1, 1))     # 1 example per device
+    large = tiny_memory(64, (8, 1, 1))    # 8 per device
     assert large.temp_bytes > 2 * small.temp_bytes
     # remat frees the saved activations; the CPU compiler credits it for scanned layers
     # (for an unrolled stack it schedules the recomputation early: see step_memory)
-    scanned = _memory(_tiny_t5(scan_layers=True), 64, (8, 1, 1), devices=8)
-    remat = _memory(_tiny_t5(scan_layers=True, remat_policy="full"), 64, (8, 1, 1), devices=8)
+    scanned = tiny_memory(64, (8, 1, 1), scan_layers=True)
+    remat = tiny_memory(64, (8, 1, 1), scan_layers=True, remat_policy="full")
     assert remat.temp_bytes < scanned.temp_bytes / 2
 
 
@@ -145,7 +159,8 @@ def test_info_memory_on_simulated_devices():
                  "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--cpu_compiler", "--json")
     assert proc.returncode == 0, proc.stderr
     mem = json.loads(proc.stdout)["step_memory"]
-    assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1,
+                                                   "expert": 1}
     assert mem["per_device_batch"] == 2 and mem["batch_size"] == 8
     assert mem["peak_bytes"] == (mem["argument_bytes"] + mem["output_bytes"]
                                  - mem["alias_bytes"] + mem["temp_bytes"] + mem["code_bytes"])

@@ -5,7 +5,8 @@
 
 What loads: `config.json` plus safetensors weights (`model.safetensors`, or the shards
 listed in `model.safetensors.index.json`, or else every `*.safetensors` file) for
-`model_type` "t5" (T5 v1.1 and the original T5) and "llama". Pickle files
+`model_type` "t5" (T5 v1.1 and the original T5), "llama" and "mixtral" (its experts in
+transformers 5's stacked layout or transformers 4's per-expert one). Pickle files
 (`pytorch_model.bin`, `*.pt`, ...) are never opened: unpickling runs arbitrary code.
 
 Weights that are not all there are refused in one line naming the file and tensor
@@ -226,6 +227,7 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
     tensors = read_safetensors(path)
 
     family = family_of(cfg)
+    tensors = family.read_layout(cfg, tensors, path)
     embed_name = next((n for n in family.embed_names if n in tensors), family.embed_names[0])
     if embed_name not in tensors:
         raise ValueError(f"{path}: the token embedding {embed_name!r} is missing")
@@ -316,12 +318,13 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
     extra = sorted(set(flat) - {ours for _, ours, _ in wanted})
     if extra:
         raise ValueError(f"save_pretrained: parameters with no HF name, e.g. {extra[:3]}")
-    return hf_cfg, state
+    return hf_cfg, family.write_layout(cfg, state)
 
 
 def save_pretrained(model: Model, variables: Mapping[str, Any], path: PathLike) -> Path:
     """Write config.json + model.safetensors (float32) that transformers'
-    T5ForConditionalGeneration / LlamaForCausalLM `.from_pretrained(path)` loads.
+    T5ForConditionalGeneration / LlamaForCausalLM / MixtralForCausalLM (a config with
+    experts; transformers 5's layout) `.from_pretrained(path)` loads.
     Fused or scanned parameters are converted back to the unfused, unscanned layout."""
     hf_cfg, state = to_hf_state_dict(model, variables)
     path = Path(path)

@@ -1,27 +1,34 @@
 """Hugging Face config.json <-> t5lite configs.
 
 `read_hf_config` reads a local model directory's config.json; `config_from_hf` maps it
-to a `T5Config` (`model_type` "t5") or `DecoderConfig` ("llama"), unfused, unscanned and
-with t5lite's default dtype. `t5_hf_config` / `llama_hf_config` go the other way for
-`t5lite.interop.hf.save_pretrained`. Weights (and the output-head decision that depends
-on them) live in `t5lite.interop.hf_families`.
+to a `T5Config` (`model_type` "t5") or `DecoderConfig` ("llama", and "mixtral": a
+DecoderConfig with SwiGLU experts in every layer, top-k >= 2, dropless routing), unfused,
+unscanned and with t5lite's default dtype. `t5_hf_config` / `llama_hf_config` /
+`mixtral_hf_config` go the other way for `t5lite.interop.hf.save_pretrained`. Weights
+(and the output-head decision that depends on them) live in `t5lite.interop.hf_families`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Dict, Mapping, Union
+from typing import Any, Dict, List, Mapping, Union
 
 from t5lite.models.configs import DecoderConfig, T5Config
 
 PathLike = Union[str, Path]
 CONFIG_NAME = "config.json"
-SUPPORTED_MODEL_TYPES = ("t5", "llama")
+SUPPORTED_MODEL_TYPES = ("t5", "llama", "mixtral")
 
 # HF activation name -> t5lite activation name, and back.
 _ACT_FROM_HF = {"relu": "relu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
                 "gelu": "gelu_exact", "silu": "silu", "swish": "silu"}
 _ACT_TO_HF = {"relu": "relu", "gelu": "gelu_new", "gelu_exact": "gelu", "silu": "silu"}
+# transformers' MixtralConfig defaults (where they differ from LlamaConfig's).
+_MIXTRAL_DEFAULTS = {"intermediate_size": 14336, "num_key_value_heads": 8,
+                     "rms_norm_eps": 1e-5, "max_position_embeddings": 4096 * 32,
+                     "rope_theta": 1e6, "num_local_experts": 8, "num_experts_per_tok": 2,
+                     "router_aux_loss_coef": 0.001}
 
 
 def read_hf_config(path: PathLike) -> Dict[str, Any]:
@@ -146,6 +153,44 @@ def _llama_config(hf: Mapping[str, Any]) -> DecoderConfig:
     )
 
 
+def _count(hf: Mapping[str, Any], field: str, low: int) -> int:
+    value = hf[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{field}: expected a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _mixtral_config(hf: Mapping[str, Any]) -> DecoderConfig:
+    """A Mixtral: LLaMA's decoder (no biases) whose every MLP is a mixture of SwiGLU
+    experts, top-k of a float32 softmax, the k weights renormalized, no token dropped."""
+    hf = {**_MIXTRAL_DEFAULTS, **{k: v for k, v in hf.items()
+                                  if k not in ("attention_bias", "mlp_bias")}}
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"hidden_act: Mixtral experts with {act!r} are not supported (t5lite "
+                         f"reads SwiGLU experts: hidden_act 'silu')")
+    window, max_pos = hf.get("sliding_window"), hf["max_position_embeddings"]
+    if window is not None and not (isinstance(max_pos, int) and window >= max_pos):
+        raise ValueError(f"sliding_window: {window} is not supported (t5lite attends to the "
+                         f"whole causal context; null, or a window >= max_position_embeddings="
+                         f"{max_pos}, reads the same)")
+    experts = _count(hf, "num_local_experts", 1)
+    top_k = _count(hf, "num_experts_per_tok", 1)
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok: {top_k} exceeds num_local_experts={experts}")
+    if top_k == 1:
+        raise ValueError("num_experts_per_tok: 1 is not supported (transformers' Mixtral "
+                         "gives the one chosen expert weight 1, t5lite's top-1 routing its "
+                         "router probability; top-k >= 2 reads the same)")
+    coef = hf["router_aux_loss_coef"]
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+        raise ValueError(f"router_aux_loss_coef: expected a number >= 0, got {coef!r}")
+    return dataclasses.replace(
+        _llama_config(hf),
+        num_experts=experts, moe_top_k=top_k, moe_every=1, expert_mlp="swiglu",
+        routing="dropless", router_aux_loss=float(coef), router_z_loss=0.0)
+
+
 def config_from_hf(hf: Mapping[str, Any]) -> Union[T5Config, DecoderConfig]:
     """t5lite config matching an HF config dict (unfused, unscanned, default dtype).
     For T5, `logits_via_embedding` is decided later from the weights (see `t5lite.interop.hf_families`)."""
@@ -154,6 +199,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> Union[T5Config, DecoderConfig]:
         return _t5_config(hf)
     if model_type == "llama":
         return _llama_config(hf)
+    if model_type == "mixtral":
+        return _mixtral_config(hf)
     raise ValueError(f"model_type: {model_type!r} is not supported "
                      f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
 
@@ -200,8 +247,8 @@ def t5_hf_config(cfg: T5Config) -> Dict[str, Any]:
     }
 
 
-def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
-    acts = tuple(cfg.mlp_activations)
+def _decoder_problems(cfg: DecoderConfig) -> List[str]:
+    """What keeps a decoder-only config from being a transformers LLaMA / Mixtral."""
     problems = []
     if cfg.norm_type != "rms":
         problems.append(f"norm_type={cfg.norm_type!r} (needs 'rms')")
@@ -209,6 +256,16 @@ def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
         problems.append(f"position_embedding={cfg.position_embedding!r} (needs 'rope')")
     if cfg.bidirectional_prefix:
         problems.append("bidirectional_prefix=True (a LLaMA is causal throughout)")
+    if not cfg.scale_attention_logits:
+        problems.append("scale_attention_logits=False (needs head_dim**-0.5 scaling)")
+    if cfg.scale_tied_logits:
+        problems.append("scale_tied_logits=True (needs unscaled logits)")
+    return problems
+
+
+def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
+    acts = tuple(cfg.mlp_activations)
+    problems = _decoder_problems(cfg)
     if len(acts) != 2 or acts[1] != "linear" or acts[0] not in _ACT_TO_HF:
         problems.append(f"mlp_activations={acts} (needs (ACT, 'linear'))")
     if problems:
@@ -237,3 +294,32 @@ def llama_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
         "use_cache": True,
         "dtype": "float32",
     }
+
+
+def mixtral_hf_config(cfg: DecoderConfig) -> Dict[str, Any]:
+    """config.json of a MixtralForCausalLM (transformers 5) for a mixture-of-experts
+    DecoderConfig; one line naming every setting transformers' Mixtral cannot express."""
+    problems = _decoder_problems(cfg)
+    if cfg.routing != "dropless":
+        problems.append(f"routing={cfg.routing!r} (Mixtral routes 'dropless': no expert "
+                        f"capacity, no token dropped)")
+    if cfg.moe_every != 1:
+        problems.append(f"moe_every={cfg.moe_every} (every Mixtral layer is sparse: needs 1, "
+                        f"not dense and sparse layers in turn)")
+    if cfg.expert_mlp != "swiglu":
+        problems.append(f"expert_mlp={cfg.expert_mlp!r} (Mixtral's experts are 'swiglu')")
+    if cfg.moe_top_k < 2:
+        problems.append(f"moe_top_k={cfg.moe_top_k} (t5lite weights a top-1 choice by its "
+                        f"probability, Mixtral by 1: needs >= 2)")
+    if cfg.use_bias:
+        problems.append("use_bias=True (Mixtral has no biases)")
+    if problems:
+        raise ValueError("save_pretrained writes mixture-of-experts decoders as Mixtral; this "
+                         "config has " + ", ".join(problems))
+    out = {k: v for k, v in llama_hf_config(dataclasses.replace(
+        cfg, mlp_activations=("silu", "linear"))).items()
+        if k not in ("attention_bias", "mlp_bias")}
+    return {**out, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.moe_top_k,
+            "router_aux_loss_coef": cfg.router_aux_loss, "output_router_logits": False,
+            "router_jitter_noise": 0.0, "sliding_window": None}

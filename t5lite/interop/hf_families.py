@@ -12,6 +12,14 @@ Output logits follow the installed transformers (5.x) semantics:
   `logits_dense` kernel (the lm_head, or a copy of the embedding); scaled with a distinct
   lm_head -> `logits_dense` with the scale folded into the kernel.
 - LLaMA: `tie_word_embeddings` and no distinct `lm_head.weight` -> `tie_embeddings=True`.
+- Mixtral: as LLaMA. A decoder-only config with experts (`num_experts` > 0) maps onto
+  "mixtral" (`MOE_MODEL_TYPES`). Its expert tensors come in two layouts, both read:
+  transformers 5's stacked `mlp.experts.gate_up_proj` [expert, 2 * inter, hidden] (the
+  gate, w1, first; then the up projection, w3) and `mlp.experts.down_proj`
+  [expert, hidden, inter], and transformers 4's (which transformers 5 still writes by
+  default) `block_sparse_moe.experts.{j}.w1/w3/w2.weight` and `block_sparse_moe.gate`.
+  `Family.read_layout` turns either into the split names the weight table uses;
+  `Family.write_layout` writes transformers 5's.
 """
 from __future__ import annotations
 
@@ -21,7 +29,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from t5lite.interop.hf_config import llama_hf_config, t5_hf_config, t5_scales_output
+from t5lite.interop.hf_config import (
+    llama_hf_config, mixtral_hf_config, t5_hf_config, t5_scales_output)
 
 # --------------------------------------------------------------------------- weight maps
 #
@@ -32,6 +41,7 @@ from t5lite.interop.hf_config import llama_hf_config, t5_hf_config, t5_scales_ou
 #   in_heads    torch [heads*kv, embed]  <-> our [embed, heads, kv]   (q, k, v kernels)
 #   heads_out   torch [embed, heads*kv]  <-> our [heads, kv, embed]   (out kernel)
 #   bias_heads  torch [heads*kv]         <-> our [heads, kv]          (q, k, v biases)
+#   experts     torch [expert, out, in]  <-> our [expert, in, out]    (MoE expert kernels)
 
 Entry = Tuple[str, str, str]
 
@@ -47,12 +57,16 @@ def hf_shape(kind: str, shape: Tuple[int, ...]) -> Tuple[int, ...]:
         return (shape[2], shape[0] * shape[1])
     if kind == "bias_heads":
         return (shape[0] * shape[1],)
+    if kind == "experts":
+        return (shape[0], shape[2], shape[1])
     raise AssertionError(kind)
 
 
 def to_ours(kind: str, a: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
     if kind in ("transpose", "in_heads", "heads_out"):
         a = a.T
+    elif kind == "experts":
+        a = np.swapaxes(a, 1, 2)
     return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
 
 
@@ -60,6 +74,8 @@ def to_hf(kind: str, a: np.ndarray) -> np.ndarray:
     shape = hf_shape(kind, a.shape)
     if kind in ("transpose", "in_heads", "heads_out"):
         a = a.reshape(shape[::-1]).T
+    elif kind == "experts":
+        a = np.swapaxes(a, 1, 2)
     return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
 
 
@@ -122,12 +138,125 @@ def _llama_entries(cfg) -> List[Entry]:
                             "copy"))
         entries.append((f"{hf}.post_attention_layernorm.weight",
                         f"{ours}/pre_mlp_layer_norm/scale", "copy"))
+        if cfg.is_moe_layer(i):
+            entries += _moe_entries(hf, ours)
+            continue
         for a, b in (("gate", "wi_0"), ("up", "wi_1"), ("down", "wo")):
             entries.append((f"{hf}.mlp.{a}_proj.weight", f"{ours}/mlp/{b}/kernel", "transpose"))
             if cfg.use_bias:
                 entries.append((f"{hf}.mlp.{a}_proj.bias", f"{ours}/mlp/{b}/bias", "copy"))
     entries.append(("model.norm.weight", "decoder/decoder_norm/scale", "copy"))
     return entries
+
+
+# ----------------------------------------------------------------------- Mixtral experts
+#
+# The weight table names the halves of transformers 5's gate_up_proj apart (GATE_HALF,
+# UP_HALF: [expert, inter, hidden] each); read_layout / write_layout turn the file's
+# tensors into these names and back.
+
+GATE_HALF, UP_HALF = "gate_up_proj[gate half]", "gate_up_proj[up half]"
+_V4_EXPERT = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])"
+                        r"\.weight$")
+
+
+def _moe_entries(hf: str, ours: str) -> List[Entry]:
+    experts = f"{hf}.mlp.experts"
+    return [(f"{hf}.mlp.gate.weight", f"{ours}/mlp/router/kernel", "transpose"),
+            (f"{experts}.{GATE_HALF}", f"{ours}/mlp/wi_0/kernel", "experts"),
+            (f"{experts}.{UP_HALF}", f"{ours}/mlp/wi_1/kernel", "experts"),
+            (f"{experts}.down_proj", f"{ours}/mlp/wo/kernel", "experts")]
+
+
+def _v4_experts(tensors: Dict[str, np.ndarray]) -> Dict[int, Dict[Tuple[int, str], str]]:
+    """layer -> {(expert, w1 | w2 | w3): tensor name} of the per-expert layout."""
+    found: Dict[int, Dict[Tuple[int, str], str]] = {}
+    for name in tensors:
+        m = _V4_EXPERT.match(name)
+        if m:
+            found.setdefault(int(m.group(1)), {})[(int(m.group(2)), m.group(3))] = name
+    return found
+
+
+def _stack_v4(path, cfg, i: int, names: Dict[Tuple[int, str], str],
+              tensors: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layer i's w1, w3, w2 of every expert, stacked: [expert, inter, hidden] twice and
+    [expert, hidden, inter]; one line when an expert (or one of its three) is amiss."""
+    e, inter, hidden = cfg.num_experts, cfg.mlp_dim, cfg.emb_dim
+    have = sorted({j for j, _ in names})
+    if have != list(range(e)):
+        missing = sorted(set(range(e)) - set(have))
+        beyond = [j for j in have if j >= e]
+        raise ValueError(
+            f"{path}: model.layers.{i}.block_sparse_moe holds {len(have)} expert(s), but "
+            f"config.json's num_local_experts is {e}"
+            + (f"; expert(s) {missing[:4]} missing" if missing else "")
+            + (f"; expert(s) {beyond[:4]} beyond it" if beyond else ""))
+    out = []
+    for w, want in (("w1", (inter, hidden)), ("w3", (inter, hidden)), ("w2", (hidden, inter))):
+        parts = []
+        for j in range(e):
+            name = f"model.layers.{i}.block_sparse_moe.experts.{j}.{w}.weight"
+            if (j, w) not in names:
+                raise ValueError(f"{path}: {name} is missing (expert {j} of layer {i} in the "
+                                 f"per-expert layout needs w1, w2 and w3)")
+            if tuple(tensors[name].shape) != want:
+                raise ValueError(f"{name}: shape {tuple(tensors[name].shape)} in the "
+                                 f"checkpoint, but the config gives {want}")
+            parts.append(tensors.pop(name))
+        out.append(np.stack(parts))
+    return out[0], out[1], out[2]
+
+
+def _stacked(path, name: str, tensors: Dict[str, np.ndarray],
+             want: Tuple[int, ...]) -> np.ndarray:
+    """A stacked expert tensor of transformers 5's layout, taken out of `tensors`."""
+    if name not in tensors:
+        raise ValueError(f"{path}: {name} is missing from the checkpoint")
+    a = tensors.pop(name)
+    if tuple(a.shape) != want:
+        what = (f" ({a.shape[0]} experts, but config.json's num_local_experts is {want[0]})"
+                if a.ndim and a.shape[0] != want[0] else "")
+        raise ValueError(f"{name}: shape {tuple(a.shape)} in the checkpoint, but the config "
+                         f"gives {want}{what}")
+    return a
+
+
+def _mixtral_read_layout(cfg, tensors: Dict[str, np.ndarray], path) -> Dict[str, np.ndarray]:
+    """A Mixtral file's expert tensors, either layout, under the weight table's names."""
+    tensors = dict(tensors)
+    e, inter, hidden = cfg.num_experts, cfg.mlp_dim, cfg.emb_dim
+    v4 = _v4_experts(tensors)
+    for i in filter(cfg.is_moe_layer, range(cfg.num_layers)):
+        hf = f"model.layers.{i}"
+        old_router, router = f"{hf}.block_sparse_moe.gate.weight", f"{hf}.mlp.gate.weight"
+        if old_router in tensors and router not in tensors:
+            tensors[router] = tensors.pop(old_router)
+        experts = f"{hf}.mlp.experts"
+        if f"{experts}.gate_up_proj" in tensors or f"{experts}.down_proj" in tensors:
+            gate_up = _stacked(path, f"{experts}.gate_up_proj", tensors,
+                               (e, 2 * inter, hidden))
+            down = _stacked(path, f"{experts}.down_proj", tensors, (e, hidden, inter))
+            gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        elif i in v4:
+            gate, up, down = _stack_v4(path, cfg, i, v4[i], tensors)
+        else:
+            raise ValueError(f"{path}: layer {i}'s experts are missing: neither "
+                             f"{experts}.gate_up_proj nor {hf}.block_sparse_moe.experts.0."
+                             f"w1.weight is in the checkpoint")
+        tensors.update({f"{experts}.{GATE_HALF}": gate, f"{experts}.{UP_HALF}": up,
+                        f"{experts}.down_proj": down})
+    return tensors
+
+
+def _mixtral_write_layout(cfg, state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The weight table's split halves joined into transformers 5's gate_up_proj."""
+    state = dict(state)
+    for i in filter(cfg.is_moe_layer, range(cfg.num_layers)):
+        experts = f"model.layers.{i}.mlp.experts"
+        state[f"{experts}.gate_up_proj"] = np.concatenate(
+            [state.pop(f"{experts}.{GATE_HALF}"), state.pop(f"{experts}.{UP_HALF}")], axis=1)
+    return state
 
 
 # Tensors transformers writes or accepts that carry nothing t5lite needs.
@@ -177,6 +306,10 @@ class Family:
     hf_config: Callable[[Any], Dict[str, Any]]
     zero_bias_groups: Callable[[Any, Mapping[str, Any]], Tuple[str, ...]] = \
         lambda cfg, hf: ()
+    # (cfg, the file's tensors, path) -> the tensors under the weight table's names, and
+    # (cfg, state under those names) -> the file's tensors
+    read_layout: Callable = lambda cfg, tensors, path: tensors
+    write_layout: Callable = lambda cfg, state: state
 
     def decide_output_head(self, cfg, hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
                            embed_name: str):
@@ -196,12 +329,21 @@ FAMILIES: Dict[str, Family] = {
     "llama": Family("llama", ("model.embed_tokens.weight",), "logits_dense/kernel",
                     _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
                     llama_hf_config, _llama_zero_bias_groups),
+    "mixtral": Family("mixtral", ("model.embed_tokens.weight",), "logits_dense/kernel",
+                      _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
+                      mixtral_hf_config, read_layout=_mixtral_read_layout,
+                      write_layout=_mixtral_write_layout),
 }
+# A family's configs with experts (num_experts > 0) map onto another model_type.
+MOE_MODEL_TYPES = {"llama": "mixtral"}
 
 
 def family_of(cfg) -> Family:
-    """The HF mapping of a t5lite config (`cfg.HF_MODEL_TYPE`)."""
+    """The HF mapping of a t5lite config (`cfg.HF_MODEL_TYPE`; with experts, the
+    model_type `MOE_MODEL_TYPES` gives it)."""
     kind = getattr(cfg, "HF_MODEL_TYPE", None)
+    if getattr(cfg, "num_experts", 0) and kind in MOE_MODEL_TYPES:
+        kind = MOE_MODEL_TYPES[kind]
     if kind not in FAMILIES:
         raise ValueError(f"no Hugging Face mapping for config type {type(cfg).__name__}")
     return FAMILIES[kind]

@@ -55,6 +55,7 @@ import dataclasses
 from typing import ClassVar, Optional, Tuple
 
 from t5lite.models import lora
+from t5lite.models.moe import settings as moe_settings
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
 ATTENTION_IMPLS = ("xla", "dot_product", "cudnn", "te")
@@ -145,11 +146,6 @@ class T5Config(Switches):
         return self.num_heads
 
 
-EXPERT_MLPS = {"relu": ("relu",), "gelu": ("gelu",), "gelu_exact": ("gelu_exact",),
-               "swiglu": ("silu", "linear"), "geglu": ("gelu", "linear")}
-ROUTINGS = ("capacity", "dropless")
-
-
 @dataclasses.dataclass(frozen=True)
 class MoeSettings(Switches):
     """Mixture of experts (`t5lite.models.moe`, docs/moe.md); NUM_EXPERTS = 0 is a dense
@@ -158,24 +154,24 @@ class MoeSettings(Switches):
     num_experts: int = 0
     moe_every: int = 1  # layers i with i % moe_every == 0 are sparse (GLaM: 2, Mixtral: 1)
     moe_top_k: int = 2
-    expert_mlp: str = "swiglu"  # one of EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
+    expert_mlp: str = "swiglu"  # moe.settings.EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
     routing: str = "capacity"  # capacity (GShard / GLaM) | dropless (Mixtral)
     capacity_factor: float = 2.0  # training; slots = capacity_factor * group / experts
     eval_capacity_factor: float = 2.0  # eval, inference and decoding
-    moe_group_size: int = 1024  # tokens routed together (fewer in a call: all of them)
+    moe_group_size: int = 1024  # the most tokens routed together (`moe.group_size_for`)
     router_aux_loss: float = 0.01  # GShard's load balancing, averaged over MoE layers
     router_z_loss: float = 0.0  # ST-MoE's router z-loss, averaged over MoE layers
 
     def __post_init__(self):
         super().__post_init__()
-        _check_moe(self)
+        moe_settings.check(self)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i % self.moe_every == 0
 
     @property
     def expert_activations(self) -> Tuple[str, ...]:
-        return EXPERT_MLPS[self.expert_mlp]
+        return moe_settings.EXPERT_MLPS[self.expert_mlp]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,49 +247,6 @@ def _check_special_ids(cfg) -> None:
                              f"got {value!r}")
     if cfg.eos_id == 0:
         raise ValueError("eos_id must not be 0: 0 is the padding id")
-
-
-def _check_moe(cfg) -> None:
-    """One line for each MoE setting that cannot work (checked even when dense)."""
-    def whole(name, value, low):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
-
-    def positive(name, value, low_ok=False):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                value >= 0 if low_ok else value > 0):
-            raise ValueError(f"{name} must be a number {'>=' if low_ok else '>'} 0, got "
-                             f"{value!r}")
-
-    whole("NUM_EXPERTS (num_experts)", cfg.num_experts, 0)
-    whole("MOE_EVERY (moe_every)", cfg.moe_every, 1)
-    whole("MOE_TOP_K (moe_top_k)", cfg.moe_top_k, 1)
-    whole("MOE_GROUP_SIZE (moe_group_size)", cfg.moe_group_size, 1)
-    positive("CAPACITY_FACTOR (capacity_factor)", cfg.capacity_factor)
-    positive("EVAL_CAPACITY_FACTOR (eval_capacity_factor)", cfg.eval_capacity_factor)
-    positive("ROUTER_AUX_LOSS (router_aux_loss)", cfg.router_aux_loss, low_ok=True)
-    positive("ROUTER_Z_LOSS (router_z_loss)", cfg.router_z_loss, low_ok=True)
-    if cfg.expert_mlp not in EXPERT_MLPS:
-        raise ValueError(f"EXPERT_MLP (expert_mlp) must be one of {', '.join(EXPERT_MLPS)}; "
-                         f"got {cfg.expert_mlp!r}")
-    if cfg.routing not in ROUTINGS:
-        raise ValueError(f"ROUTING (routing) must be one of {', '.join(ROUTINGS)}; got "
-                         f"{cfg.routing!r}")
-    if not cfg.num_experts:
-        return
-    if cfg.moe_top_k > cfg.num_experts:
-        raise ValueError(f"MOE_TOP_K={cfg.moe_top_k} exceeds NUM_EXPERTS={cfg.num_experts}: "
-                         f"a token chooses among the experts there are")
-    if cfg.lora_rank:
-        raise ValueError("LoRA (LORA_RANK > 0) does not adapt mixture-of-experts models yet: "
-                         "set LORA_RANK=0, or NUM_EXPERTS=0 for a dense model")
-    if cfg.fp8 and cfg.fp8_backend == "te":
-        raise ValueError("FP8_BACKEND='te' does not run mixture-of-experts layers: use "
-                         "FP8_BACKEND='native' (the experts then run in ACTIVATION_DTYPE)")
-    if cfg.scan_layers and cfg.moe_every != 1:
-        raise ValueError(f"SCAN_LAYERS=True scans identical layers, and MOE_EVERY="
-                         f"{cfg.moe_every} alternates dense and sparse ones: use "
-                         f"SCAN_LAYERS=False (or MOE_EVERY=1)")
 
 
 def _check_switches(cfg) -> None:

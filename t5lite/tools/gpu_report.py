@@ -42,18 +42,6 @@ def gpu_facts(gpu: str) -> Dict[str, Any]:
     return gpu_target.device_facts(gpu_target.target_config(gpu))
 
 
-def compile_step(the_run, lengths: Mapping[str, int], pack: bool,
-                 autotune_file: Optional[str] = None):
-    """(compiled train step, lower seconds, compile seconds)."""
-    t0 = time.perf_counter()
-    lowered = the_run.step_fns.train_step.lower(
-        step_memory.abstract_state(the_run),
-        dict(step_memory.abstract_batch(the_run, lengths, pack)))
-    t1 = time.perf_counter()
-    compiled = lowered.compile(gpu_target.compiler_options(autotune_file))
-    return compiled, t1 - t0, time.perf_counter() - t1
-
-
 def compile_init(the_run, autotune_file: Optional[str] = None) -> float:
     """Seconds to lower and compile the run's sharded initializer."""
     t0 = time.perf_counter()
@@ -65,22 +53,27 @@ def compile_init(the_run, autotune_file: Optional[str] = None) -> float:
 def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
                     task_feature_lengths: Mapping[str, int], pack: bool = False,
                     autotune_file: Optional[str] = None, init: bool = True,
-                    devices=None) -> Dict[str, Any]:
+                    devices=None, device_bytes: Optional[int] = None) -> Dict[str, Any]:
     """The report (JSON-able but for `kernels`, the Kernel list; `kernels_by_part` and
-    `top_ops` as rows), compiled for `devices` (default: one compile-only `gpu`)."""
+    `top_ops` as rows), compiled for `devices` (default: one compile-only `gpu`). With
+    `device_bytes`, also `step_memory`: `info --memory`'s entry for a device of that
+    many bytes, from the same compiled step."""
     devices = devices or gpu_target.gpu_devices(gpu)
     the_run = benchmarking.step_run(model, batch_size=batch_size, devices=devices,
                                     task_feature_lengths=task_feature_lengths,
                                     optimizer=optimizer)
-    compiled, lower_s, compile_s = compile_step(the_run, task_feature_lengths, pack,
-                                                autotune_file)
+    times: Dict[str, float] = {}
+    compiled = step_memory.compile_train_step(
+        the_run, step_memory.abstract_batch(the_run, task_feature_lengths, pack),
+        options=gpu_target.compiler_options(autotune_file), timings=times)
     kernels = gpu_program.program_kernels(compiled.as_text())
     facts = gpu_facts(gpu)
     memory = step_memory.compiled_memory(compiled)
     report = {
         "gpu": gpu, **facts, "devices": len(devices), "batch_size": batch_size,
         "task_feature_lengths": dict(task_feature_lengths), "pack": pack,
-        "autotune_file": autotune_file, "step_lower_s": lower_s, "step_compile_s": compile_s,
+        "autotune_file": autotune_file, "step_lower_s": times["lower_s"],
+        "step_compile_s": times["compile_s"],
         "init_compile_s": compile_init(the_run, autotune_file) if init else None,
         "memory": memory.as_dict() if memory else None,
         "model_flops": the_run.flops_per_example * batch_size,
@@ -95,6 +88,9 @@ def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
                          limit=TOP_OPS),
     }
     report["predicted_seq_per_s"] = batch_size / report["predicted_step_s"]
+    if device_bytes is not None:
+        report["step_memory"] = step_memory.memory_report(the_run.partitioner.mesh, batch_size,
+                                                          memory, device_bytes)
     report["kernels"] = kernels
     return report
 
@@ -184,13 +180,18 @@ def memory_gib(gpu: Optional[str]) -> float:
 
 
 def info_section(report: Dict[str, Any], model, optimizer, gpu: str, devices_,
-                 per_device_batch: Optional[int], autotune_file: Optional[str]) -> str:
-    """`info --gpu`: the report into report["gpu_step"] (without its kernel list); its
-    tables."""
+                 memory_gib: Optional[float], per_device_batch: Optional[int],
+                 autotune_file: Optional[str]) -> str:
+    """`info --gpu`: the report into report["gpu_step"] (without its kernel list) and,
+    with `memory_gib` (`--memory`: a device's memory), its compiled step's memory into
+    report["step_memory"] (no second compile); its tables."""
     batch = benchmarking.global_batch(per_device_batch, len(devices_))
     pack = bool(gin.get_bindings("train").get("pack", False))
+    device_bytes = None if memory_gib is None else int(memory_gib * step_memory.GiB)
     result = gpu_step_report(model, optimizer, gpu, batch, report["task_feature_lengths"],
-                             pack, autotune_file, devices=devices_)
+                             pack, autotune_file, devices=devices_, device_bytes=device_bytes)
     result.pop("kernels")
+    if memory_gib is not None:
+        report["step_memory"] = result.pop("step_memory")
     report["gpu_step"] = result
     return "\n" + format_gpu_report(result)

@@ -20,6 +20,7 @@ upper bound.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Dict, Mapping, Optional
 
 import jax
@@ -92,16 +93,25 @@ def abstract_state(run: TrainingRun):
         run.step_fns.abstract_state, run.step_fns.state_shardings)
 
 
-def compile_train_step(run: TrainingRun, batch: Mapping[str, Any], state: Any = None):
+def compile_train_step(run: TrainingRun, batch: Mapping[str, Any], state: Any = None,
+                       options: Optional[Mapping[str, Any]] = None,
+                       timings: Optional[Dict[str, float]] = None):
     """The run's train step compiled for `batch` (arrays or ShapeDtypeStructs) and `state`
     (default: the abstract state): a `jax.stages.Compiled`, callable as
-    `compiled(state, batch)`."""
+    `compiled(state, batch)`. `options`: XLA's compiler options (default: the GPU
+    launchers' flags on a compile-only GPU, `gpu_target.compiler_options`, else none).
+    `timings`, a dict where given, gets the seconds spent lowering (`lower_s`) and
+    compiling (`compile_s`)."""
+    t0 = time.perf_counter()
     state = abstract_state(run) if state is None else state
     lowered = run.step_fns.train_step.lower(state, dict(batch))
-    device = run.partitioner.mesh.devices.flat[0]
-    if gpu_target.is_compile_only_gpu(device):  # the GPU launchers' flags: the GPU's program
-        return lowered.compile(gpu_target.compiler_options())
-    return lowered.compile()
+    t1 = time.perf_counter()
+    if options is None and gpu_target.is_compile_only_gpu(run.partitioner.mesh.devices.flat[0]):
+        options = gpu_target.compiler_options()  # the GPU launchers' flags: the GPU's program
+    compiled = lowered.compile(None if options is None else dict(options))
+    if timings is not None:
+        timings.update(lower_s=t1 - t0, compile_s=time.perf_counter() - t1)
+    return compiled
 
 
 def compiled_memory(compiled) -> Optional[StepMemory]:
@@ -130,6 +140,22 @@ def verdict(peak_bytes: int, device_bytes: int, headroom: float = HEADROOM) -> s
     return (f"does not fit in {device}: needs {peak_bytes / GiB:.1f} GiB of "
             f"{usable / GiB:.1f} GiB usable; use remat (REMAT_POLICY), more "
             f"NUM_MICROBATCHES, more fsdp shards or a smaller per-device batch")
+
+
+def memory_report(mesh, batch_size: int, memory: Optional[StepMemory],
+                  device_bytes: int) -> Dict[str, Any]:
+    """`info --memory`'s entry: `memory`, a compiled train step's (`compiled_memory`), on
+    `mesh` for a global batch of `batch_size`, with the plain answer for a device of
+    `device_bytes`."""
+    if memory is None:
+        raise ConfigError("this backend reports no memory analysis for compiled programs")
+    device = mesh.devices.flat[0]
+    return {"devices": mesh.size, "mesh": dict(mesh.shape), "batch_size": batch_size,
+            "per_device_batch": batch_size // mesh.size, "platform": device.platform,
+            "device_bytes": device_bytes,
+            "device_kind": (device.device_kind if gpu_target.is_compile_only_gpu(device)
+                            else None),
+            **memory.as_dict(), "verdict": verdict(memory.peak_bytes, device_bytes)}
 
 
 def cpu_devices(count: int):

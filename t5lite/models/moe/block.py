@@ -9,7 +9,7 @@ Parameters (under a layer's `mlp`, where a dense layer has its MLP)::
     wi*/bias [expert, mlp], wo/bias [expert, embed]        with use_bias
 
 Tokens are taken in [batch, length] order (the routing never depends on the layout or
-the mesh) and cut into routing groups of `group_size` tokens (`MoeSettings.group`).
+the mesh) and cut into routing groups of at most `group_size` tokens (`group_size_for`).
 'capacity' routing dispatches each group's tokens into [expert, group, slot, embed] with
 an einsum, which XLA turns into an all-to-all when the expert axis is sharded;
 'dropless' routing sorts the tokens' choices by expert and runs the experts as ragged
@@ -190,14 +190,15 @@ class _ExpertFn:
 
 
 def group_size_for(group_size: int, tokens: int) -> int:
-    """The routing group of a call with `tokens` tokens: `group_size`, or all the tokens
-    when there are fewer (a decoding step); ValueError when it does not divide them."""
-    group = min(group_size, tokens)
-    if tokens % group:
-        raise ValueError(f"MOE_GROUP_SIZE={group_size} does not divide the {tokens} tokens of "
-                         f"a batch (batch x length); use a divisor of the sequence length")
-    return group
-
+    """The routing group of a call with `tokens` tokens, from `group_size` (MOE_GROUP_SIZE,
+    the largest group) and the tokens alone, never the mesh: the fewest groups, at least
+    tokens / group_size, that split the tokens evenly (flaxformer's rule, without its
+    expert-partition term). Tokens a multiple of group_size: groups of exactly group_size;
+    fewer tokens (a decoding step): one group of them all."""
+    groups = -(-tokens // group_size)
+    while tokens % groups:
+        groups += 1
+    return tokens // groups
 
 def layer_stats(stats) -> dict:
     """The "intermediates" a network's MoE layers sowed -> {stat: [moe layers] float32},
