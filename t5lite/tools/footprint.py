@@ -16,7 +16,7 @@ import jax
 
 from t5lite.errors import ConfigError
 from t5lite.models.model import BaseModel
-from t5lite.tools import benchmarking, gpu_target, program_account, step_memory
+from t5lite.tools import benchmarking, program_account, step_memory
 
 FLOAT32_BYTES = 4
 
@@ -85,16 +85,8 @@ def step_memory_report(the_run, task_feature_lengths, pack: bool,
     the plain answer for a device of `device_bytes`."""
     compiled = step_memory.compile_train_step(
         the_run, step_memory.abstract_batch(the_run, task_feature_lengths, pack))
-    memory = step_memory.compiled_memory(compiled)
-    if memory is None:
-        raise ConfigError("this backend reports no memory analysis for compiled programs")
-    mesh = the_run.partitioner.mesh
-    return {"devices": mesh.size, "mesh": dict(mesh.shape), "batch_size": the_run.batch_size,
-            "per_device_batch": the_run.batch_size // mesh.size,
-            "platform": mesh.devices.flat[0].platform, "device_bytes": device_bytes,
-            "device_kind": (mesh.devices.flat[0].device_kind if gpu_target.is_compile_only_gpu(
-                mesh.devices.flat[0]) else None),
-            **memory.as_dict(), "verdict": step_memory.verdict(memory.peak_bytes, device_bytes)}
+    return step_memory.memory_report(the_run.partitioner.mesh, the_run.batch_size,
+                                     step_memory.compiled_memory(compiled), device_bytes)
 
 
 def step_reports(report: Dict[str, Any], model, optimizer, devices, per_device_batch,
