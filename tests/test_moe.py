@@ -429,3 +429,19 @@ def test_checkpoint_saved_on_8_restores_on_1_and_4_with_factored_adafactor(tmp_p
             jax.tree_util.tree_map(
                 lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                 after.params, after8.params)
+
+
+def test_the_expert_axis_moves_tokens_with_all_to_all():
+    """Capacity routing over an expert axis of 8: the dispatched tokens cross the axis in
+    all-to-alls (one each way a layer, forward and backward), and the tokens are never
+    gathered whole onto every device."""
+    model = DecoderOnlyModel(MOE)
+    part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1, 8)))
+    fns = train_step.make_train_step(model, optax.sgd(0.1), part, lengths={"targets": 8})
+    batch = {k: jax.ShapeDtypeStruct((16, 8), v.dtype)
+             for k, v in model.dummy_batch(16, {"targets": 8}).items()}
+    state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                   fns.abstract_state, fns.state_shardings)
+    text = fns.train_step.lower(state, batch).compile().as_text()
+    assert text.count("all-to-all(") == 4 * MOE.num_layers
+    assert "f32[16,8,32]{2,1,0} all-gather(" not in text  # all the groups' tokens, gathered

@@ -66,24 +66,29 @@ class MoeMLP(nn.Module):
         batch, length, embed = x.shape
         flat = x.reshape(batch * length, embed)
         group = group_size_for(self.group_size, flat.shape[0])
+        # the groups split like the batch: each device routes its own tokens
+        xg = _split_like_batch(flat.reshape(-1, group, embed))  # [groups, group, embed]
         router, _ = ExpertParams((embed, self.num_experts), ("embed", "expert_logits"),
                                  False, name="router")()
-        logits = jnp.dot(flat.astype(jnp.float32), router,
-                         precision=jax.lax.Precision.HIGHEST)  # [tokens, expert] float32
-        logits = logits.reshape(-1, group, self.num_experts)  # [groups, group, expert]
+        logits = jnp.einsum("gsd,de->gse", xg.astype(jnp.float32), router,
+                            precision=jax.lax.Precision.HIGHEST)  # float32
+        logits = _split_like_batch(logits)
         probs = jax.nn.softmax(logits, axis=-1)
         experts = self._experts(embed)
         if self.routing_kind == "capacity":
             cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor
             cap = routing.expert_capacity(group, self.num_experts, cf)
             r = routing.capacity_routing(probs, self.top_k, cap)
-            xg = flat.reshape(-1, group, embed).astype(self.dtype)
-            dispatched = jnp.einsum("gsec,gsd->egcd", r.dispatch.astype(self.dtype), xg)
+            dispatch, combine = _split_like_batch(r.dispatch), _split_like_batch(r.combine)
+            # [groups, group] tokens -> [expert, groups, slot]: an all-to-all over the
+            # expert axis when the experts are sharded
+            dispatched = jnp.einsum("gsec,gsd->egcd", dispatch.astype(self.dtype),
+                                    xg.astype(self.dtype))
             dispatched = nn.with_logical_constraint(
                 dispatched, ("expert", "expert_groups", None, "embed"))
             out = experts(dispatched)
             out = nn.with_logical_constraint(out, ("expert", "expert_groups", None, "embed"))
-            y = jnp.einsum("gsec,egcd->gsd", r.combine.astype(self.dtype), out)
+            y = _split_like_batch(jnp.einsum("gsec,egcd->gsd", combine.astype(self.dtype), out))
             kept, ids = r.kept, r.ids
         else:
             ids, gates = routing.top_k_choices(probs, self.top_k)
@@ -187,6 +192,11 @@ class _ExpertFn:
         if bias is not None:
             y = y + jnp.take(jnp.asarray(bias, self.dtype), row_expert, axis=0)
         return checkpoint_name(y, "mlpwo")
+
+
+def _split_like_batch(x: Array) -> Array:
+    """x [groups, ...]: the groups over the batch's mesh axes, the rest unsplit."""
+    return nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))
 
 
 def group_size_for(group_size: int, tokens: int) -> int:
