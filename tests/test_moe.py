@@ -445,3 +445,33 @@ def test_the_expert_axis_moves_tokens_with_all_to_all():
     text = fns.train_step.lower(state, batch).compile().as_text()
     assert text.count("all-to-all(") == 4 * MOE.num_layers
     assert "f32[16,8,32]{2,1,0} all-gather(" not in text  # all the groups' tokens, gathered
+
+
+# ----------------------------------------------------------------------------- a run
+
+def test_a_glam_run_resumes_bit_exact_on_an_expert_mesh(tmp_path):
+    """`python -m t5lite.train` on the tiny GLaM (capacity routing, dense and sparse
+    layers) over data 2 x expert 4: 4 steps saved at 2 and 4; a second run, from a copy
+    holding only step 2, resumes there and ends at step 4 with the very same state, and
+    the log line shows the routers' statistics."""
+    import shutil
+    import train_helpers as th
+    args = ("--gin.ICI_MESH_SHAPE=[2, 1, 1, 4]", "--gin.CHECKPOINT_PERIOD=2",
+            "--gin.LOG_PERIOD=1", "--gin.TASK_FEATURE_LENGTHS={'targets': 16}",
+            "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
+    cmd = th.train_command(tmp_path / "a", *args, steps=4)
+    cmd[3] = "--gin_file=configs/models/glam/tiny.gin"
+    first = th.run(cmd, devices=8, cwd=th.REPO)
+    assert first.returncode == 0, th.describe(first)
+    assert th.complete_steps(tmp_path / "a") == [2, 4]
+    assert "moe/dropped_fraction/layer_2" in first.stderr and "moe/aux_loss" in first.stderr
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(th.checkpoints_dir(tmp_path / "b") / "4")
+    second = th.run([c.replace(str(tmp_path / "a"), str(tmp_path / "b")) for c in cmd],
+                    devices=8, cwd=th.REPO)
+    assert second.returncode == 0, th.describe(second)
+    assert "start: resume:2 at step 2" in second.stderr, th.describe(second)
+    a, b = th.flat(th.load_state(tmp_path / "a", 4)), th.flat(th.load_state(tmp_path / "b", 4))
+    assert a.keys() == b.keys() and any("mlp']['router" in k for k in a)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
