@@ -316,3 +316,33 @@ def test_bfloat16_attention_logits_close_and_no_float32_scores(reference):
     assert 0 < err < 0.05 * scale, (err, scale)
     assert _score_tensors(bf16, batch, params).get("f32", 0) > 0
     assert _score_tensors(cfg2, batch, params).get("f32", 0) == 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rms_norm_gradient_is_autodiffs(dtype):
+    """`layers.rms_norm` writes its gradient out (it keeps x in its dtype for the backward
+    pass): the same x and scale gradients as autodiff of the float32 formula."""
+    from t5lite.models.layers import rms_norm
+
+    def plain(x, scale):
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6) * scale
+        return y.astype(dtype)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(keys[0], (3, 5, 16)).astype(dtype)
+    scale = 1.0 + jax.random.normal(keys[1], (16,))
+    w = jax.random.normal(keys[2], (3, 5, 16))
+
+    def loss(fn):
+        return lambda x, s: jnp.sum(fn(x, s).astype(jnp.float32) * w)
+
+    got = jax.grad(loss(lambda x, s: rms_norm(x, s, 1e-6, dtype)), (0, 1))(x, scale)
+    want = jax.grad(loss(plain), (0, 1))(x, scale)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    for g, r in zip(got, want):
+        assert g.dtype == r.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32),
+                                   rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.asarray(rms_norm(x, scale, 1e-6, dtype), np.float32),
+                                  np.asarray(plain(x, scale), np.float32))
