@@ -88,6 +88,11 @@ def _fill(shape: Sequence[int], total: int, what: str) -> Tuple[int, ...]:
     return shape
 
 
+def _as_given(shape: Tuple[int, ...], given: Sequence[int]) -> Tuple[int, ...]:
+    """A filled shape as the user wrote it: three entries when they gave three."""
+    return shape[:len(given)] if len(given) < len(shape) else shape
+
+
 def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
               dcn_mesh_shape: Sequence[int] = (1, 1, 1),
               devices: Optional[Sequence[Any]] = None) -> Mesh:
@@ -100,11 +105,13 @@ def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
     dcn = _fill(dcn_mesh_shape, jax.process_count(), "DCN_MESH_SHAPE")
     n_dcn = math.prod(dcn)
     if n % n_dcn:
-        raise PartitioningError(f"DCN_MESH_SHAPE={dcn} does not divide the {n} devices")
+        raise PartitioningError(f"DCN_MESH_SHAPE={_as_given(dcn, dcn_mesh_shape)} does not "
+                                f"divide the {n} devices")
     ici = _fill(ici_mesh_shape, n // n_dcn, "ICI_MESH_SHAPE")
     if math.prod(ici) * n_dcn != n:
         raise PartitioningError(
-            f"mesh ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} has "
+            f"mesh ICI_MESH_SHAPE={_as_given(ici, ici_mesh_shape)} x "
+            f"DCN_MESH_SHAPE={_as_given(dcn, dcn_mesh_shape)} has "
             f"{math.prod(ici) * n_dcn} devices but {n} are present; make the product of "
             f"the two shapes equal the device count (a -1 entry fills the rest)")
     if n_dcn == 1:
