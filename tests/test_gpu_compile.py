@@ -59,6 +59,22 @@ def test_launcher_options_are_the_launchers_flags():
         assert flags[name] == str(value).lower(), name
 
 
+def test_a_large_sort_compiles_without_a_gpu():
+    """XLA sizes CUB's radix sort by asking the CUDA runtime, which has no GPU here
+    (`cudaErrorInvalidDevice`: what stopped Mixtral's dropless step compiling for 8
+    H100s); `compiler_options` gives XLA's own sort instead, and the argsort of a million
+    keys (dropless routing sorts token choices by expert) compiles."""
+    devices = gpu_target.gpu_devices("h100")
+    spec = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
+                                      jax.sharding.PartitionSpec())
+    keys = jax.ShapeDtypeStruct((1 << 20,), jnp.int32, sharding=spec)
+    lowered = jax.jit(lambda k: jnp.argsort(k, stable=True)).lower(keys)
+    with pytest.raises(Exception, match="cudaErrorInvalidDevice"):
+        lowered.compile({k: v for k, v in gpu_target.compiler_options().items()
+                         if k not in gpu_target.DEVICELESS_OPTIONS})
+    assert "sort(" in lowered.compile(gpu_target.compiler_options()).as_text()
+
+
 @pytest.fixture(scope="module")
 def h200_program():
     """A matmul, a float32 softmax and a reduction, compiled for an H200 here."""

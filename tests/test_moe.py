@@ -5,6 +5,7 @@ one-device, whole-batch update (router losses included), and the settings that c
 work refused in one line."""
 import dataclasses
 import math
+import re
 
 import flax.linen as nn
 import jax
@@ -63,11 +64,29 @@ def test_capacity_routing_matches_hand_dispatch(top_k):
     assert capacity == 4
     got = routing.capacity_routing(jnp.asarray(probs), top_k, capacity)
     dispatch, combine = _hand_dispatch(probs, top_k, capacity)
-    np.testing.assert_array_equal(np.asarray(got.dispatch), dispatch)
-    np.testing.assert_allclose(np.asarray(got.combine), combine, rtol=1e-6, atol=0)
+    # the indices written out as GShard's one-hot tensors [group, token, expert, slot]
+    slot, gates = np.asarray(got.slot), np.asarray(got.gates)
+    got_dispatch = np.zeros((3, 16, 4 * capacity + 1), bool)
+    got_combine = np.zeros((3, 16, 4 * capacity + 1), np.float32)
+    for g, s, j in np.ndindex(slot.shape):
+        got_dispatch[g, s, slot[g, s, j]] = True
+        got_combine[g, s, slot[g, s, j]] += gates[g, s, j]
+    assert not np.any(gates[slot == 4 * capacity])  # a dropped choice weighs nothing
+    np.testing.assert_array_equal(got_dispatch[..., :-1].reshape(dispatch.shape), dispatch)
+    np.testing.assert_allclose(got_combine[..., :-1].reshape(combine.shape), combine,
+                               rtol=1e-6, atol=0)
     kept = np.asarray(got.kept)
     assert 0 < kept.mean() < 1  # some choices were dropped, some kept
-    assert dispatch.sum() == kept.sum()
+    assert dispatch.sum() == kept.sum() == np.sum(slot < 4 * capacity)
+    # the slots gathered and scattered back: each kept token lands in its slot and
+    # returns weighted by its gate
+    x = jnp.asarray(rng.normal(size=(3, 16, 5)), jnp.float32)
+    slots_x = np.asarray(routing.dispatch(x, got.slot, 4 * capacity))
+    np.testing.assert_allclose(slots_x, np.einsum("gsec,gsd->gecd", dispatch, x).reshape(
+        3, 4 * capacity, 5), rtol=1e-6, atol=1e-6)
+    back = routing.combine(jnp.asarray(slots_x), got.slot, got.gates)
+    np.testing.assert_allclose(np.asarray(back), np.einsum(
+        "gsec,gecd->gsd", combine, slots_x.reshape(3, 4, capacity, 5)), rtol=1e-5, atol=1e-6)
 
 
 def test_capacity_rule():
@@ -431,6 +450,22 @@ def test_checkpoint_saved_on_8_restores_on_1_and_4_with_factored_adafactor(tmp_p
                 after.params, after8.params)
 
 
+def test_dense_weights_are_split_over_the_expert_axis_too():
+    """FSDP over the experts (Pax's GPU GLaM, MaxText): a dense kernel's embed over fsdp x
+    expert; an expert kernel's expert dim takes the expert axis, its embed fsdp alone; an
+    activation's batch claims data, fsdp and expert, leaving its embed whole."""
+    part = partitioning.Partitioner(partitioning.make_mesh((1, 2, 1, 4)))
+    P = jax.sharding.PartitionSpec
+    assert part.spec_for(("embed", "mlp"), (32, 48)) == P(("fsdp", "expert"), "tensor")
+    assert part.spec_for(("expert", "embed", "mlp"), (8, 32, 48)) == P("expert", "fsdp", "tensor")
+    assert part.spec_for(("batch", "length", "embed"), (16, 8, 32)) == P(
+        ("data", "fsdp", "expert"), None, None)
+    # without an expert axis, the rule is plain FSDP
+    part = partitioning.Partitioner(partitioning.make_mesh((1, 8, 1)))
+    assert part.spec_for(("embed", "mlp"), (32, 48)) == P(("fsdp", "expert"), "tensor")
+    assert part.axis_size(("fsdp", "expert")) == 8
+
+
 def test_the_expert_axis_moves_tokens_with_all_to_all():
     """Capacity routing over an expert axis of 8: the dispatched tokens cross the axis in
     all-to-alls (one each way a layer, forward and backward), and the tokens are never
@@ -443,8 +478,11 @@ def test_the_expert_axis_moves_tokens_with_all_to_all():
     state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                    fns.abstract_state, fns.state_shardings)
     text = fns.train_step.lower(state, batch).compile().as_text()
-    assert text.count("all-to-all(") == 4 * MOE.num_layers
-    assert "f32[16,8,32]{2,1,0} all-gather(" not in text  # all the groups' tokens, gathered
+    # the all-to-alls that carry tokens: their arrays end in the embed dim (32)
+    moved = [m.group(1) for m in re.finditer(r"= \(?f32\[([\d,]+)\]\S*.*? all-to-all\(", text)]
+    assert sum(shape.endswith(",32") for shape in moved) == 4 * MOE.num_layers, moved
+    # all the groups' tokens (or the slots' padded copy), gathered onto every device
+    assert not re.search(r"f32\[16,\d+,32\]\S* all-gather\(", text)
 
 
 # ----------------------------------------------------------------------------- a run

@@ -6,8 +6,11 @@ that run under the mesh and rules (`Partitioner.partition`), and process 0's dec
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
 `layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert,
-embed -> fsdp, heads / joined_kv / mlp / vocab -> tensor, expert -> expert (the experts'
-kernels and their dispatched tokens), everything else (LoRA's rank too) replicated. Extra rules, the gin macro
+embed -> fsdp+expert (else fsdp), heads / joined_kv / mlp / vocab -> tensor, expert ->
+expert (the experts' kernels and their dispatched tokens), everything else (LoRA's rank
+too) replicated. A dense weight's embed is split over the expert axis as well (FSDP over
+the experts, as Pax's GPU GLaM and MaxText shard it); an expert kernel's expert dim has
+that axis already, so its embed takes fsdp alone; an activation's batch claims all three. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
@@ -50,6 +53,7 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     # the expert axis, which their expert axis took (XLA's all-to-all moves them)
     ("expert_groups", ("data", "fsdp")),
     ("expert_logits", None),
+    ("embed", ("fsdp", "expert")),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("joined_kv", "tensor"),

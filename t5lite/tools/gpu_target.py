@@ -37,6 +37,14 @@ LAUNCHER_OPTIONS: Dict[str, Any] = {
 collective thresholds change none): a CPU-side compile makes the program the GPU runs
 (tests/test_gpu_compile.py holds the two together)."""
 
+DEVICELESS_OPTIONS: Dict[str, Any] = {
+    "xla_gpu_enable_cub_radix_sort": False,
+}
+"""Flags a compile without a GPU needs: XLA sizes CUB's radix sort (the dropless MoE
+routing's sort of token choices by expert) by asking the CUDA runtime, which fails with
+`cudaErrorInvalidDevice` when there is no GPU (every `xla_gpu_deviceless_cub_mode` tried
+too); XLA's own sort kernel compiles instead. A real GPU keeps CUB."""
+
 EXTRA = 'pip install -e ".[gpu-aot]"'
 
 
@@ -151,11 +159,12 @@ def is_compile_only_gpu(device) -> bool:
 
 
 def compiler_options(autotune_file: Optional[str] = None) -> Dict[str, Any]:
-    """The launchers' flags (but those XLA_FLAGS sets: the environment's win, as on a
-    GPU, where the launchers put theirs in XLA_FLAGS), and the GPU's autotune results to
-    load, when given."""
+    """The launchers' flags and `DEVICELESS_OPTIONS` (but those XLA_FLAGS sets: the
+    environment's win, as on a GPU, where the launchers put theirs in XLA_FLAGS), and the
+    GPU's autotune results to load, when given."""
     given = set(re.findall(r"--(\w+)=", os.environ.get("XLA_FLAGS", "")))
-    options = {k: v for k, v in LAUNCHER_OPTIONS.items() if k not in given}
+    options = {k: v for k, v in {**LAUNCHER_OPTIONS, **DEVICELESS_OPTIONS}.items()
+               if k not in given}
     if autotune_file:
         if not pathlib.Path(autotune_file).is_file():
             raise ConfigError(f"--autotune_results={autotune_file!r}: no such file (a GPU "

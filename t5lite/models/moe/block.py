@@ -10,8 +10,10 @@ Parameters (under a layer's `mlp`, where a dense layer has its MLP)::
 
 Tokens are taken in [batch, length] order (the routing never depends on the layout or
 the mesh) and cut into routing groups of at most `group_size` tokens (`group_size_for`).
-'capacity' routing dispatches each group's tokens into [expert, group, slot, embed] with
-an einsum, which XLA turns into an all-to-all when the expert axis is sharded;
+'capacity' routing gathers each group's tokens into its experts' slots
+[expert, group, slot, embed] by index (`routing.dispatch`; XLA moves them with an
+all-to-all when the expert axis is sharded) and gathers the outputs back
+(`routing.combine`);
 'dropless' routing sorts the tokens' choices by expert and runs the experts as ragged
 matmuls (`jax.lax.ragged_dot`).
 
@@ -79,16 +81,17 @@ class MoeMLP(nn.Module):
             cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor
             cap = routing.expert_capacity(group, self.num_experts, cf)
             r = routing.capacity_routing(probs, self.top_k, cap)
-            dispatch, combine = _split_like_batch(r.dispatch), _split_like_batch(r.combine)
-            # [groups, group] tokens -> [expert, groups, slot]: an all-to-all over the
+            slot = _split_like_batch(r.slot)
+            dispatched = routing.dispatch(xg.astype(self.dtype), slot, self.num_experts * cap)
+            dispatched = _split_like_batch(dispatched.reshape(-1, self.num_experts, cap, embed))
+            # [groups, expert, slot] -> [expert, groups, slot]: an all-to-all over the
             # expert axis when the experts are sharded
-            dispatched = jnp.einsum("gsec,gsd->egcd", dispatch.astype(self.dtype),
-                                    xg.astype(self.dtype))
-            dispatched = nn.with_logical_constraint(
-                dispatched, ("expert", "expert_groups", None, "embed"))
-            out = experts(dispatched)
-            out = nn.with_logical_constraint(out, ("expert", "expert_groups", None, "embed"))
-            y = _split_like_batch(jnp.einsum("gsec,egcd->gsd", combine.astype(self.dtype), out))
+            experts_axes = ("expert", "expert_groups", None, "embed")
+            dispatched = nn.with_logical_constraint(dispatched.transpose(1, 0, 2, 3), experts_axes)
+            out = nn.with_logical_constraint(experts(dispatched), experts_axes)
+            out = _split_like_batch(out.transpose(1, 0, 2, 3))
+            out = out.reshape(-1, self.num_experts * cap, embed)
+            y = _split_like_batch(routing.combine(out, slot, r.gates))
             kept, ids = r.kept, r.ids
         else:
             ids, gates = routing.top_k_choices(probs, self.top_k)

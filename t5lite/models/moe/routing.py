@@ -9,8 +9,10 @@ Two kinds (`ROUTING`):
   j-th choice is the j-th largest router probability; every first choice of the group
   outranks every second choice (slots fill first choices in token order, then second
   choices); a choice past the expert's capacity is dropped, and with all its choices
-  dropped the token goes on through the residual alone. The result is a dispatch mask
-  and combine weights [group, token, expert, slot].
+  dropped the token goes on through the residual alone. The result is, for each
+  [group, token, choice], the place in its expert's buffer of `capacity` slots (an index,
+  never a one-hot [group, token, expert, slot] tensor: at GLaM 64B's groups of 32,768
+  tokens that tensor is 2^31 numbers a group) and the gate weight.
 - 'dropless' (Mixtral): every token's top-k experts, no capacity; the result is
   (expert ids, weights) [tokens, k], computed by the experts as ragged matmuls.
 
@@ -62,12 +64,15 @@ def top_k_choices(probs: Array, top_k: int) -> Tuple[Array, Array]:
 
 
 class CapacityRouting(NamedTuple):
-    """Capacity routing of [group, token] tokens: dispatch (bool) and combine (float32)
-    [group, token, expert, slot]; `kept` [group, token, k] whether each choice got a
-    slot; `ids` [group, token, k] the chosen experts."""
+    """Capacity routing of [group, token] tokens, each array [group, token, k]:
 
-    dispatch: Array
-    combine: Array
+    - `slot` int32: the choice's place among all experts' slots, expert * capacity +
+      position, or num_experts * capacity (one past the last slot) when it was dropped;
+    - `gates` float32: its weight, zero when dropped;
+    - `kept` bool: whether it got a slot; `ids` int32: the chosen expert."""
+
+    slot: Array
+    gates: Array
     kept: Array
     ids: Array
 
@@ -79,24 +84,50 @@ def capacity_routing(probs: Array, top_k: int, capacity: int) -> CapacityRouting
     num_experts = probs.shape[-1]
     ids, gates = top_k_choices(probs, top_k)
     filled = jnp.zeros(probs.shape[:1] + (num_experts,), jnp.int32)  # [group, expert]
-    dispatch = jnp.zeros(probs.shape + (capacity,), bool)
-    combine = jnp.zeros(probs.shape + (capacity,), jnp.float32)
-    kept_all = []
+    slots, kept_all = [], []
     for j in range(top_k):
         choice = jax.nn.one_hot(ids[..., j], num_experts, dtype=jnp.int32)  # [g, s, e]
-        # slot of each token in its expert: the tokens before it that chose the same
+        # position of each token in its expert: the tokens before it that chose the same
         # expert at this rank, after the slots earlier ranks filled
         position = jnp.cumsum(choice, axis=1) - choice + filled[:, None, :]
-        slot = jnp.sum(position * choice, axis=-1)  # [g, s]
-        kept = slot < capacity
-        kept_choice = choice * kept[..., None]
-        filled = filled + jnp.sum(kept_choice, axis=1)
-        where = (kept_choice[..., None] > 0) & (jax.nn.one_hot(slot, capacity, dtype=bool)
-                                                [:, :, None, :])
-        dispatch = dispatch | where
-        combine = combine + where * gates[..., j, None, None]
+        position = jnp.sum(position * choice, axis=-1)  # [g, s]
+        kept = position < capacity
+        filled = filled + jnp.sum(choice * kept[..., None], axis=1)
+        slots.append(jnp.where(kept, ids[..., j] * capacity + position,
+                               num_experts * capacity))
         kept_all.append(kept)
-    return CapacityRouting(dispatch, combine, jnp.stack(kept_all, axis=-1), ids)
+    kept = jnp.stack(kept_all, axis=-1)
+    return CapacityRouting(jnp.stack(slots, axis=-1).astype(jnp.int32),
+                           jnp.where(kept, gates, 0.0), kept, ids)
+
+
+def dispatch(x: Array, slot: Array, num_slots: int) -> Array:
+    """x [group, token, embed], `slot` [group, token, k] -> [group, num_slots, embed]: each
+    slot holds the token routed to it, or zeros. A gather by each slot's token (its
+    gradient a scatter-add), linear in the tokens; mapped over the groups, so that a
+    partitioner splitting the groups keeps each group's gather on its device."""
+    return jax.vmap(lambda xg, sg: _dispatch_group(xg, sg, num_slots))(x, slot)
+
+
+def _dispatch_group(x: Array, slot: Array, num_slots: int) -> Array:
+    tokens, k = slot.shape
+    token_ids = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32)[:, None], slot.shape)
+    # each slot's token (`tokens`: none); dropped choices all land on the extra last slot
+    owner = jnp.full((num_slots + 1,), tokens, jnp.int32).at[slot].set(
+        token_ids, mode="promise_in_bounds")
+    padded = jnp.concatenate([x, jnp.zeros_like(x[:1])], axis=0)
+    return padded.at[owner[:num_slots]].get(mode="promise_in_bounds")
+
+
+def combine(y: Array, slot: Array, gates: Array) -> Array:
+    """y [group, num_slots, embed] (the experts' outputs by slot), `slot` / `gates`
+    [group, token, k] -> [group, token, embed]: the sum over a token's kept choices of
+    gate * its slot's output."""
+    def one_group(yg, sg, gg):
+        padded = jnp.concatenate([yg, jnp.zeros_like(yg[:1])], axis=0)
+        picked = padded.at[sg].get(mode="promise_in_bounds")  # [token, k, embed]
+        return jnp.einsum("skd,sk->sd", picked, gg.astype(yg.dtype))
+    return jax.vmap(one_group)(y, slot, gates)
 
 
 def load_balancing_loss(probs: Array, first_choice: Array) -> Array:
