@@ -1,10 +1,12 @@
 """Hugging Face config.json <-> t5lite configs.
 
 `read_hf_config` reads a local model directory's config.json; `config_from_hf` maps it
-to a `T5Config` (`model_type` "t5") or `DecoderConfig` ("llama", and "mixtral": a
-DecoderConfig with SwiGLU experts in every layer, top-k >= 2, dropless routing), unfused,
-unscanned and with t5lite's default dtype. `t5_hf_config` / `llama_hf_config` /
-`mixtral_hf_config` go the other way for `t5lite.interop.hf.save_pretrained`. Weights
+to a `T5Config` (`model_type` "t5", and "switch_transformers": a T5Config with top-1
+capacity-routed experts in every `*_sparse_step`-th layer, T5X's settings) or
+`DecoderConfig` ("llama", and "mixtral": a DecoderConfig with SwiGLU experts in every
+layer, top-k >= 2, dropless routing), unfused, unscanned and with t5lite's default
+dtype (Switch's own fields: `t5lite.interop.hf_switch`). `t5_hf_config` /
+`llama_hf_config` / `mixtral_hf_config` go the other way for `t5lite.interop.hf.save_pretrained`. Weights
 (and the output-head decision that depends on them) live in `t5lite.interop.hf_families`.
 """
 from __future__ import annotations
@@ -14,11 +16,12 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Union
 
+from t5lite.interop import hf_switch
 from t5lite.models.configs import DecoderConfig, T5Config
 
 PathLike = Union[str, Path]
 CONFIG_NAME = "config.json"
-SUPPORTED_MODEL_TYPES = ("t5", "llama", "mixtral")
+SUPPORTED_MODEL_TYPES = ("t5", "llama", "mixtral", "switch_transformers")
 
 # HF activation name -> t5lite activation name, and back.
 _ACT_FROM_HF = {"relu": "relu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
@@ -197,6 +200,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> Union[T5Config, DecoderConfig]:
     model_type = hf.get("model_type")
     if model_type == "t5":
         return _t5_config(hf)
+    if model_type == "switch_transformers":
+        return hf_switch.with_experts(_t5_config(hf_switch.as_t5(hf)), hf)
     if model_type == "llama":
         return _llama_config(hf)
     if model_type == "mixtral":

@@ -20,6 +20,10 @@ Output logits follow the installed transformers (5.x) semantics:
   default) `block_sparse_moe.experts.{j}.w1/w3/w2.weight` and `block_sparse_moe.gate`.
   `Family.read_layout` turns either into the split names the weight table uses;
   `Family.write_layout` writes transformers 5's.
+- Switch Transformers: as T5 (a T5Config with experts maps onto "switch_transformers"),
+  the MLPs named `mlp`, a sparse layer's `mlp.router.classifier` and
+  `mlp.experts.expert_{e}.wi/wo`, stacked on reading and split on writing
+  (`t5lite.interop.hf_switch`).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from t5lite.interop import hf_switch
 from t5lite.interop.hf_config import (
     llama_hf_config, mixtral_hf_config, t5_hf_config, t5_scales_output)
 
@@ -79,7 +84,9 @@ def to_hf(kind: str, a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(shape), dtype=np.float32)
 
 
-def _t5_entries(cfg) -> List[Entry]:
+def _t5_entries(cfg, switch: bool = False) -> List[Entry]:
+    """T5's weight table; `switch`: Switch Transformers' (an MLP is `mlp`, not
+    `DenseReluDense`; a sparse layer's is a router and experts, `hf_switch.STACKED`)."""
     entries: List[Entry] = []
     mlp_names = ("wi",) if len(cfg.mlp_activations) == 1 else tuple(
         f"wi_{i}" for i in range(len(cfg.mlp_activations)))
@@ -89,10 +96,16 @@ def _t5_entries(cfg) -> List[Entry]:
             entries.append((f"{hf}.{a}.weight", f"{ours}/{b}/kernel", "in_heads"))
         entries.append((f"{hf}.o.weight", f"{ours}/out/kernel", "heads_out"))
 
-    def mlp(hf: str, ours: str) -> None:
-        for n in mlp_names + ("wo",):
-            entries.append((f"{hf}.DenseReluDense.{n}.weight", f"{ours}/mlp/{n}/kernel",
+    def mlp(hf: str, ours: str, i: int) -> None:
+        if switch and cfg.is_moe_layer(i):
+            entries.append((f"{hf}.mlp.router.classifier.weight", f"{ours}/mlp/router/kernel",
                             "transpose"))
+            entries.extend((f"{hf}.mlp.experts.{hf_switch.STACKED}.{n}", f"{ours}/mlp/{n}/kernel",
+                            "experts") for n in ("wi", "wo"))
+            return
+        for n in mlp_names + ("wo",):
+            entries.append((f"{hf}.{'mlp' if switch else 'DenseReluDense'}.{n}.weight",
+                            f"{ours}/mlp/{n}/kernel", "transpose"))
 
     def norm(hf: str, ours: str) -> None:
         entries.append((f"{hf}.weight", f"{ours}/scale", "copy"))
@@ -107,14 +120,14 @@ def _t5_entries(cfg) -> List[Entry]:
                 norm(f"{hf}.0.layer_norm", f"{ours}/pre_attention_layer_norm")
                 attention(f"{hf}.0.SelfAttention", f"{ours}/attention")
                 norm(f"{hf}.1.layer_norm", f"{ours}/pre_mlp_layer_norm")
-                mlp(f"{hf}.1", ours)
+                mlp(f"{hf}.1", ours, i)
             else:
                 norm(f"{hf}.0.layer_norm", f"{ours}/pre_self_attention_layer_norm")
                 attention(f"{hf}.0.SelfAttention", f"{ours}/self_attention")
                 norm(f"{hf}.1.layer_norm", f"{ours}/pre_cross_attention_layer_norm")
                 attention(f"{hf}.1.EncDecAttention", f"{ours}/encoder_decoder_attention")
                 norm(f"{hf}.2.layer_norm", f"{ours}/pre_mlp_layer_norm")
-                mlp(f"{hf}.2", ours)
+                mlp(f"{hf}.2", ours, i)
         norm(f"{stack}.final_layer_norm", f"{stack}/{stack}_norm")
     return entries
 
@@ -333,9 +346,16 @@ FAMILIES: Dict[str, Family] = {
                       _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
                       mixtral_hf_config, read_layout=_mixtral_read_layout,
                       write_layout=_mixtral_write_layout),
+    "switch_transformers": Family(
+        "switch_transformers", ("shared.weight", "encoder.embed_tokens.weight",
+                                "decoder.embed_tokens.weight"),
+        "decoder/logits_dense/kernel", lambda cfg: _t5_entries(cfg, switch=True),
+        _t5_output_head, lambda cfg: not cfg.logits_via_embedding,
+        lambda cfg: hf_switch.switch_hf_config(cfg, t5_hf_config),
+        read_layout=hf_switch.read_layout, write_layout=hf_switch.write_layout),
 }
 # A family's configs with experts (num_experts > 0) map onto another model_type.
-MOE_MODEL_TYPES = {"llama": "mixtral"}
+MOE_MODEL_TYPES = {"llama": "mixtral", "t5": "switch_transformers"}
 
 
 def family_of(cfg) -> Family:

@@ -139,10 +139,10 @@ class BaseModel:
         instead of 433), which is what its compile time grew with; and a fresh init is
         the same under SCAN_LAYERS True and False. Transformer Engine's modules keep
         their own per-layer init, and so does a stack that alternates dense and
-        mixture-of-experts layers (MOE_EVERY > 1)."""
+        mixture-of-experts layers (MOE_EVERY > 1 or MOE_FIRST > 0)."""
         cfg = self.config
-        if cfg.scan_layers or self._uses_te() or getattr(cfg, "moe_every", 1) > 1 and \
-                getattr(cfg, "num_experts", 0):
+        if cfg.scan_layers or self._uses_te() or cfg.num_experts and (
+                cfg.moe_every > 1 or cfg.moe_first):
             return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
         stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
         boxed = self.NETWORK(stacked_cfg).init({"params": rng},
@@ -206,24 +206,8 @@ class BaseModel:
         return jnp.sum(tok_loss * weights), sums
 
     def moe_metrics(self, stats) -> Dict[str, jax.Array]:
-        """The routers' statistics sown by the MoE layers -> `moe/<stat>` (the mean over
-        MoE layers), `moe/<stat>/layer_<i>` for dropped_fraction, and `moe/objective`:
-        ROUTER_AUX_LOSS * moe/aux_loss + ROUTER_Z_LOSS * moe/z_loss. Empty when dense."""
-        per_layer = moe.layer_stats(stats)
-        if not per_layer:
-            return {}
-        out = {f"moe/{name}": jnp.mean(per_layer[name]) for name in moe.MOE_STATS}
-        for i, value in enumerate(per_layer["dropped_fraction"]):
-            out[f"moe/dropped_fraction/layer_{self.moe_layer_ids()[i]}"] = value
-        out["moe/objective"] = (self.config.router_aux_loss * out["moe/aux_loss"]
-                                + self.config.router_z_loss * out["moe/z_loss"])
-        return out
-
-    def moe_layer_ids(self) -> List[int]:
-        """The indices of the mixture-of-experts layers (empty when dense)."""
-        cfg = self.config
-        return [i for i in range(getattr(cfg, "num_layers", 0))
-                if getattr(cfg, "num_experts", 0) and cfg.is_moe_layer(i)]
+        """The routers' statistics sown by the MoE layers -> `moe.metrics`'s scalars."""
+        return moe.metrics(stats, self.config)
 
     def normalizer(self, batch: Batch) -> jax.Array:
         """What the loss sums of `batch` are divided by (LOSS_NORMALIZING_FACTOR)."""

@@ -113,7 +113,17 @@ def switch_macros() -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config(Switches):
+class MoeSettings(Switches, moe_settings.MoeFields):
+    """The switches and the mixture-of-experts settings (`moe_settings.MoeFields`), which
+    both families take; NUM_EXPERTS = 0 is a dense model."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        moe_settings.check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config(MoeSettings):
     """T5 v1.1 (and original T5) encoder-decoder architecture, and the switches."""
 
     HF_MODEL_TYPE: ClassVar[str] = "t5"
@@ -144,34 +154,6 @@ class T5Config(Switches):
     @property
     def kv_heads(self) -> int:
         return self.num_heads
-
-
-@dataclasses.dataclass(frozen=True)
-class MoeSettings(Switches):
-    """Mixture of experts (`t5lite.models.moe`, docs/moe.md); NUM_EXPERTS = 0 is a dense
-    model. Bound by configs/models/_moe.gin's macros (NUM_EXPERTS, MOE_EVERY, ...)."""
-
-    num_experts: int = 0
-    moe_every: int = 1  # layers i with i % moe_every == 0 are sparse (GLaM: 2, Mixtral: 1)
-    moe_top_k: int = 2
-    expert_mlp: str = "swiglu"  # moe.settings.EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
-    routing: str = "capacity"  # capacity (GShard / GLaM) | dropless (Mixtral)
-    capacity_factor: float = 2.0  # training; slots = capacity_factor * group / experts
-    eval_capacity_factor: float = 2.0  # eval, inference and decoding
-    moe_group_size: int = 1024  # the most tokens routed together (`moe.group_size_for`)
-    router_aux_loss: float = 0.01  # GShard's load balancing, averaged over MoE layers
-    router_z_loss: float = 0.0  # ST-MoE's router z-loss, averaged over MoE layers
-
-    def __post_init__(self):
-        super().__post_init__()
-        moe_settings.check(self)
-
-    def is_moe_layer(self, i: int) -> bool:
-        return self.num_experts > 0 and i % self.moe_every == 0
-
-    @property
-    def expert_activations(self) -> Tuple[str, ...]:
-        return moe_settings.EXPERT_MLPS[self.expert_mlp]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ no recomputation counted, padding counts as real tokens. `inner = num_heads * he
 attention is causal, so its score/value matmuls are halved. Pure functions, no gin.
 
 A mixture-of-experts layer counts its active parameters: the router (2 d E a token) and
-top_k experts' MLPs; the capacity routing's dispatch and combine einsums are overhead, not
+top_k experts' MLPs; the capacity routing's dispatch and combine gathers are overhead, not
 model FLOPs (MaxText's convention), and dropped tokens count as routed.
 
 With LoRA (`lora_rank` > 0) the backward pass computes no gradient of a frozen weight:
@@ -50,19 +50,28 @@ def _mlp_adapters(cfg, d: int, ff: int) -> int:
     return sum(_adapter(cfg, n, d, ff) for n in names) + _adapter(cfg, "wo", ff, d)
 
 
+def _mlps(cfg, layers: int) -> int:
+    """Forward FLOPs a token of `layers` layers' MLPs, dense or mixtures of experts."""
+    d, ff = cfg.emb_dim, cfg.mlp_dim
+    sparse = sum(cfg.is_moe_layer(i) for i in range(layers))
+    dense_mlp = _mlp_flops_per_token(d, ff, len(cfg.mlp_activations))
+    moe_mlp = (cfg.moe_top_k * _mlp_flops_per_token(d, ff, len(cfg.expert_activations))
+               + 2 * d * cfg.num_experts)                        # top-k experts, the router
+    return (layers - sparse) * dense_mlp + sparse * moe_mlp
+
+
 def _encoder_decoder_parts(cfg: T5Config, Se: int, Sd: int) -> Tuple[int, int, int]:
     """Forward (weight matmuls, attention matmuls, adapters) FLOPs of one example."""
     d, ff, V = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size
     inner = cfg.num_heads * cfg.head_dim
     Le, Ld = cfg.num_encoder_layers, cfg.num_decoder_layers
-    mlp = _mlp_flops_per_token(d, ff, len(cfg.mlp_activations))
     # Per encoder token: q,k,v,o projections (8*d*inner), MLP, full attention (QK^T and AV),
     # plus the decoder's cross-attention K/V projections of this token in every decoder layer.
-    weights = Se * (Le * (8 * d * inner + mlp) + Ld * 4 * d * inner)
+    weights = Se * (Le * 8 * d * inner + _mlps(cfg, Le) + Ld * 4 * d * inner)
     attention = Se * Le * 4 * Se * inner
     # Per decoder token: self-attention projections, MLP, causal self-attention (halved),
     # cross-attention q,o projections and attention over Se keys; then the logits.
-    weights += Sd * (Ld * (8 * d * inner + mlp + 4 * d * inner) + 2 * d * V)
+    weights += Sd * (Ld * (8 * d * inner + 4 * d * inner) + _mlps(cfg, Ld) + 2 * d * V)
     attention += Sd * Ld * (2 * Sd * inner + 4 * Se * inner)
     q_o = _adapter(cfg, "query", d, inner) + _adapter(cfg, "out", inner, d)
     k_v = _adapter(cfg, "key", d, inner) + _adapter(cfg, "value", d, inner)
@@ -90,14 +99,10 @@ def _decoder_only_parts(cfg: DecoderConfig, S: int) -> Tuple[int, int, int]:
     causal sequence of `S`."""
     d, ff, V = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size
     H, Hkv, hd = cfg.num_heads, cfg.kv_heads, cfg.head_dim
-    dense_mlp = _mlp_flops_per_token(d, ff, len(cfg.mlp_activations))
-    sparse = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    moe_mlp = (cfg.moe_top_k * _mlp_flops_per_token(d, ff, len(cfg.expert_activations))
-               + 2 * d * cfg.num_experts)                        # top-k experts, the router
     weights = cfg.num_layers * (2 * d * (H + 2 * Hkv) * hd       # q, k, v projections
                                 + 2 * d * H * hd                 # output projection
                                 ) + 2 * d * V                    # the logits
-    weights += (cfg.num_layers - sparse) * dense_mlp + sparse * moe_mlp
+    weights += _mlps(cfg, cfg.num_layers)
     attention = cfg.num_layers * (4 * S * H * hd // 2)           # QK^T and AV, causal: halved
     adapters = cfg.num_layers * (
         _adapter(cfg, "query", d, H * hd) + _adapter(cfg, "key", d, Hkv * hd)

@@ -290,13 +290,15 @@ class MLP(nn.Module):
         return checkpoint_name(y, "mlpwo")
 
 
-def moe_mlp(cfg, deterministic: bool) -> "moe.MoeMLP":
+def moe_mlp(cfg, deterministic: bool, encoder: bool = False) -> "moe.MoeMLP":
     """The mixture-of-experts block a config's sparse layers hold (named "mlp", as a
-    dense MLP; it takes and returns [batch, length, embed])."""
+    dense MLP; it takes and returns [batch, length, embed]); an `encoder`'s may route
+    batch-prioritized."""
     return moe.MoeMLP(num_experts=cfg.num_experts, top_k=cfg.moe_top_k, mlp_dim=cfg.mlp_dim,
                       activations=tuple(ACTIVATIONS[a] for a in cfg.expert_activations),
                       routing_kind=cfg.routing, capacity_factor=cfg.capacity_factor,
                       eval_capacity_factor=cfg.eval_capacity_factor,
-                      group_size=cfg.moe_group_size, dtype=get_dtype(cfg.dtype),
-                      use_bias=cfg.use_bias, dropout_rate=cfg.dropout_rate,
+                      group_size=cfg.moe_group_size, capacity_rule=cfg.capacity_rule,
+                      batch_prioritized=encoder and cfg.batch_prioritized_routing,
+                      dtype=get_dtype(cfg.dtype), use_bias=getattr(cfg, "use_bias", False), dropout_rate=cfg.dropout_rate,
                       deterministic=deterministic, name="mlp")

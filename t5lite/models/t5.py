@@ -4,11 +4,13 @@ Pre-norm RMSNorm layers; one relative-position table per stack (bidirectional in
 encoder, causal in the decoder) shared by its layers; unscaled attention logits (the
 1/sqrt(head_dim) lives in the query initializer); gated tanh-GELU MLP; token embedding
 shared by encoder and decoder; untied logits kernel unless `logits_via_embedding`.
-Padding is token id 0.
+Padding is token id 0. With NUM_EXPERTS > 0 the config's sparse layers (`is_moe_layer`)
+hold a mixture of experts in place of the MLP, in encoder and decoder (Switch
+Transformers).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import flax.linen as nn
 import jax
@@ -18,7 +20,7 @@ from t5lite.models import lora
 from t5lite.models.configs import T5Config
 from t5lite.models.attention import Attention, RelativePositionBias
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
-from t5lite.models.layers import MLP, Dense, Embed, Layout, RMSNorm, get_dtype
+from t5lite.models.layers import MLP, Dense, Embed, Layout, RMSNorm, get_dtype, moe_mlp
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -32,6 +34,8 @@ class _T5Layer(nn.Module):
     deterministic: bool = True
     scanned: bool = False
     decode: bool = False  # KV cache in the decoder's attentions (see attention.Attention)
+    moe: bool = False  # a mixture of experts instead of the MLP (Switch's sparse layers)
+    ENCODER: ClassVar[bool] = False
 
     @property
     def layout(self) -> Layout:
@@ -51,11 +55,14 @@ class _T5Layer(nn.Module):
             logits_dtype=jnp.dtype(c.attention_logits_dtype), causal=causal,
             decode=self.decode, lora=lora.spec(c), name=name)
 
-    def mlp(self) -> MLP:
-        c = self.cfg
-        return MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=self.layout,
+    def mlp(self, h: Array) -> Array:
+        c, lay = self.cfg, self.layout
+        if self.moe:
+            return lay.to_internal(moe_mlp(c, self.deterministic, self.ENCODER)(
+                lay.to_external(h)))
+        return MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay,
                    dtype=get_dtype(c.dtype), fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
-                   deterministic=self.deterministic, lora=lora.spec(c), name="mlp")
+                   deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
 
     def residual(self, x: Array, y: Array) -> Array:
         y = nn.Dropout(self.cfg.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
@@ -67,13 +74,15 @@ class _T5Layer(nn.Module):
 
 
 class EncoderLayer(_T5Layer):
+    ENCODER: ClassVar[bool] = True
+
     @nn.compact
     def __call__(self, x: Array, bias: Array, mask: Array):
         """x [batch, length, embed] (or SB); bias [1, heads, l, l]; mask [batch, 1, l, l]."""
         h = self.norm("pre_attention_layer_norm")(x)
         x = self.residual(x, self.attention("attention", False)(h, h, bias, mask))
         h = self.norm("pre_mlp_layer_norm")(x)
-        return self.output(self.residual(x, self.mlp()(h)))
+        return self.output(self.residual(x, self.mlp(h)))
 
 
 class DecoderLayer(_T5Layer):
@@ -89,7 +98,7 @@ class DecoderLayer(_T5Layer):
         x = self.residual(
             x, self.attention("encoder_decoder_attention", True)(h, encoded, None, cross_mask))
         h = self.norm("pre_mlp_layer_norm")(x)
-        return self.output(self.residual(x, self.mlp()(h)))
+        return self.output(self.residual(x, self.mlp(h)))
 
 
 def _dropout(cfg: T5Config, x: Array, deterministic: bool) -> Array:
@@ -115,7 +124,8 @@ class Encoder(nn.Module):
         valid = tokens > 0
         mask = make_mask(c.attention_mask, valid, valid, False, segment_ids, segment_ids)
         x = run_layers(EncoderLayer, c.num_encoder_layers, x, (bias, mask), scan=c.scan_layers,
-                       remat=c.remat_policy, cfg=c, deterministic=deterministic)
+                       remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       cfg=c, deterministic=deterministic)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="encoder_norm")(x)
         return _dropout(c, x, deterministic)
 
@@ -165,7 +175,8 @@ class Decoder(nn.Module):
         x = lay.constrain(x, "embed")
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
                        (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
-                       remat=c.remat_policy, cfg=c, deterministic=deterministic, decode=decode)
+                       remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       cfg=c, deterministic=deterministic, decode=decode)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="decoder_norm")(x)
         x = _dropout(c, x, deterministic)
         if c.logits_via_embedding:

@@ -58,6 +58,8 @@ class MoeMLP(nn.Module):
     capacity_factor: float
     eval_capacity_factor: float
     group_size: int
+    capacity_rule: str = "gshard"  # routing.expert_capacity's
+    batch_prioritized: bool = False  # routing.capacity_routing's (an encoder's only)
     dtype: jnp.dtype = jnp.bfloat16
     use_bias: bool = False
     dropout_rate: float = 0.0
@@ -79,8 +81,8 @@ class MoeMLP(nn.Module):
         experts = self._experts(embed)
         if self.routing_kind == "capacity":
             cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor
-            cap = routing.expert_capacity(group, self.num_experts, cf)
-            r = routing.capacity_routing(probs, self.top_k, cap)
+            cap = routing.expert_capacity(group, self.num_experts, cf, self.capacity_rule)
+            r = routing.capacity_routing(probs, self.top_k, cap, self.batch_prioritized)
             slot = _split_like_batch(r.slot)
             dispatched = routing.dispatch(xg.astype(self.dtype), slot, self.num_experts * cap)
             dispatched = _split_like_batch(dispatched.reshape(-1, self.num_experts, cap, embed))
@@ -232,6 +234,28 @@ def layer_stats(stats) -> dict:
     if not found["aux_loss"]:
         return {}
     return {name: jnp.concatenate(values) for name, values in found.items()}
+
+
+def metrics(stats, cfg) -> dict:
+    """The "intermediates" a network's MoE layers sowed -> `moe/<stat>` (the mean over MoE
+    layers), `moe/dropped_fraction/<layer>` (`layer_<i>`; `decoder/layer_<i>`,
+    `encoder/layer_<i>` in an encoder-decoder), and `moe/objective`: ROUTER_AUX_LOSS *
+    moe/aux_loss + ROUTER_Z_LOSS * moe/z_loss. Empty when dense."""
+    per_layer = layer_stats(stats)
+    if not per_layer:
+        return {}
+    if hasattr(cfg, "num_encoder_layers"):  # `layer_stats` visits decoder, then encoder
+        names = [f"{stack}/layer_{i}" for stack, n in (
+            ("decoder", cfg.num_decoder_layers), ("encoder", cfg.num_encoder_layers))
+            for i in range(n) if cfg.is_moe_layer(i)]
+    else:
+        names = [f"layer_{i}" for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+    out = {f"moe/{name}": jnp.mean(per_layer[name]) for name in MOE_STATS}
+    for name, value in zip(names, per_layer["dropped_fraction"], strict=True):
+        out[f"moe/dropped_fraction/{name}"] = value
+    out["moe/objective"] = (cfg.router_aux_loss * out["moe/aux_loss"]
+                            + cfg.router_z_loss * out["moe/z_loss"])
+    return out
 
 
 def _layer_order(key: str):

@@ -43,13 +43,18 @@ Array = jax.Array
 MIN_CAPACITY = 4  # GShard / Praxis / T5X: an expert takes at least this many tokens
 
 
-def expert_capacity(group: int, num_experts: int, capacity_factor: float) -> int:
-    """Slots per expert and group, Praxis's GShard rule: int(capacity_factor * group /
-    num_experts) rounded up to a multiple of 4, at least MIN_CAPACITY, and at most
+def expert_capacity(group: int, num_experts: int, capacity_factor: float,
+                    rule: str = "gshard") -> int:
+    """Slots per expert and group. 'gshard' (Praxis): int(capacity_factor * group /
+    num_experts) rounded up to a multiple of 4; 't5x' (flaxformer):
+    round(capacity_factor * group / num_experts); both at least MIN_CAPACITY and at most
     `group` (a token chooses an expert once). The factor counts every choice: GLaM's
     top-2 with factor 2.0 has room for both choices of evenly routed tokens."""
-    cap = int(capacity_factor * group / num_experts)
-    cap = -(-cap // MIN_CAPACITY) * MIN_CAPACITY
+    if rule == "t5x":
+        cap = int(round(capacity_factor * group / num_experts))
+    else:
+        cap = int(capacity_factor * group / num_experts)
+        cap = -(-cap // MIN_CAPACITY) * MIN_CAPACITY
     return int(min(max(cap, MIN_CAPACITY), group))
 
 
@@ -77,12 +82,22 @@ class CapacityRouting(NamedTuple):
     ids: Array
 
 
-def capacity_routing(probs: Array, top_k: int, capacity: int) -> CapacityRouting:
+def capacity_routing(probs: Array, top_k: int, capacity: int,
+                     batch_prioritized: bool = False) -> CapacityRouting:
     """probs [group, token, expert] float32 -> `CapacityRouting`: first choices take their
-    expert's slots in token order, then second choices after every first choice kept, and
-    so on; a choice that finds its expert full is dropped."""
+    expert's slots in token order (`batch_prioritized`: in order of the tokens' largest
+    probability, the most confident first, ties in token order: T5X's batch-prioritized
+    routing, for an encoder), then second choices after every first choice kept, and so
+    on; a choice that finds its expert full is dropped."""
     num_experts = probs.shape[-1]
     ids, gates = top_k_choices(probs, top_k)
+    if batch_prioritized:  # route the tokens in priority order, then put them back
+        order = jnp.argsort(-gates[..., 0] if top_k == 1 else -jnp.max(probs, axis=-1),
+                            axis=1, stable=True)
+        back = jnp.argsort(order, axis=1)
+        r = capacity_routing(jnp.take_along_axis(probs, order[..., None], axis=1), top_k,
+                             capacity)
+        return CapacityRouting(*(jnp.take_along_axis(a, back[..., None], axis=1) for a in r))
     filled = jnp.zeros(probs.shape[:1] + (num_experts,), jnp.int32)  # [group, expert]
     slots, kept_all = [], []
     for j in range(top_k):

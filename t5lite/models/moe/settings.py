@@ -1,10 +1,48 @@
-"""The mixture-of-experts settings' values and their one-line checks (`MoeSettings` in
-`t5lite.models.configs` holds them; this module needs only the config's attributes)."""
+"""The mixture-of-experts settings (`MoeFields`, which both families' configs hold), their
+values and their one-line checks (`check` needs only the config's attributes)."""
 from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
 
 EXPERT_MLPS = {"relu": ("relu",), "gelu": ("gelu",), "gelu_exact": ("gelu_exact",),
                "swiglu": ("silu", "linear"), "geglu": ("gelu", "linear")}
 ROUTINGS = ("capacity", "dropless")
+CAPACITY_RULES = ("gshard", "t5x")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeFields:
+    """Mixture of experts (docs/moe.md), bound by configs/models/_moe.gin's macros
+    (NUM_EXPERTS, MOE_EVERY, ...); NUM_EXPERTS = 0 is a dense model."""
+
+    num_experts: int = 0
+    # layers moe_first, moe_first + moe_every, ... are sparse (GLaM: 0 / 2, the even
+    # layers; Switch: 1 / 2, the odd ones, flaxformer's MIXED layout; Mixtral: 0 / 1)
+    moe_every: int = 1
+    moe_first: int = 0
+    moe_top_k: int = 2
+    expert_mlp: str = "swiglu"  # EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
+    routing: str = "capacity"  # capacity (GShard / GLaM / Switch) | dropless (Mixtral)
+    capacity_factor: float = 2.0  # training; slots ~ capacity_factor * group / experts
+    eval_capacity_factor: float = 2.0  # eval, inference and decoding
+    # slots from the factor: 'gshard' int(cf * group / E) up to a multiple of 4 (Praxis),
+    # 't5x' max(round(cf * group / E), 4) (flaxformer), both at least 4
+    capacity_rule: str = "gshard"
+    # the encoder's slots go to the most confident tokens first (T5X's batch-prioritized
+    # routing), not in token order; an encoder-decoder's encoder only
+    batch_prioritized_routing: bool = False
+    moe_group_size: int = 1024  # the most tokens routed together (`moe.group_size_for`)
+    router_aux_loss: float = 0.01  # GShard's load balancing, averaged over MoE layers
+    router_z_loss: float = 0.0  # ST-MoE's router z-loss, averaged over MoE layers
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (self.num_experts > 0 and i >= self.moe_first
+                and (i - self.moe_first) % self.moe_every == 0)
+
+    @property
+    def expert_activations(self) -> Tuple[str, ...]:
+        return EXPERT_MLPS[self.expert_mlp]
 
 
 def check(cfg) -> None:
@@ -21,6 +59,7 @@ def check(cfg) -> None:
 
     whole("NUM_EXPERTS (num_experts)", cfg.num_experts, 0)
     whole("MOE_EVERY (moe_every)", cfg.moe_every, 1)
+    whole("MOE_FIRST (moe_first)", cfg.moe_first, 0)
     whole("MOE_TOP_K (moe_top_k)", cfg.moe_top_k, 1)
     whole("MOE_GROUP_SIZE (moe_group_size)", cfg.moe_group_size, 1)
     positive("CAPACITY_FACTOR (capacity_factor)", cfg.capacity_factor)
@@ -33,6 +72,17 @@ def check(cfg) -> None:
     if cfg.routing not in ROUTINGS:
         raise ValueError(f"ROUTING (routing) must be one of {', '.join(ROUTINGS)}; got "
                          f"{cfg.routing!r}")
+    if cfg.capacity_rule not in CAPACITY_RULES:
+        raise ValueError(f"CAPACITY_RULE (capacity_rule) must be one of "
+                         f"{', '.join(CAPACITY_RULES)}; got {cfg.capacity_rule!r}")
+    if not isinstance(cfg.batch_prioritized_routing, bool):
+        raise ValueError(f"BATCH_PRIORITIZED_ROUTING (batch_prioritized_routing) must be "
+                         f"True or False, got {cfg.batch_prioritized_routing!r}")
+    if cfg.batch_prioritized_routing and not hasattr(cfg, "num_encoder_layers"):
+        raise ValueError("BATCH_PRIORITIZED_ROUTING=True ranks a group's tokens by the "
+                         "router's confidence, so a decoder's token would take a slot by "
+                         "looking at later tokens: it is for an encoder only (T5's); set it "
+                         "False")
     if not cfg.num_experts:
         return
     if cfg.moe_top_k > cfg.num_experts:
@@ -44,7 +94,7 @@ def check(cfg) -> None:
     if cfg.fp8 and cfg.fp8_backend == "te":
         raise ValueError("FP8_BACKEND='te' does not run mixture-of-experts layers: use "
                          "FP8_BACKEND='native' (the experts then run in ACTIVATION_DTYPE)")
-    if cfg.scan_layers and cfg.moe_every != 1:
+    if cfg.scan_layers and (cfg.moe_every != 1 or cfg.moe_first):
         raise ValueError(f"SCAN_LAYERS=True scans identical layers, and MOE_EVERY="
-                         f"{cfg.moe_every} alternates dense and sparse ones: use "
-                         f"SCAN_LAYERS=False (or MOE_EVERY=1)")
+                         f"{cfg.moe_every}, MOE_FIRST={cfg.moe_first} mix dense and sparse "
+                         f"ones: use SCAN_LAYERS=False (or MOE_EVERY=1, MOE_FIRST=0)")

@@ -1,0 +1,236 @@
+"""Switch Transformers (T5 with experts, issue 46): the configs' parameter counts against
+a count by hand and transformers' own; top-1 batch-prioritized routing against a
+hand-written dispatch; a random tiny transformers SwitchTransformersForConditionalGeneration
+loads with the same logits where capacity cannot bind, and goes back tensor for tensor;
+what transformers' Switch cannot hold, and a Switch file missing an expert, are one line;
+a tiny Switch T5 trains with the routers' statistics of both stacks."""
+import dataclasses
+import json
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+from t5lite.models.configs import DecoderConfig, T5Config
+from t5lite.models.moe import routing
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from test_hf import VOCAB, hf_t5_logits, logits, max_diff, t5_batch  # noqa: E402
+from t5lite.interop import hf  # noqa: E402
+from t5lite.models.model import EncoderDecoderModel  # noqa: E402
+
+TOL = 1e-4
+EXPERTS = 4
+DIMS = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_layers=4,
+            num_decoder_layers=4, num_sparse_encoder_layers=2, num_sparse_decoder_layers=2,
+            num_experts=EXPERTS, expert_capacity=64, router_aux_loss_coef=0.02,
+            router_z_loss_coef=0.003)
+WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_transformers():
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+# ----------------------------------------------------------------------------- counts
+
+
+def _switch_by_hand(d, ff, layers, heads, kv, vocab, experts, buckets=32):
+    attention = 4 * d * heads * kv
+    dense, sparse = 2 * d * ff, experts * 2 * d * ff + d * experts
+    mlps = (layers // 2) * dense + (layers // 2) * sparse
+    encoder = layers * (attention + 2 * d) + mlps + d + buckets * heads
+    decoder = layers * (2 * attention + 3 * d) + mlps + d + buckets * heads
+    return vocab * d + encoder + decoder  # the embedding is the output head too
+
+
+@pytest.mark.parametrize("gin_file,experts,published", [
+    ("models/switch/base_8.gin", 8, 619_339_008),
+    ("models/switch/base_128.gin", 128, 7_415_217_408)])
+def test_switch_parameter_counts(gin_file, experts, published):
+    from t5lite.config import parsing
+    from t5lite.tools import footprint
+    parsing.parse_gin([gin_file], [])
+    model = parsing.resolve_macro("MODEL")
+    params = footprint.abstract_params(model)
+    assert footprint.param_count(params) == published == _switch_by_hand(
+        768, 3072, 12, 12, 64, 32128, experts)
+    # active a token: the router and one expert in each sparse layer
+    assert footprint.active_param_count(model, params) == _switch_by_hand(
+        768, 3072, 12, 12, 64, 32128, 1) - 12 * 768 * 1 + 12 * 768 * experts
+    if experts == 8:  # transformers' own count, without allocating (meta tensors)
+        config = transformers.SwitchTransformersConfig(
+            d_model=768, d_ff=3072, d_kv=64, num_heads=12, num_layers=12,
+            num_sparse_encoder_layers=6, num_sparse_decoder_layers=6, num_experts=8)
+        with torch.device("meta"):
+            theirs = transformers.SwitchTransformersForConditionalGeneration(config)
+        assert theirs.num_parameters() == published
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def test_batch_prioritized_routing_matches_hand_dispatch():
+    """Top-1 with T5X's batch priority: the group's tokens take slots in order of their
+    router probability, the most confident first; the rest are dropped."""
+    rng = np.random.default_rng(0)
+    logits_ = rng.normal(size=(2, 16, 4)).astype(np.float32)
+    logits_[..., 1] += 1.5  # expert 1 popular: its slots run out
+    probs = np.asarray(jax.nn.softmax(logits_, axis=-1))
+    capacity = routing.expert_capacity(16, 4, 0.75, "t5x")
+    assert capacity == 4  # max(round(3.0), 4)
+    got = routing.capacity_routing(probs, 1, capacity, batch_prioritized=True)
+    slot, kept = np.asarray(got.slot)[..., 0], np.asarray(got.kept)[..., 0]
+    for g in range(2):
+        count = [0] * 4
+        for s in sorted(range(16), key=lambda t: (-probs[g, t].max(), t)):
+            e = int(np.argmax(probs[g, s]))
+            want = e * capacity + count[e] if count[e] < capacity else 4 * capacity
+            count[e] += 1
+            assert slot[g, s] == want and kept[g, s] == (want < 4 * capacity), (g, s)
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(np.asarray(got.gates)[..., 0], np.where(
+        kept, probs.max(-1), 0.0), rtol=1e-6)  # the raw probability, no renormalizing
+    # token order (the decoder's) drops different tokens
+    plain = routing.capacity_routing(probs, 1, capacity)
+    assert not np.array_equal(np.asarray(plain.kept), np.asarray(got.kept))
+
+
+def test_capacity_rules():
+    assert routing.expert_capacity(4096, 8, 1.25, "t5x") == 640  # round(640.0)
+    assert routing.expert_capacity(1000, 64, 1.25, "t5x") == 20  # round(19.53)
+    assert routing.expert_capacity(1000, 64, 1.25, "gshard") == 20  # int(19.53) = 19, to 20
+    assert routing.expert_capacity(100, 64, 1.25, "t5x") == 4  # at least 4
+
+
+def test_batch_priority_is_for_encoders_only():
+    with pytest.raises(ValueError, match="for an encoder only") as e:
+        DecoderConfig(num_experts=4, batch_prioritized_routing=True)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="CAPACITY_RULE"):
+        T5Config(num_experts=4, capacity_rule="floor")
+
+
+# ----------------------------------------------------------------------------- HF
+
+
+@pytest.fixture(scope="module")
+def switch(tmp_path_factory):
+    """(HF model, its logits on t5_batch(0), saved dir, config.json, tensors)."""
+    torch.manual_seed(5)
+    model = transformers.SwitchTransformersForConditionalGeneration(
+        transformers.SwitchTransformersConfig(**DIMS)).eval()
+    with torch.no_grad():  # weights far from init, so the experts and routers matter
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+    path = tmp_path_factory.mktemp("switch")
+    model.save_pretrained(str(path))
+    config = json.loads((path / "config.json").read_text())
+    return model, hf_t5_logits(model, t5_batch(0)), path, config, load_file(path / WEIGHTS)
+
+
+def _no_drops(model):
+    """The same model with room for every token (transformers' expert_capacity of 64 a
+    sequence does not bind on these batches; t5lite's eval capacity then must not)."""
+    return EncoderDecoderModel(dataclasses.replace(model.config,
+                                                   eval_capacity_factor=float(EXPERTS)))
+
+
+def test_switch_logits_match_transformers(switch):
+    _, reference, path, _, _ = switch
+    model, variables = hf.load_pretrained(path, dtype="float32")
+    c = model.config
+    assert (c.num_experts, c.moe_top_k, c.moe_every, c.moe_first, c.expert_mlp) == \
+        (EXPERTS, 1, 2, 1, "relu")
+    assert (c.capacity_rule, c.batch_prioritized_routing, c.logits_via_embedding) == \
+        ("t5x", True, True)
+    assert (c.router_aux_loss, c.router_z_loss) == (0.02, 0.003)
+    params = variables["params"]
+    assert params["encoder"]["layers_3"]["mlp"]["wi"]["kernel"].shape == (EXPERTS, 32, 48)
+    assert "router" not in params["decoder"]["layers_2"]["mlp"]  # even layers dense
+    batch = t5_batch(0)
+    assert max_diff(logits(_no_drops(model), variables, batch), reference, batch) < TOL
+    # an expert's kernels matter: swap two experts of one layer and the logits move
+    wi = params["decoder"]["layers_1"]["mlp"]["wi"]["kernel"]
+    swapped = jax.tree.map(lambda a: a, variables)
+    swapped["params"]["decoder"]["layers_1"]["mlp"]["wi"]["kernel"] = wi[::-1]
+    assert max_diff(logits(_no_drops(model), swapped, batch), reference, batch) > 100 * TOL
+
+
+def test_switch_round_trip_is_exact(switch, tmp_path):
+    hf_model, reference, path, config, state = switch
+    model, variables = hf.load_pretrained(path)
+    out = hf.save_pretrained(model, variables, tmp_path / "out")
+    written = load_file(out / WEIGHTS)
+    assert written.keys() == {k for k in state if k not in (
+        "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")}
+    for name, a in written.items():
+        np.testing.assert_array_equal(a, state[name], err_msg=name)
+    back_cfg = json.loads((out / "config.json").read_text())
+    for key in ("model_type", "num_experts", "num_sparse_encoder_layers",
+                "num_sparse_decoder_layers", "d_ff", "router_aux_loss_coef", "dense_act_fn"):
+        assert back_cfg[key] == config[key], key
+    back = transformers.SwitchTransformersForConditionalGeneration.from_pretrained(
+        str(out)).eval()
+    batch = t5_batch(0)
+    assert max_diff(hf_t5_logits(back, batch), reference, batch) == 0.0
+
+
+def test_a_missing_expert_is_one_line(switch, tmp_path):
+    _, _, _, config, state = switch
+    broken = {k: v for k, v in state.items()
+              if k != "encoder.block.1.layer.1.mlp.experts.expert_2.wo.weight"}
+    path = tmp_path / "broken"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(broken, str(path / WEIGHTS), metadata={"format": "pt"})
+    with pytest.raises(ValueError) as e:
+        hf.load_pretrained(path)
+    text = str(e.value)
+    assert "\n" not in text and "encoder.block.1.layer.1.mlp.experts" in text
+    assert "num_experts is 4" in text
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(moe_top_k=2), "MOE_TOP_K=2"),
+    (dict(expert_mlp="gelu"), "EXPERT_MLP='gelu'"),
+    (dict(moe_first=0), "sparse layers [0, 2]")])
+def test_what_transformers_switch_cannot_hold_is_one_line(switch, tmp_path, change, needle):
+    model, variables = hf.load_pretrained(switch[2])
+    other = EncoderDecoderModel(dataclasses.replace(model.config, **change))
+    with pytest.raises(ValueError) as e:
+        hf.save_pretrained(other, variables, tmp_path / "out")
+    assert "\n" not in str(e.value) and needle in str(e.value), str(e.value)
+    assert not (tmp_path / "out" / WEIGHTS).exists()
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_a_tiny_switch_trains_with_both_stacks_statistics(switch):
+    """A loss step of the tiny Switch (dropout rng on, training capacity 1.25, so tokens
+    drop): the routers' statistics name each stack's sparse layers, and the load-balancing
+    loss reaches the routers of both stacks."""
+    model, variables = hf.load_pretrained(switch[2], dtype="float32")
+    batch = t5_batch(1)
+    loss, metrics = model.loss_fn(variables, batch, jax.random.PRNGKey(0))
+    names = sorted(k for k in metrics if k.startswith("moe/dropped_fraction/"))
+    assert names == [f"moe/dropped_fraction/{s}/layer_{i}" for s in ("decoder", "encoder")
+                     for i in (1, 3)]
+    assert np.isfinite(float(loss)) and 0 < float(metrics["moe/dropped_fraction"]) < 1
+
+    def aux(params):
+        return model.loss_fn(params, batch, jax.random.PRNGKey(0))[1]["moe/objective"]
+
+    grads = jax.grad(aux)(variables)["params"]
+    for stack in ("encoder", "decoder"):
+        assert float(np.abs(grads[stack]["layers_3"]["mlp"]["router"]["kernel"]).sum()) > 0
