@@ -234,3 +234,26 @@ def test_a_tiny_switch_trains_with_both_stacks_statistics(switch):
     grads = jax.grad(aux)(variables)["params"]
     for stack in ("encoder", "decoder"):
         assert float(np.abs(grads[stack]["layers_3"]["mlp"]["router"]["kernel"]).sum()) > 0
+
+
+def test_cli_from_hf_and_back(switch, tmp_path):
+    """`t5lite.convert --from=hf` writes a model.gin with the experts' settings and a
+    checkpoint; `--to=hf` of that checkpoint gives transformers' tensors back exactly."""
+    import gin
+    from t5lite import convert as convert_cli
+    _, _, path, _, state = switch
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    assert convert_cli.main(["--from=hf", f"--input={path}", f"--output={ckpt}"]) == 0
+    text = (ckpt / "model.gin").read_text()
+    for line in ("T5Config.num_experts = 4", "T5Config.moe_first = 1",
+                 "T5Config.capacity_rule = 't5x'", "T5Config.batch_prioritized_routing = True"):
+        assert line in text, line
+    try:
+        assert convert_cli.main(["--to=hf", f"--input={ckpt}", f"--output={out}",
+                                 f"--gin_file={ckpt / 'model.gin'}"]) == 0
+    finally:
+        gin.clear_config()
+    written = load_file(out / WEIGHTS)
+    for name, a in written.items():
+        np.testing.assert_array_equal(a, state[name], err_msg=name)
+    assert "encoder.block.3.layer.1.mlp.experts.expert_3.wo.weight" in written
