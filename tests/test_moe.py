@@ -197,12 +197,13 @@ def test_router_is_float32_under_bf16_and_fp8(fp8):
 
 # ----------------------------------------------------------------------------- training
 
-def _run(cfg, mesh_shape, num_microbatches=1, steps=1):
+def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=()):
     model = DecoderOnlyModel(cfg)
     lengths = {"targets": 8}
     task = SyntheticTask(lengths, cfg.vocab_size, "decoder_only", seed=3)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
-    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
+    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices),
+                                    extra_rules=tuple(rules))
     fns = train_step.make_train_step(model, optax.sgd(0.1), part,
                                      num_microbatches=num_microbatches, lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
@@ -226,13 +227,17 @@ def _assert_same(run, ref):
                            run[1].params, ref[1].params)
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 1, 1, 8), (1, 2, 1, 4)])
-def test_expert_meshes_match_one_device(one_device, mesh_shape):
+@pytest.mark.parametrize("mesh_shape,rules", [
+    ((1, 1, 1, 8), ()), ((1, 2, 1, 4), ()),
+    # tensor x expert, the residual stream split over tensor (T5X's
+    # activation_partitioning_dims=2, as Pax's GLaM 64B runs)
+    ((1, 1, 2, 4), (("activation_embed", "tensor"),))])
+def test_expert_meshes_match_one_device(one_device, mesh_shape, rules):
     cfg, ref = one_device
     if cfg.routing == "capacity":  # drops happen, and the router losses are in the step
         assert 0 < ref[0]["moe/dropped_fraction"] < 1
         assert ref[0]["moe/aux_loss"] > 1
-    run = _run(cfg, mesh_shape)
+    run = _run(cfg, mesh_shape, rules=rules)
     _assert_same(run, ref)
     kernel = run[2].params["params"]["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", "tensor")
@@ -460,6 +465,11 @@ def test_dense_weights_are_split_over_the_expert_axis_too():
     assert part.spec_for(("expert", "embed", "mlp"), (8, 32, 48)) == P("expert", "fsdp", "tensor")
     assert part.spec_for(("batch", "length", "embed"), (16, 8, 32)) == P(
         ("data", "fsdp", "expert"), None, None)
+    assert part.spec_for(("batch", "length", "activation_embed"), (16, 8, 32)) == P(
+        ("data", "fsdp", "expert"), None, None)
+    split = partitioning.Partitioner(part.mesh, extra_rules=(("activation_embed", "tensor"),))
+    assert split.spec_for(("batch", "length", "activation_embed"), (16, 8, 32)) == P(
+        ("data", "fsdp", "expert"), None, "tensor")
     # without an expert axis, the rule is plain FSDP
     part = partitioning.Partitioner(partitioning.make_mesh((1, 8, 1)))
     assert part.spec_for(("embed", "mlp"), (32, 48)) == P(("fsdp", "expert"), "tensor")

@@ -62,7 +62,7 @@ class DecoderOnlyLayer(nn.Module):
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
             decode=self.decode, lora=lora.spec(c), name="self_attention")(
                 h, h, bias, mask, positions, positions)
-        x = lay.constrain(x + dropout(h), "embed")
+        x = lay.constrain(x + dropout(h), "activation_embed")
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         if self.moe:
             h = lay.to_internal(moe_mlp(c, self.deterministic)(lay.to_external(h)))
@@ -70,7 +70,7 @@ class DecoderOnlyLayer(nn.Module):
             h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
                     use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
                     deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
-        x = lay.constrain(x + dropout(h), "embed")
+        x = lay.constrain(x + dropout(h), "activation_embed")
         return (x, None) if self.scanned else x
 
 
@@ -148,7 +148,7 @@ class DecoderOnly(nn.Module):
         if c.position_embedding == "learned":
             x = x + self.position_embedder(positions)
         x = self.embed_dropout(x, deterministic=deterministic)
-        x = lay.constrain(x, "embed")
+        x = lay.constrain(x, "activation_embed")
         x = self.decoder(x, mask, positions, deterministic, decode)
         if c.tie_embeddings:
             if c.scale_tied_logits:  # GLaM, as T5 1.0: the shared embedding's logits / sqrt(d)

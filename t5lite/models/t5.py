@@ -67,7 +67,7 @@ class _T5Layer(nn.Module):
     def residual(self, x: Array, y: Array) -> Array:
         y = nn.Dropout(self.cfg.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
             y, deterministic=self.deterministic)
-        return self.layout.constrain(x + y, "embed")
+        return self.layout.constrain(x + y, "activation_embed")
 
     def output(self, x: Array):
         return (x, None) if self.scanned else x
@@ -117,7 +117,7 @@ class Encoder(nn.Module):
         transposed: it stays internal and feeds the decoder's cross-attention)."""
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         x = _dropout(c, self.embedder(lay.to_internal(tokens)), deterministic)
-        x = lay.constrain(x, "embed")
+        x = lay.constrain(x, "activation_embed")
         length = tokens.shape[1]
         bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
                                     bidirectional=True, name="relpos_bias")(length, length)
@@ -172,7 +172,7 @@ class Decoder(nn.Module):
                                    decoder_segment_ids, encoder_segment_ids)
             bias = relpos(length, length)
         x = _dropout(c, self.embedder(lay.to_internal(decoder_input_tokens)), deterministic)
-        x = lay.constrain(x, "embed")
+        x = lay.constrain(x, "activation_embed")
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
                        (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},

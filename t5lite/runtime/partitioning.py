@@ -10,7 +10,9 @@ embed -> fsdp+expert (else fsdp), heads / joined_kv / mlp / vocab -> tensor, exp
 expert (the experts' kernels and their dispatched tokens), everything else (LoRA's rank
 too) replicated. A dense weight's embed is split over the expert axis as well (FSDP over
 the experts, as Pax's GPU GLaM and MaxText shard it); an expert kernel's expert dim has
-that axis already, so its embed takes fsdp alone; an activation's batch claims all three. Extra rules, the gin macro
+that axis already, so its embed takes fsdp alone; an activation's batch claims all three.
+The residual stream's features are `activation_embed`, whole unless PARTITION_RULES split
+them (over `tensor`: T5X's activation_partitioning_dims=2). Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
@@ -55,6 +57,10 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("expert_logits", None),
     ("embed", ("fsdp", "expert")),
     ("embed", "fsdp"),
+    # the residual stream's features between layers: whole by default; T5X's
+    # activation_partitioning_dims=2 (Pax's GPU GLaM) is PARTITION_RULES=
+    # [('activation_embed', 'tensor')], 1/tensor of the activations kept a layer
+    ("activation_embed", None),
     ("heads", "tensor"),
     ("joined_kv", "tensor"),
     ("mlp", "tensor"),
