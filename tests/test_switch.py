@@ -257,3 +257,99 @@ def test_cli_from_hf_and_back(switch, tmp_path):
     for name, a in written.items():
         np.testing.assert_array_equal(a, state[name], err_msg=name)
     assert "encoder.block.3.layer.1.mlp.experts.expert_3.wo.weight" in written
+
+
+# ----------------------------------------------------------------------------- T5X MoE
+
+
+def _t5x_moe_view(params):
+    """A t5lite Switch's parameters as T5X's contrib/moe checkpoint holds them: attention
+    kernels with the heads joined, a sparse layer's router under router/router_weights/w
+    and its experts under expert/ (kernels [experts, in, out])."""
+    import re
+
+    from t5lite.models import param_paths
+    out = {}
+    for name, value in param_paths.flatten(params).items():
+        value = np.asarray(value, np.float32)
+        if re.search(r"(query|key|value)/kernel$", name):
+            value = value.reshape(value.shape[0], -1)
+        elif name.endswith("out/kernel"):
+            value = value.reshape(-1, value.shape[-1])
+        name = re.sub(r"/mlp/router/kernel$", "/mlp/router/router_weights/w/kernel", name)
+        if value.ndim == 3:  # an expert kernel
+            name = re.sub(r"/mlp/(wi|wo)/kernel$", r"/mlp/expert/\1/kernel", name)
+        out[name] = value
+    return out
+
+
+def test_a_t5x_moe_checkpoint_restores_with_its_factored_adafactor_state(switch, tmp_path):
+    """T5X's contrib/moe layout (written in the test, as T5X writes it): the parameters
+    restore bit for bit as INITIAL_CHECKPOINT_PATH, and Adafactor's state continues, the
+    expert kernels' moments factored per expert (v_row [experts, embed], v_col
+    [experts, mlp], T5X's factor rules)."""
+    import t5x_helpers as tx
+    from t5lite.formats import t5x_checkpoint, t5x_optimizer_state
+    from t5lite.models import param_paths
+    from t5lite.optim import optimizers
+    from t5lite.runtime.checkpointing import finetune_restore
+    model, variables = hf.load_pretrained(switch[2], dtype="float32")
+    view = _t5x_moe_view(variables["params"])
+    assert "encoder/layers_1/mlp/expert/wi/kernel" in view
+    rng = np.random.default_rng(0)
+    slots = {}
+    for name, value in view.items():
+        zero = np.zeros((1,), np.float32)
+        if value.ndim < 3:  # T5X's heuristic, at the run's min_dim_size_to_factor of 16
+            dims = tx.t5x_factored_dims(value.shape, 16)
+            slots[name] = {"m": zero, "v": rng.uniform(0.5, 2, value.shape).astype(
+                np.float32) if dims is None else zero}
+            slots[name]["v_row"] = zero if dims is None else rng.uniform(
+                0.5, 2, value.shape[dims[0]]).astype(np.float32)
+            slots[name]["v_col"] = zero if dims is None else rng.uniform(
+                0.5, 2, value.shape[dims[1]]).astype(np.float32)
+        else:  # T5X: expert a batch axis, embed the row, mlp the column
+            e, d_in, d_out = value.shape
+            embed, mlp = (d_in, d_out) if "/wi/" in name else (d_out, d_in)
+            slots[name] = {"v_row": rng.uniform(0.5, 2, (e, embed)).astype(np.float32),
+                           "v_col": rng.uniform(0.5, 2, (e, mlp)).astype(np.float32),
+                           "v": np.zeros((1,), np.float32), "m": np.zeros((1,), np.float32)}
+    ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_7", param_paths.unflatten(view),
+                                   step=7, param_states=tx.param_states(slots))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = model.abstract_variables()["params"]
+    restored = finetune_restore.restore_params_for_finetuning(ckpt, model, {
+        "params": jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                               sharding=device), abstract)})
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored["params"]),
+                 jax.tree.map(np.asarray, variables["params"]))
+    opt = optimizers.adafactor(0.1, min_dim_size_to_factor=16)
+    txf = opt.transformation(model.logical_axes()["params"])
+    state = t5x_optimizer_state.opt_state_from_t5x(
+        t5x_checkpoint.read_checkpoint(ckpt)["state"], model,
+        jax.eval_shape(txf.init, abstract), opt.factoring, "test")
+    factored = [s for s in jax.tree_util.tree_leaves(state, is_leaf=lambda x: hasattr(
+        x, "v_row")) if hasattr(s, "v_row")][0]
+    for stack in ("encoder", "decoder"):
+        for w in ("wi", "wo"):
+            name = f"{stack}/layers_3/mlp/expert/{w}/kernel"
+            ours = factored.v_row[stack]["layers_3"]["mlp"][w]["kernel"]
+            np.testing.assert_array_equal(ours, slots[name]["v_row"])
+            np.testing.assert_array_equal(
+                factored.v_col[stack]["layers_3"]["mlp"][w]["kernel"], slots[name]["v_col"])
+    assert int(factored.count) == 7
+
+
+def test_a_switch_checkpoint_into_a_dense_model_is_one_line(switch, tmp_path):
+    import t5x_helpers as tx
+    from t5lite.errors import CheckpointMismatchError
+    from t5lite.models import param_paths
+    from t5lite.runtime.checkpointing import finetune_restore
+    model, variables = hf.load_pretrained(switch[2], dtype="float32")
+    ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1", param_paths.unflatten(
+        _t5x_moe_view(variables["params"])))
+    dense = EncoderDecoderModel(dataclasses.replace(model.config, num_experts=0))
+    with pytest.raises(CheckpointMismatchError) as e:
+        finetune_restore.restore_params_for_finetuning(
+            ckpt, dense, {"params": dense.abstract_variables()["params"]})
+    assert "\n" not in str(e.value) and "mixture of experts" in str(e.value)

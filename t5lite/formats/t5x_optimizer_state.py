@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from t5lite.errors import CheckpointMismatchError
+from t5lite.formats import t5x_params
 from t5lite.models import layouts
 from t5lite.models.param_paths import flatten, unflatten
 from t5lite.optim import adafactor
@@ -43,7 +44,8 @@ def _slots_by_param(param_states: Mapping[str, Any]) -> Dict[str, Dict[str, np.n
     by_param: Dict[str, Dict[str, np.ndarray]] = {}
     for name, value in flat.items():
         param, _, slot = name.rpartition("/")
-        by_param.setdefault(param, {})[slot] = np.asarray(value, np.float32)
+        by_param.setdefault(t5x_params.t5lite_name(param), {})[slot] = np.asarray(
+            value, np.float32)
     return by_param
 
 

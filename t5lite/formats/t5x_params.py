@@ -7,8 +7,14 @@ kernels, which T5X stores with the heads joined:
     .../{query,key,value}/kernel  [embed, heads*kv]   [embed, heads, kv]
     .../out/kernel                [heads*kv, embed]   [heads, kv, embed]
 
-(joined index = head * kv + k in both directions). Everything else, relpos_bias
-[heads, buckets] included, maps as it is. The query scaling 1/sqrt(kv) is in the
+(joined index = head * kv + k in both directions). T5X's `contrib/moe` (flaxformer's
+MoE layers: Switch Transformers) names a sparse layer's parameters apart:
+
+    .../mlp/router/router_weights/w/kernel  [embed, experts]     .../mlp/router/kernel
+    .../mlp/expert/{wi,wi_0,wi_1,wo}/kernel [experts, in, out]   .../mlp/{wi,...}/kernel
+
+(`t5lite_name`; the same shapes). Everything else, relpos_bias [heads, buckets]
+included, maps as it is. The query scaling 1/sqrt(kv) is in the
 weights in both (T5's convention), so nothing is rescaled.
 
     params = params_from_t5x(read_checkpoint(path)["target"], model)
@@ -28,6 +34,16 @@ from t5lite.models.param_paths import flatten, unflatten
 _JOINED_IN = re.compile(r"(attention|self_attention|encoder_decoder_attention)/"
                         r"(query|key|value)/kernel$")
 _JOINED_OUT = re.compile(r"(attention|self_attention|encoder_decoder_attention)/out/kernel$")
+_MOE_NAMES = ((re.compile(r"/mlp/router/router_weights/w/kernel$"), "/mlp/router/kernel"),
+              (re.compile(r"/mlp/expert/(wi|wi_\d+|wo)/kernel$"), r"/mlp/\1/kernel"))
+
+
+def t5lite_name(name: str) -> str:
+    """A T5X parameter's name in t5lite's tree (a sparse layer's router and experts are
+    named apart in T5X's MoE layers; every other name is the same)."""
+    for pattern, repl in _MOE_NAMES:
+        name = pattern.sub(repl, name)
+    return name
 
 
 def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X checkpoint"
@@ -38,13 +54,17 @@ def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X che
     the model has no place for (another network), or a shape that does not fit."""
     expected = {name: tuple(leaf.shape) for name, leaf in
                 flatten(model.abstract_variables()["params"]).items()}
-    given = flatten(target)
+    given = {t5lite_name(name): value for name, value in flatten(target).items()}
     unknown = sorted(set(given) - set(expected))
     if unknown:
+        experts = ("; a router or experts: a mixture of experts (NUM_EXPERTS, MOE_EVERY, "
+                   "MOE_FIRST as the checkpoint's sparse layers)"
+                   if any("/router/" in n for n in given) else "")
         raise CheckpointMismatchError(
             f"{origin} holds parameter {unknown[0]!r} ({len(unknown)} in all) that this model "
             f"has no place for: it is another network, or the model config differs (T5 v1.0 "
-            f"has mlp/wi and logits via the embedding; v1.1 mlp/wi_0, wi_1 and logits_dense)")
+            f"has mlp/wi and logits via the embedding; v1.1 mlp/wi_0, wi_1 and logits_dense"
+            f"{experts})")
     missing = sorted(set(expected) - set(given))
     if missing:
         raise CheckpointMismatchError(

@@ -77,7 +77,7 @@ class MoeMLP(nn.Module):
         logits = jnp.einsum("gsd,de->gse", xg.astype(jnp.float32), router,
                             precision=jax.lax.Precision.HIGHEST)  # float32
         logits = _split_like_batch(logits)
-        probs = jax.nn.softmax(logits, axis=-1)
+        probs = _split_like_batch(jax.nn.softmax(logits, axis=-1))
         experts = self._experts(embed)
         if self.routing_kind == "capacity":
             cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor

@@ -62,7 +62,14 @@ def top_k_choices(probs: Array, top_k: int) -> Tuple[Array, Array]:
     """probs [..., expert] -> (expert ids [..., k] int32, gate weights [..., k] float32):
     the k largest probabilities in order (ties: the lower id first), renormalized over the
     k when k > 1 (see the module docstring)."""
-    gates, ids = jax.lax.top_k(probs, top_k)
+    # k rounds of argmax (the lowest id among equals, as top_k): reductions XLA splits
+    # like the groups, where its TopK call would gather every group onto each device
+    ids, rest = [], probs
+    for _ in range(top_k):
+        ids.append(jnp.argmax(rest, axis=-1))
+        rest = jnp.where(jax.nn.one_hot(ids[-1], probs.shape[-1], dtype=bool), -1.0, rest)
+    ids = jnp.stack(ids, axis=-1)
+    gates = jnp.take_along_axis(probs, ids, axis=-1)
     if top_k > 1:
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     return ids.astype(jnp.int32), gates
@@ -161,5 +168,8 @@ def z_loss(logits: Array) -> Array:
 
 def expert_load(ids: Array, num_experts: int) -> Array:
     """max / mean tokens per expert over every choice in `ids` [..., k] (1: balanced)."""
-    counts = jnp.sum(jax.nn.one_hot(ids.reshape(-1), num_experts, dtype=jnp.float32), axis=0)
+    # summed over the axes as they are (no reshape of `ids`: flattening split groups would
+    # gather every group's choices onto each device)
+    counts = jnp.sum(jax.nn.one_hot(ids, num_experts, dtype=jnp.float32),
+                     axis=tuple(range(ids.ndim)))
     return jnp.max(counts) / jnp.maximum(jnp.mean(counts), 1e-9)
