@@ -353,3 +353,79 @@ def test_a_switch_checkpoint_into_a_dense_model_is_one_line(switch, tmp_path):
         finetune_restore.restore_params_for_finetuning(
             ckpt, dense, {"params": dense.abstract_variables()["params"]})
     assert "\n" not in str(e.value) and "mixture of experts" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- upcycling
+
+DENSE = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=4,
+                 num_decoder_layers=4, mlp_dim=48, dtype="float32")  # T5 v1.1: gated GELU
+UPCYCLED = dataclasses.replace(DENSE, num_experts=4, moe_every=2, moe_first=1, moe_top_k=2,
+                               expert_mlp="geglu", capacity_factor=4.0,
+                               eval_capacity_factor=4.0, moe_group_size=64)
+
+
+@pytest.fixture(scope="module")
+def dense_checkpoint(tmp_path_factory):
+    """A dense tiny T5 v1.1 (random weights) saved as a t5lite checkpoint: (dir, params)."""
+    from test_hf import random_variables
+    from t5lite.interop import checkpoint_format
+    model = EncoderDecoderModel(DENSE)
+    variables = random_variables(model, 7)
+    path = tmp_path_factory.mktemp("dense")
+    checkpoint_format.save_params(path, variables)
+    return path, variables
+
+
+def _upcycle(path, cfg):
+    from t5lite.runtime.checkpointing import upcycle
+    model = EncoderDecoderModel(cfg)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = {"params": jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=device), model.abstract_variables()["params"])}
+    fresh = model.init(jax.random.PRNGKey(3), 2, {"inputs": 8, "targets": 8})
+    return model, upcycle.restore_upcycled(path, model, abstract, lambda: fresh), fresh
+
+
+@pytest.mark.parametrize("layout", [{}, {"fuse_qkv": True}])
+def test_upcycled_top2_model_starts_with_the_dense_logits(dense_checkpoint, layout):
+    """INITIAL_CHECKPOINT_STATE='upcycle': every expert a copy of its layer's dense MLP,
+    the routers the run's fresh ones; with top-2's renormalized gates (and capacity for
+    every token) the first logits are the dense model's (1e-5)."""
+    path, variables = dense_checkpoint
+    model, params, fresh = _upcycle(path, dataclasses.replace(UPCYCLED, **layout))
+    p = jax.device_get(params["params"])
+    dense_mlp = variables["params"]["encoder"]["layers_1"]["mlp"]
+    for w in ("wi_0", "wi_1", "wo"):
+        for e in range(4):
+            np.testing.assert_array_equal(p["encoder"]["layers_1"]["mlp"][w]["kernel"][e],
+                                          dense_mlp[w]["kernel"])
+    np.testing.assert_array_equal(p["decoder"]["layers_3"]["mlp"]["router"]["kernel"],
+                                  fresh["params"]["decoder"]["layers_3"]["mlp"]["router"]["kernel"])
+    np.testing.assert_array_equal(p["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"],
+                                  variables["params"]["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"])
+    batch = t5_batch(2)
+    reference = logits(EncoderDecoderModel(DENSE), variables, batch)
+    assert max_diff(logits(model, params, batch), reference, batch) < 1e-5
+
+
+def test_upcycled_switch_top1_starts_scaled(dense_checkpoint):
+    """Top-1 (Switch) weights an expert by its raw router probability: the upcycled
+    model's first logits are not the dense model's (docs/moe.md says so)."""
+    path, variables = dense_checkpoint
+    model, params, _ = _upcycle(path, dataclasses.replace(UPCYCLED, moe_top_k=1))
+    batch = t5_batch(2)
+    reference = logits(EncoderDecoderModel(DENSE), variables, batch)
+    assert max_diff(logits(model, params, batch), reference, batch) > 1e-3
+
+
+def test_upcycling_what_cannot_be_is_one_line(dense_checkpoint):
+    from t5lite.errors import CheckpointMismatchError, ConfigError
+    path, _ = dense_checkpoint
+    cases = [(DENSE, ConfigError, "the model has none"),
+             (dataclasses.replace(UPCYCLED, expert_mlp="relu"), ConfigError, "EXPERT_MLP='relu'"),
+             (dataclasses.replace(UPCYCLED, mlp_dim=64), CheckpointMismatchError,
+              "does not match the model")]
+    for cfg, error, needle in cases:
+        with pytest.raises(error) as e:
+            _upcycle(path, cfg)
+        assert "\n" not in str(e.value) and needle in str(e.value), str(e.value)

@@ -57,7 +57,7 @@ from t5lite.runtime.step_duties import (EvalPeriod, Evaluation, Reports, Saving,
 
 log = logging.getLogger(__name__)
 
-INITIAL_CHECKPOINT_STATES = ("params", "train_state")
+INITIAL_CHECKPOINT_STATES = ("params", "train_state", "upcycle")
 
 
 def train(*, model, model_dir: str, train_steps: int, batch_size: int,
@@ -146,8 +146,12 @@ class TrainArgs:
         run_seed.check(self.random_seed)
         if self.initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
             raise ConfigError(f"INITIAL_CHECKPOINT_STATE={self.initial_checkpoint_state!r}: use "
-                              f"'params' (the parameters only, step 0) or 'train_state' (a T5X "
-                              f"run's step and Adafactor state too)")
+                              f"'params' (the parameters only, step 0), 'train_state' (a T5X "
+                              f"run's step and Adafactor state too) or 'upcycle' (a dense "
+                              f"checkpoint into a mixture of experts)")
+        if self.initial_checkpoint_state == "upcycle" and not self.initial_checkpoint_path:
+            raise ConfigError("INITIAL_CHECKPOINT_STATE='upcycle' needs INITIAL_CHECKPOINT_PATH: "
+                              "the dense checkpoint whose MLPs become the experts")
         object.__setattr__(self, "model_dir", Path(self.model_dir))
         check_model_dir(self.model_dir)
 

@@ -35,7 +35,7 @@ from t5lite.formats.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_
                                              set_aside_damaged, set_aside_uncommitted)
 from t5lite.formats.checkpoint_trees import check_state_matches, item_metadata_tree
 from t5lite.optim.train_state import TrainState
-from t5lite.runtime.checkpointing import data_iterator_item, finetune_restore
+from t5lite.runtime.checkpointing import data_iterator_item, finetune_restore, upcycle
 from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
 from t5lite.runtime.process import disk_space
 from t5lite.runtime.process.agreement import process_0_decides
@@ -304,10 +304,11 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     `initial_checkpoint_path`: its parameters only (step 0, fresh optimizer and FP8 state
     from `init_fn()`), or with `initial_checkpoint_state` 'train_state' a T5X run's
     parameters, step and Adafactor state (`finetune_restore.continue_t5x_run`; `factoring`: the run's
-    Adafactor options) -> else `init_fn()`.
+    Adafactor options), or with 'upcycle' a dense checkpoint's parameters as a mixture of
+    experts (`upcycle`) -> else `init_fn()`.
 
     Returns (state, data_state or None, source) with source "resume:<step>",
-    "initial:<path>" or "init"."""
+    "initial:<path>", "upcycle:<path>" or "init"."""
     damaged: List[Tuple[int, str]] = []
     for step in reversed(checkpointer.all_steps()):
         try:
@@ -333,6 +334,11 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
         state = finetune_restore.continue_t5x_run(initial_checkpoint_path, model,
                                                      abstract_state, init_fn, factoring)
         return state, None, f"initial:{initial_checkpoint_path}"
+    if initial_checkpoint_path and initial_checkpoint_state == "upcycle":
+        state = init_fn()  # the routers' fresh weights come from it
+        params = upcycle.restore_upcycled(initial_checkpoint_path, model,
+                                          abstract_state.params, lambda: state.params)
+        return state.replace(params=params), None, f"upcycle:{initial_checkpoint_path}"
     if initial_checkpoint_path:
         state = init_fn()  # a LoRA run's fresh adapters come from it (`lora_restore`)
         params = restore_params_for_finetuning(initial_checkpoint_path, model,

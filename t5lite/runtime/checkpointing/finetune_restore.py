@@ -129,7 +129,7 @@ def _restore(path: PathLike, model: Any, abstract_params: Mapping[str, Any],
             item=request, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(
                 restore_type=np.ndarray), request), partial_restore=True))
     loaded = loaded["params"] if item == STATE_ITEM else loaded
-    return _convert_and_place(
+    return convert_and_place(
         loaded["params"], model, src_layout, dst_layout, abstract_params,
         lambda diff: head + diff + f" (after converting from {layout_str(src_layout)} to "
                                    f"{layout_str(dst_layout)}); " + cause)
@@ -140,7 +140,7 @@ def _model_layout(model) -> Dict[str, bool]:
             "scan_layers": bool(model.config.scan_layers)}
 
 
-def _convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping[str, bool],
+def convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping[str, bool],
                        dst_layout: Mapping[str, bool], abstract_params: Mapping[str, Any],
                        mismatch) -> Dict[str, Any]:
     """`params` (host arrays in `src_layout`) converted on the host to `dst_layout`,
@@ -171,7 +171,7 @@ def restore_t5x_params(tree: Mapping[str, Any], path: PathLike, model: Any,
     plain = type(model)(_layout_cfg(model, canonical))
     params = t5x_params.params_from_t5x(tree["target"], plain, origin=f"{what} {path}")
     log.info("restoring parameters from T5X checkpoint %s", path)
-    return _convert_and_place(
+    return convert_and_place(
         params, model, canonical, _model_layout(model), abstract_params,
         lambda diff: f"T5X checkpoint {path} does not match the model: {diff}")
 
