@@ -32,10 +32,12 @@ LAUNCHER_OPTIONS: Dict[str, Any] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
     "xla_gpu_enable_triton_gemm": False,
     "xla_gpu_dot_merger_threshold_mb": 0,
+    "xla_gpu_unsupported_use_all_reduce_one_shot_kernel": False,
 }
-"""The compiler flags of `scripts_gpu/xla_flags.sh` that change a one-GPU program (its
-collective thresholds change none): a CPU-side compile makes the program the GPU runs
-(tests/test_gpu_compile.py holds the two together)."""
+"""The compiler flags of `scripts_gpu/xla_flags.sh` that change the program (its collective
+thresholds change none; the one-shot all-reduce flag only programs of several GPUs): a
+CPU-side compile makes the program the GPU runs (tests/test_gpu_compile.py holds the two
+together)."""
 
 DEVICELESS_OPTIONS: Dict[str, Any] = {
     "xla_gpu_enable_cub_radix_sort": False,
