@@ -244,6 +244,30 @@ def test_expert_meshes_match_one_device(one_device, mesh_shape, rules):
     assert len({str(s.index) for s in kernel.addressable_shards}) == 8
 
 
+@pytest.mark.parametrize("routing", ["capacity", "dropless"])
+def test_a_scan_over_blocks_of_dense_and_sparse_layers_is_the_loop(routing):
+    """GLaM's stack (MOE_EVERY=2: sparse, dense, sparse, dense) scanned as blocks of two
+    layers (`layers/block_0`, `layers/block_1`), with full remat, on fsdp 2 x expert 4:
+    the same step as the layer loop on one device (the parameters compared through the
+    layout conversion, which round-trips bit for bit)."""
+    from t5lite.models import layouts
+    cfg = dataclasses.replace(MOE, routing=routing, num_layers=4, moe_every=2)
+    ref = _run(cfg, (1, 1, 1))
+    scanned_cfg = dataclasses.replace(cfg, scan_layers=True, remat_policy="full")
+    run = _run(scanned_cfg, (1, 2, 1, 4))
+    for name in ("loss", "grad_norm", "moe/aux_loss", "moe/z_loss", "moe/dropped_fraction",
+                 "moe/dropped_fraction/layer_2"):
+        np.testing.assert_allclose(run[0][name], ref[0][name], rtol=1e-5, err_msg=name)
+    blocks = run[1].params["params"]["decoder"]["layers"]
+    assert blocks["block_0"]["mlp"]["wi_0"]["kernel"].shape == (2, 8, 32, 48)  # sparse
+    assert blocks["block_1"]["mlp"]["wi_0"]["kernel"].shape == (2, 32, 48)  # dense
+    loop = layouts.convert_params(run[1].params, scanned_cfg, cfg)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5),
+                           loop, ref[1].params)
+    back = layouts.convert_params(loop, cfg, scanned_cfg)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, back, run[1].params)
+
+
 def test_microbatches_match_whole_batch(one_device):
     cfg, ref = one_device
     _assert_same(_run(cfg, (1, 1, 1), num_microbatches=2), ref)
@@ -271,7 +295,8 @@ def test_router_losses_reach_the_gradient():
     ({"eval_capacity_factor": -1.0}, "EVAL_CAPACITY_FACTOR"),
     ({"routing": "sinkhorn"}, "ROUTING (routing) must be one of capacity, dropless"),
     ({"expert_mlp": "swish"}, "EXPERT_MLP (expert_mlp) must be one of"),
-    ({"scan_layers": True, "moe_every": 2}, "SCAN_LAYERS=True scans identical layers"),
+    ({"scan_layers": True, "moe_every": 3}, "SCAN_LAYERS=True repeats a block of MOE_EVERY=3"),
+    ({"scan_layers": True, "moe_every": 2, "moe_first": 2}, "the first sparse one"),
     ({"lora_rank": 4, "lora_targets": ("query",)}, "LoRA (LORA_RANK > 0) does not adapt"),
     ({"fp8": True, "fp8_backend": "te"}, "FP8_BACKEND='te' does not run mixture-of-experts"),
 ])

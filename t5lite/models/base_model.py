@@ -138,13 +138,16 @@ class BaseModel:
         parameter's random draw once instead of once per layer (T5 large: 19 draws
         instead of 433), which is what its compile time grew with; and a fresh init is
         the same under SCAN_LAYERS True and False. Transformer Engine's modules keep
-        their own per-layer init, and so does a stack that alternates dense and
-        mixture-of-experts layers (MOE_EVERY > 1 or MOE_FIRST > 0)."""
+        their own per-layer init, and so does a stack of dense and mixture-of-experts
+        layers that no block of MOE_EVERY layers repeats (settings.check refuses its
+        scan)."""
         cfg = self.config
-        if cfg.scan_layers or self._uses_te() or cfg.num_experts and (
-                cfg.moe_every > 1 or cfg.moe_first):
+        try:
+            stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
+        except ValueError:  # a stack no block of MOE_EVERY layers repeats
+            stacked_cfg = None
+        if cfg.scan_layers or self._uses_te() or stacked_cfg is None:
             return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
-        stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
         boxed = self.NETWORK(stacked_cfg).init({"params": rng},
                                                **self.dummy_batch(batch_size, lengths))
         return layouts.convert_params(nn.meta.unbox(boxed), stacked_cfg, cfg)

@@ -83,6 +83,7 @@ class DecoderStack(nn.Module):
         c = self.cfg
         x = run_layers(DecoderOnlyLayer, c.num_layers, x, (mask, positions), scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       period=c.layer_period,
                        cfg=c, deterministic=deterministic, decode=decode)
         return make_norm(c.norm_type, c.layer_norm_epsilon, get_dtype(c.dtype), "decoder_norm")(x)
 

@@ -9,7 +9,9 @@ Layouts (see `t5lite.models.configs` for the full tree):
   scheme without the embed axis.
 - unfused cross-attention: key / value [embed, heads, kv]; fused: kv [embed, 2, heads, kv].
 - unscanned: `layers_0 .. layers_{n-1}` under each stack; scanned: one `layers` subtree,
-  every leaf with a leading `layers` axis.
+  every leaf with a leading `layers` axis; scanned in blocks of p layers (dense and
+  mixture-of-experts layers in turn, `layer_period`): `layers/block_{j}` for j < p, its
+  leaves' leading axis the blocks (layer b * p + j at index b).
 - LoRA adapters (`t5lite.models.lora`) follow: a fused kernel's `lora_a` [embed, 3 (or
   2), r] holds one adapter per projection, its `lora_b` fuses like the kernel.
 
@@ -141,8 +143,9 @@ def _num_layers(tree) -> int:
     return tree.shape[0]
 
 
-def scan_layers(tree: Tree) -> Tree:
-    """`layers_{i}` subtrees -> one `layers` subtree with a leading layers axis."""
+def scan_layers(tree: Tree, period: int = 1) -> Tree:
+    """`layers_{i}` subtrees -> one `layers` subtree with a leading layers axis (with
+    `period` p > 1: `layers/block_{j}`, layers j, j + p, ... stacked)."""
     out = {}
     for name, sub in tree.items():
         if not isinstance(sub, Mapping):
@@ -151,24 +154,37 @@ def scan_layers(tree: Tree) -> Tree:
         layer_keys = sorted((k for k in sub if _LAYER.match(k)), key=lambda k: int(k[7:]))
         if name in _STACKS and layer_keys:
             rest = {k: v for k, v in sub.items() if k not in layer_keys}
-            out[name] = {**rest, "layers": _stack_trees([sub[k] for k in layer_keys])}
+            layers = ({f"block_{j}": _stack_trees([sub[k] for k in layer_keys[j::period]])
+                       for j in range(period)} if period > 1
+                      else _stack_trees([sub[k] for k in layer_keys]))
+            out[name] = {**rest, "layers": layers}
         else:
             out[name] = sub
     return out
 
 
-def unscan_layers(tree: Tree) -> Tree:
+def unscan_layers(tree: Tree, period: int = 1) -> Tree:
     """Inverse of `scan_layers`."""
     out = {}
     for name, sub in tree.items():
         if isinstance(sub, Mapping) and name in _STACKS and "layers" in sub:
             rest = {k: v for k, v in sub.items() if k != "layers"}
-            n = _num_layers(sub["layers"])
-            out[name] = {**rest, **{f"layers_{i}": _index_tree(sub["layers"], i)
-                                    for i in range(n)}}
+            if period > 1:
+                blocks = [sub["layers"][f"block_{j}"] for j in range(period)]
+                n = _num_layers(blocks[0])
+                layers = {f"layers_{b * period + j}": _index_tree(blocks[j], b)
+                          for b in range(n) for j in range(period)}
+            else:
+                n = _num_layers(sub["layers"])
+                layers = {f"layers_{i}": _index_tree(sub["layers"], i) for i in range(n)}
+            out[name] = {**rest, **layers}
         else:
             out[name] = sub
     return out
+
+
+def _period(cfg) -> int:
+    return getattr(cfg, "layer_period", 1)
 
 
 # ----------------------------------------------------------------------------- both
@@ -182,13 +198,13 @@ def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
     out = {}
     for collection, tree in variables.items():
         if src_cfg.scan_layers:
-            tree = unscan_layers(tree)
+            tree = unscan_layers(tree, _period(src_cfg))
         if collection == "params" and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
             tree = fuse_qkv(tree) if dst_cfg.fuse_qkv else unfuse_qkv(tree)
         elif collection == FP8_COLLECTION and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
             continue
         if dst_cfg.scan_layers:
-            tree = scan_layers(tree)
+            tree = scan_layers(tree, _period(dst_cfg))
         out[collection] = tree
     return out
 

@@ -7,7 +7,8 @@ mlpwi, mlpwo.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence
+import functools
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -30,34 +31,62 @@ def remat_policy(name: str):
     }[name]
 
 
+class _Block(nn.Module):
+    """`len(attrs)` consecutive layers, the j-th `layer_cls(name=f"block_{j}",
+    **attrs[j], **kwargs)`: the unit a scan repeats when the layers alternate (a
+    mixture-of-experts layer every `period`-th)."""
+
+    layer_cls: Any
+    attrs: Tuple[Tuple[Tuple[str, Any], ...], ...]
+    kwargs: Tuple[Tuple[str, Any], ...]
+
+    @nn.compact
+    def __call__(self, x, *args):
+        for j, attrs in enumerate(self.attrs):
+            x = self.layer_cls(name=f"block_{j}", **dict(attrs), **dict(self.kwargs))(x, *args)
+        return x, None
+
+
 def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[Any], *,
                scan: bool, remat: str,
                per_layer: Optional[Callable[[int], Dict[str, Any]]] = None,
-               **layer_kwargs) -> jax.Array:
+               period: int = 1, **layer_kwargs) -> jax.Array:
     """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
     `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
     method of the parent module. Layers take a `scanned` attribute and return
     `(x, None)` when it is set, as nn.scan requires. A decoding KV cache (collection
     "cache") gains a leading `layers` axis under scan, like the parameters, and so do the
     statistics layers sow ("intermediates"). `per_layer(i)`: attributes that differ
-    between layers (a mixture-of-experts layer among dense ones); a scan applies layer
-    0's to all, so the caller scans only identical layers."""
+    between layers (a mixture-of-experts layer among dense ones), repeating every
+    `period` layers: a scan then repeats a block of `period` layers (`layers/block_{j}`
+    holds layers j, j + period, ...; `period` must divide `num_layers`)."""
     per_layer = per_layer or (lambda i: {})
     policy = remat_policy(remat)
+    if scan and period > 1:
+        block = functools.partial(
+            _Block, layer_cls,
+            tuple(tuple(sorted(per_layer(j).items())) for j in range(period)),
+            tuple(sorted(layer_kwargs.items())))
+        cls = nn.remat(block, policy=policy, prevent_cse=False) if policy else block
+        return _scan(cls, num_layers // period, args)(name="layers")(x, *args)[0]
     cls = layer_cls
     if policy is not None:
         cls = nn.remat(layer_cls, policy=policy, prevent_cse=not scan)
     if scan:
-        scanned = nn.scan(
-            cls,
-            variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0, "intermediates": 0},
-            split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast,) * len(args),
-            length=num_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        x, _ = scanned(scanned=True, name="layers", **per_layer(0), **layer_kwargs)(x, *args)
+        x, _ = _scan(cls, num_layers, args)(scanned=True, name="layers", **per_layer(0),
+                                             **layer_kwargs)(x, *args)
         return x
     for i in range(num_layers):
         x = cls(name=f"layers_{i}", **per_layer(i), **layer_kwargs)(x, *args)
     return x
+
+
+def _scan(cls, length: int, args: Sequence[Any]):
+    return nn.scan(
+        cls,
+        variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * len(args),
+        length=length,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )

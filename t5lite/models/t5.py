@@ -125,6 +125,7 @@ class Encoder(nn.Module):
         mask = make_mask(c.attention_mask, valid, valid, False, segment_ids, segment_ids)
         x = run_layers(EncoderLayer, c.num_encoder_layers, x, (bias, mask), scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       period=c.layer_period,
                        cfg=c, deterministic=deterministic)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="encoder_norm")(x)
         return _dropout(c, x, deterministic)
@@ -176,6 +177,7 @@ class Decoder(nn.Module):
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
                        (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
+                       period=c.layer_period,
                        cfg=c, deterministic=deterministic, decode=decode)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="decoder_norm")(x)
         x = _dropout(c, x, deterministic)

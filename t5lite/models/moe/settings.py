@@ -44,6 +44,11 @@ class MoeFields:
     def expert_activations(self) -> Tuple[str, ...]:
         return EXPERT_MLPS[self.expert_mlp]
 
+    @property
+    def layer_period(self) -> int:
+        """How many layers a scan repeats as one block (dense and sparse ones in turn)."""
+        return self.moe_every if self.num_experts and self.moe_every > 1 else 1
+
 
 def check(cfg) -> None:
     """One line for each MoE setting that cannot work (checked even when dense)."""
@@ -94,7 +99,11 @@ def check(cfg) -> None:
     if cfg.fp8 and cfg.fp8_backend == "te":
         raise ValueError("FP8_BACKEND='te' does not run mixture-of-experts layers: use "
                          "FP8_BACKEND='native' (the experts then run in ACTIVATION_DTYPE)")
-    if cfg.scan_layers and (cfg.moe_every != 1 or cfg.moe_first):
-        raise ValueError(f"SCAN_LAYERS=True scans identical layers, and MOE_EVERY="
-                         f"{cfg.moe_every}, MOE_FIRST={cfg.moe_first} mix dense and sparse "
-                         f"ones: use SCAN_LAYERS=False (or MOE_EVERY=1, MOE_FIRST=0)")
+    stacks = [getattr(cfg, n) for n in ("num_layers", "num_encoder_layers",
+                                        "num_decoder_layers") if hasattr(cfg, n)]
+    if cfg.scan_layers and (cfg.moe_first >= cfg.moe_every
+                            or any(n % cfg.moe_every for n in stacks)):
+        raise ValueError(f"SCAN_LAYERS=True repeats a block of MOE_EVERY={cfg.moe_every} "
+                         f"layers, which must divide the stack's {stacks} layers and hold "
+                         f"the first sparse one (MOE_FIRST={cfg.moe_first}): use "
+                         f"SCAN_LAYERS=False, or a MOE_EVERY / MOE_FIRST that do")
