@@ -50,13 +50,23 @@ def test_target_configs_come_from_the_plugin():
         gpu_target.target_config("z100")
 
 
-def test_launcher_options_are_the_launchers_flags():
+def test_launcher_options_are_the_launchers_flags(monkeypatch):
     """The CPU-side compile uses the flags of scripts_gpu/xla_flags.sh that shape a
     one-GPU program, with the same values."""
     text = (th.REPO / "scripts_gpu" / "xla_flags.sh").read_text()
     flags = dict(re.findall(r"--(xla_gpu_\w+)=(\w+)", text))
     for name, value in gpu_target.LAUNCHER_OPTIONS.items():
         assert flags[name] == str(value).lower(), name
+    # the flags XLA reads from XLA_FLAGS alone: the launchers set them, and so does a
+    # CPU-side compile for GPUs (before jax starts; here it has, so only the variable)
+    for flag in gpu_target.ENV_FLAGS:
+        name, value = flag[2:].split("=")
+        assert flags[name] == value, name
+    import os
+    for name in ("XLA_FLAGS", "JAX_PLATFORMS"):  # restored after the test
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    gpu_target.use_cpu_platform()
+    assert all(f in os.environ["XLA_FLAGS"] for f in gpu_target.ENV_FLAGS)
 
 
 def test_a_large_sort_compiles_without_a_gpu():

@@ -32,12 +32,16 @@ LAUNCHER_OPTIONS: Dict[str, Any] = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
     "xla_gpu_enable_triton_gemm": False,
     "xla_gpu_dot_merger_threshold_mb": 0,
-    "xla_gpu_unsupported_use_all_reduce_one_shot_kernel": False,
 }
-"""The compiler flags of `scripts_gpu/xla_flags.sh` that change the program (its collective
-thresholds change none; the one-shot all-reduce flag only programs of several GPUs): a
-CPU-side compile makes the program the GPU runs (tests/test_gpu_compile.py holds the two
-together)."""
+"""The compiler flags of `scripts_gpu/xla_flags.sh` that change a one-GPU program (its
+collective thresholds change none): a CPU-side compile makes the program the GPU runs
+(tests/test_gpu_compile.py holds the two together)."""
+
+ENV_FLAGS = ("--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=false",)
+"""Flags of `scripts_gpu/xla_flags.sh` XLA reads only from the process's XLA_FLAGS (given
+as compile options they change nothing): XLA's one-shot Triton all-reduce failed to
+compile (an LLVM "size mismatch") for an int32 scalar all-reduce of GLaM 64B's step on
+512 GPUs. `use_cpu_platform` adds them before jax starts."""
 
 DEVICELESS_OPTIONS: Dict[str, Any] = {
     "xla_gpu_enable_cub_radix_sort": False,
@@ -131,8 +135,13 @@ def gpu_devices(gpu: str, count: int = 1) -> List[Any]:
 
 def use_cpu_platform() -> None:
     """Run jax on the CPU, whatever GPUs this machine has (call before jax starts its
-    backends: the compile-only devices need no GPU, and a GPU's would be made too)."""
+    backends: the compile-only devices need no GPU, and a GPU's would be made too), with
+    `ENV_FLAGS` in XLA_FLAGS."""
     os.environ["JAX_PLATFORMS"] = "cpu"
+    given = os.environ.get("XLA_FLAGS", "")
+    extra = [f for f in ENV_FLAGS if f.split("=")[0] + "=" not in given]
+    if extra:
+        os.environ["XLA_FLAGS"] = " ".join([given, *extra]).strip()
     import jax
     try:
         jax.config.update("jax_platforms", "cpu")
