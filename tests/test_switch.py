@@ -429,3 +429,23 @@ def test_upcycling_what_cannot_be_is_one_line(dense_checkpoint):
         with pytest.raises(error) as e:
             _upcycle(path, cfg)
         assert "\n" not in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_expert_dropout_is_its_own_rate(switch):
+    """EXPERT_DROPOUT_RATE (T5X's Switch finetuning habit): dropout in the experts alone,
+    DROPOUT_RATE 0 elsewhere; None follows DROPOUT_RATE."""
+    model, variables = hf.load_pretrained(switch[2], dtype="float32")
+    batch, rng = t5_batch(1), jax.random.PRNGKey(4)
+
+    def loss(**changes):
+        m = EncoderDecoderModel(dataclasses.replace(model.config, dropout_rate=0.0,
+                                                    capacity_factor=4.0,
+                                                    eval_capacity_factor=4.0, **changes))
+        return float(m.loss_fn(variables, batch, rng)[0]), float(m.loss_fn(variables, batch)[0])
+
+    trained, evaluated = loss()
+    assert trained == pytest.approx(evaluated, rel=1e-6)  # no dropout anywhere
+    trained, evaluated = loss(expert_dropout_rate=0.4)
+    assert abs(trained - evaluated) > 1e-3 * abs(evaluated)
+    with pytest.raises(ValueError, match="EXPERT_DROPOUT_RATE"):
+        dataclasses.replace(model.config, expert_dropout_rate=1.0)

@@ -3,7 +3,7 @@ values and their one-line checks (`check` needs only the config's attributes).""
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 EXPERT_MLPS = {"relu": ("relu",), "gelu": ("gelu",), "gelu_exact": ("gelu_exact",),
                "swiglu": ("silu", "linear"), "geglu": ("gelu", "linear")}
@@ -35,6 +35,9 @@ class MoeFields:
     moe_group_size: int = 1024  # the most tokens routed together (`moe.group_size_for`)
     router_aux_loss: float = 0.01  # GShard's load balancing, averaged over MoE layers
     router_z_loss: float = 0.0  # ST-MoE's router z-loss, averaged over MoE layers
+    # dropout on the experts' hidden activations (Switch's finetuning: 0.4 there, 0.1
+    # elsewhere); None: DROPOUT_RATE, as the dense MLPs
+    expert_dropout_rate: Optional[float] = None
 
     def is_moe_layer(self, i: int) -> bool:
         return (self.num_experts > 0 and i >= self.moe_first
@@ -71,6 +74,11 @@ def check(cfg) -> None:
     positive("EVAL_CAPACITY_FACTOR (eval_capacity_factor)", cfg.eval_capacity_factor)
     positive("ROUTER_AUX_LOSS (router_aux_loss)", cfg.router_aux_loss, low_ok=True)
     positive("ROUTER_Z_LOSS (router_z_loss)", cfg.router_z_loss, low_ok=True)
+    rate = cfg.expert_dropout_rate
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                             or not 0 <= rate < 1):
+        raise ValueError(f"EXPERT_DROPOUT_RATE (expert_dropout_rate) must be None or a number "
+                         f">= 0 and < 1, got {rate!r}")
     if cfg.expert_mlp not in EXPERT_MLPS:
         raise ValueError(f"EXPERT_MLP (expert_mlp) must be one of {', '.join(EXPERT_MLPS)}; "
                          f"got {cfg.expert_mlp!r}")
