@@ -449,3 +449,31 @@ def test_expert_dropout_is_its_own_rate(switch):
     assert abs(trained - evaluated) > 1e-3 * abs(evaluated)
     with pytest.raises(ValueError, match="EXPERT_DROPOUT_RATE"):
         dataclasses.replace(model.config, expert_dropout_rate=1.0)
+
+
+def test_decoding_a_switch_with_its_cache_gives_the_full_forward_argmax(switch):
+    """Inference decodes a token at a time (each step's tokens one routing group, the KV
+    cache in the decoder): with room for every choice, greedy decoding gives, token for
+    token, the argmax of the full forward pass over the decoded prefix (what eval
+    scores): eval and infer see the same model."""
+    import jax.numpy as jnp
+    model, variables = hf.load_pretrained(switch[2], dtype="float32")
+    model = EncoderDecoderModel(dataclasses.replace(model.config, eval_capacity_factor=4.0))
+    batch = t5_batch(3, enc_len=12, dec_len=8, enc_valid=(12, 7, 9), dec_valid=(8, 8, 8))
+    tokens = np.asarray(model.predict_batch(variables, batch, max_decode_length=8,
+                                            eos_id=None))
+    inputs = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+    full = np.asarray(model.logits(variables, {
+        "encoder_input_tokens": batch["encoder_input_tokens"],
+        "decoder_input_tokens": inputs, "decoder_target_tokens": jnp.ones_like(inputs)}))
+    np.testing.assert_array_equal(np.argmax(full, -1), tokens)
+    assert len(np.unique(tokens)) > 3  # not a constant answer
+
+
+def test_the_switch_finetuning_recipe_binds_its_habits():
+    from t5lite.config import parsing
+    parsing.parse_gin(["models/switch/base_8.gin", "configs/finetune_switch_mnli.gin"],
+                      ['INITIAL_CHECKPOINT_PATH = "/ckpt/switch"'], finalize=False)
+    c = parsing.resolve_macro("MODEL").config
+    assert (c.num_experts, c.moe_top_k, c.expert_dropout_rate, c.dropout_rate) == (8, 1, 0.4, 0.1)
+    assert (c.capacity_factor, c.eval_capacity_factor, c.capacity_rule) == (1.25, 2.0, "t5x")
