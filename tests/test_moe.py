@@ -522,32 +522,35 @@ def test_the_expert_axis_moves_tokens_with_all_to_all():
 
 # ----------------------------------------------------------------------------- a run
 
-@pytest.mark.parametrize("gin_file,lengths,layer_stat", [
-    ("configs/models/glam/tiny.gin", "{'targets': 16}", "moe/dropped_fraction/layer_2"),
+@pytest.mark.parametrize("gin_file,lengths,layer_stat,devices", [
+    ("configs/models/glam/tiny.gin", "{'targets': 16}", "moe/dropped_fraction/layer_2", 8),
     ("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
-     "moe/dropped_fraction/encoder/layer_1")])
+     "moe/dropped_fraction/encoder/layer_1", 8),
+    ("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
+     "moe/dropped_fraction/decoder/layer_1", 1)])
 def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, gin_file, lengths,
-                                                       layer_stat):
+                                                       layer_stat, devices):
     """`python -m t5lite.train` on the tiny GLaM (decoder-only) and the tiny Switch T5
-    (capacity routing, dense and sparse layers; Switch's encoder batch-prioritized) over
-    data 2 x expert 4: 4 steps saved at 2 and 4; a second run, from a copy holding only
+    (capacity routing, dense and sparse layers) over data 2 x expert 4 (and the Switch on
+    one device): 4 steps saved at 2 and 4; a second run, from a copy holding only
     step 2, resumes there and ends at step 4 with the very same state, and the log line
     shows the routers' statistics."""
     import shutil
     import train_helpers as th
-    args = ("--gin.ICI_MESH_SHAPE=[2, 1, 1, 4]", "--gin.CHECKPOINT_PERIOD=2",
+    mesh = "[2, 1, 1, 4]" if devices == 8 else "[1, 1, 1, 1]"
+    args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
             "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
             "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
     cmd = th.train_command(tmp_path / "a", *args, steps=4)
     cmd[3] = f"--gin_file={gin_file}"
-    first = th.run(cmd, devices=8, cwd=th.REPO)
+    first = th.run(cmd, devices=devices, cwd=th.REPO)
     assert first.returncode == 0, th.describe(first)
     assert th.complete_steps(tmp_path / "a") == [2, 4]
     assert layer_stat in first.stderr and "moe/aux_loss" in first.stderr
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(th.checkpoints_dir(tmp_path / "b") / "4")
     second = th.run([c.replace(str(tmp_path / "a"), str(tmp_path / "b")) for c in cmd],
-                    devices=8, cwd=th.REPO)
+                    devices=devices, cwd=th.REPO)
     assert second.returncode == 0, th.describe(second)
     assert "start: resume:2 at step 2" in second.stderr, th.describe(second)
     a, b = th.flat(th.load_state(tmp_path / "a", 4)), th.flat(th.load_state(tmp_path / "b", 4))
