@@ -51,6 +51,34 @@ def make_hf_llama(seed, **kw):
         transformers.LlamaConfig(**{**LLAMA_DIMS, **kw})).eval()
 
 
+def far_from_init(model):
+    """Give a transformers model's weights scales far from its init (norm scales near 1,
+    matrices std 1/sqrt(fan-in)), so that every part (experts, routers) matters."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+    return model
+
+
+def convert_there_and_back(hf_dir, tmp_path):
+    """`python -m t5lite.convert --from=hf` of `hf_dir`, then `--to=hf` of the checkpoint
+    with the model.gin it wrote: (that model.gin's text, the written tensors)."""
+    import gin
+    from safetensors.numpy import load_file
+    from t5lite import convert as convert_cli
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    assert convert_cli.main(["--from=hf", f"--input={hf_dir}", f"--output={ckpt}"]) == 0
+    try:
+        assert convert_cli.main(["--to=hf", f"--input={ckpt}", f"--output={out}",
+                                 f"--gin_file={ckpt / 'model.gin'}"]) == 0
+    finally:
+        gin.clear_config()
+    return (ckpt / "model.gin").read_text(), load_file(out / "model.safetensors")
+
+
 def save_hf(model, path, **kw):
     model.save_pretrained(str(path), safe_serialization=True, **kw)
     return path
@@ -79,9 +107,9 @@ def hf_t5_logits(model, batch):
     return out.logits.float().numpy()
 
 
-def lm_batch(seed, length=20, valid=(20, 13)):
+def lm_batch(seed, length=20, valid=(20, 13), vocab=VOCAB):
     rng = np.random.RandomState(seed)
-    tokens = rng.randint(0, VOCAB, size=(len(valid), length + 1)).astype(np.int32)
+    tokens = rng.randint(0, vocab, size=(len(valid), length + 1)).astype(np.int32)
     mask = np.arange(length)[None, :] < np.asarray(valid)[:, None]
     return {"decoder_input_tokens": tokens[:, :-1], "decoder_target_tokens": tokens[:, 1:],
             "decoder_loss_weights": mask.astype(np.float32)}

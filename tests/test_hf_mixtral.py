@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
+import test_hf as hf_tests  # noqa: E402
+from test_hf import far_from_init  # noqa: E402
 from t5lite import convert as convert_cli  # noqa: E402
 from t5lite.interop import hf, hf_config, hf_families  # noqa: E402
 from t5lite.models.configs import DecoderConfig  # noqa: E402
@@ -71,19 +73,10 @@ def write_dir(path, config, state):
 
 
 def lm_batch(seed, length=12, valid=(12, 7)):
-    rng = np.random.RandomState(seed)
-    tokens = rng.randint(0, VOCAB, size=(len(valid), length + 1)).astype(np.int32)
-    mask = np.arange(length)[None, :] < np.asarray(valid)[:, None]
-    return {"decoder_input_tokens": tokens[:, :-1], "decoder_target_tokens": tokens[:, 1:],
-            "decoder_loss_weights": mask.astype(np.float32)}
+    return hf_tests.lm_batch(seed, length, valid, vocab=VOCAB)
 
 
-def hf_logits(model, batch):
-    mask = batch["decoder_loss_weights"] > 0
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(batch["decoder_input_tokens"], dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long))
-    return out.logits.float().numpy()
+hf_logits = hf_tests.hf_lm_logits
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,12 +95,7 @@ def mixtral(tmp_path_factory):
     """(HF model, its logits on lm_batch(0), v5 dir, v4 dir, config.json, v5 tensors)."""
     torch.manual_seed(3)
     model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**DIMS)).eval()
-    with torch.no_grad():  # weights far from init's 0.02, so the experts matter
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)
+    far_from_init(model)  # weights far from init's 0.02, so the experts matter
     v5 = tmp_path_factory.mktemp("mixtral_v5")
     model.save_pretrained(str(v5), save_original_format=False)
     config = json.loads((v5 / "config.json").read_text())
@@ -220,16 +208,8 @@ def test_scanned_fused_layout_parity_and_back(mixtral, tmp_path):
 
 def test_cli_from_hf_and_back(mixtral, tmp_path, capsys):
     _, _, _, v4, _, state = mixtral
-    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
-    assert convert_cli.main(["--from=hf", f"--input={v4}", f"--output={ckpt}"]) == 0
-    text = (ckpt / "model.gin").read_text()
+    text, written = hf_tests.convert_there_and_back(v4, tmp_path)
     assert "DecoderConfig.num_experts = 4" in text and "routing = 'dropless'" in text
-    try:
-        assert convert_cli.main(["--to=hf", f"--input={ckpt}", f"--output={out}",
-                                 f"--gin_file={ckpt / 'model.gin'}"]) == 0
-    finally:
-        gin.clear_config()
-    written = load_file(out / WEIGHTS)
     assert written.keys() == state.keys()
     for name, a in state.items():
         np.testing.assert_array_equal(written[name], a, err_msg=name)

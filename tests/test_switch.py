@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from test_hf import VOCAB, hf_t5_logits, logits, max_diff, t5_batch  # noqa: E402
+from test_hf import (VOCAB, far_from_init, hf_t5_logits, logits, max_diff,  # noqa: E402
+                     t5_batch)
 from t5lite.interop import hf  # noqa: E402
 from t5lite.models.model import EncoderDecoderModel  # noqa: E402
 
@@ -126,12 +127,7 @@ def switch(tmp_path_factory):
     torch.manual_seed(5)
     model = transformers.SwitchTransformersForConditionalGeneration(
         transformers.SwitchTransformersConfig(**DIMS)).eval()
-    with torch.no_grad():  # weights far from init, so the experts and routers matter
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5)
+    far_from_init(model)  # so the experts and routers matter
     path = tmp_path_factory.mktemp("switch")
     model.save_pretrained(str(path))
     config = json.loads((path / "config.json").read_text())
@@ -239,21 +235,12 @@ def test_a_tiny_switch_trains_with_both_stacks_statistics(switch):
 def test_cli_from_hf_and_back(switch, tmp_path):
     """`t5lite.convert --from=hf` writes a model.gin with the experts' settings and a
     checkpoint; `--to=hf` of that checkpoint gives transformers' tensors back exactly."""
-    import gin
-    from t5lite import convert as convert_cli
+    from test_hf import convert_there_and_back
     _, _, path, _, state = switch
-    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
-    assert convert_cli.main(["--from=hf", f"--input={path}", f"--output={ckpt}"]) == 0
-    text = (ckpt / "model.gin").read_text()
+    text, written = convert_there_and_back(path, tmp_path)
     for line in ("T5Config.num_experts = 4", "T5Config.moe_first = 1",
                  "T5Config.capacity_rule = 't5x'", "T5Config.batch_prioritized_routing = True"):
         assert line in text, line
-    try:
-        assert convert_cli.main(["--to=hf", f"--input={ckpt}", f"--output={out}",
-                                 f"--gin_file={ckpt / 'model.gin'}"]) == 0
-    finally:
-        gin.clear_config()
-    written = load_file(out / WEIGHTS)
     for name, a in written.items():
         np.testing.assert_array_equal(a, state[name], err_msg=name)
     assert "encoder.block.3.layer.1.mlp.experts.expert_3.wo.weight" in written
