@@ -1,18 +1,16 @@
 """The partitioner shared by every model family: a (data, fsdp, tensor, expert) device mesh, the
 logical-axis rules that map the models' axis names onto it, shardings for parameters,
 optimizer and FP8 state and batches, host-slice -> global-array batches, jitted functions
-that run under the mesh and rules (`Partitioner.partition`), and process 0's decisions shared with every process.
+that run under the mesh and rules (`Partitioner.partition`), and process 0's decisions
+shared with every process.
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
 `layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert,
-embed -> fsdp+expert (else fsdp), heads / joined_kv / mlp / vocab -> tensor, expert ->
-expert (the experts' kernels and their dispatched tokens), everything else (LoRA's rank
-too) replicated. A dense weight's embed is split over the expert axis as well (FSDP over
-the experts, as Pax's GPU GLaM and MaxText shard it); an expert kernel's expert dim has
-that axis already, so its embed takes fsdp alone; an activation's batch claims all three.
-The residual stream's features are `activation_embed`, whole unless PARTITION_RULES split
-them (over `tensor`: T5X's activation_partitioning_dims=2). Extra rules, the gin macro
+embed -> fsdp+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText; an expert
+kernel's embed fsdp alone), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
+the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
+activation_partitioning_dims=2 splits it over tensor) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
 
@@ -42,8 +40,7 @@ from t5lite.errors import ConfigError, PartitioningError
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
-# the batch is split over the expert axis too: outside the experts, its devices are data
-# parallel (GShard); a mesh shape of three entries has no expert axis (size 1)
+# the batch is split over the expert axis too: outside the experts it is data parallel
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # Order matters: an earlier rule claims its mesh axes first (so an activation's `embed`
@@ -51,16 +48,12 @@ BATCH_AXES = ("data", "fsdp", "expert")
 DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("batch", BATCH_AXES),
     ("expert", "expert"),
-    # the routing groups of tokens dispatched to their experts: the batch's split less
-    # the expert axis, which their expert axis took (XLA's all-to-all moves them)
+    # dispatched tokens' groups: the batch's split less the expert axis (all-to-all)
     ("expert_groups", ("data", "fsdp")),
     ("expert_logits", None),
     ("embed", ("fsdp", "expert")),
     ("embed", "fsdp"),
-    # the residual stream's features between layers: whole by default; T5X's
-    # activation_partitioning_dims=2 (Pax's GPU GLaM) is PARTITION_RULES=
-    # [('activation_embed', 'tensor')], 1/tensor of the activations kept a layer
-    ("activation_embed", None),
+    ("activation_embed", None),  # the residual stream: whole (module docstring)
     ("heads", "tensor"),
     ("joined_kv", "tensor"),
     ("mlp", "tensor"),
@@ -73,9 +66,6 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("abspos_buckets", None),
     ("lora_rank", None),
 )
-
-
-# ----------------------------------------------------------------------------- processes
 
 
 # ----------------------------------------------------------------------------- mesh
@@ -174,8 +164,12 @@ class Partitioner:
 
     @property
     def rules(self) -> Tuple[Tuple[str, Any], ...]:
+        """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp)."""
+        no_experts = self.mesh.shape.get("expert", 1) == 1
         return tuple((name, tuple(m) if isinstance(m, list) else m)
-                     for name, m in self.extra_rules) + DEFAULT_RULES
+                     for name, m in self.extra_rules) + tuple(
+            (name, "fsdp" if no_experts and m == ("fsdp", "expert") else m)
+            for name, m in DEFAULT_RULES)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:

@@ -3,7 +3,9 @@
 Conventions: matmul FLOPs only (2 per multiply-add), forward + backward = 3 x forward,
 no recomputation counted, padding counts as real tokens. `inner = num_heads * head_dim`;
 `n_in = len(mlp_activations)` input projections in the MLP (2 for gated MLPs). Decoder-only
-attention is causal, so its score/value matmuls are halved. Pure functions, no gin.
+attention is causal, so its score/value matmuls are halved. Pure functions of a config's
+numbers (a `T5Config` for the encoder-decoder formulas, a `DecoderConfig` for the
+decoder-only ones), no gin: a room of its own that needs nothing of t5lite.
 
 A mixture-of-experts layer counts its active parameters: the router (2 d E a token) and
 top_k experts' MLPs; the capacity routing's dispatch and combine gathers are overhead, not
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from t5lite.models.configs import DecoderConfig, T5Config
 
 TRAIN_MULTIPLIER = 3  # forward + backward (backward = 2 x forward)
 FROZEN_MULTIPLIER = 2  # a frozen weight's matmul: forward + its input's gradient
@@ -60,7 +61,7 @@ def _mlps(cfg, layers: int) -> int:
     return (layers - sparse) * dense_mlp + sparse * moe_mlp
 
 
-def _encoder_decoder_parts(cfg: T5Config, Se: int, Sd: int) -> Tuple[int, int, int]:
+def _encoder_decoder_parts(cfg, Se: int, Sd: int) -> Tuple[int, int, int]:
     """Forward (weight matmuls, attention matmuls, adapters) FLOPs of one example."""
     d, ff, V = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size
     inner = cfg.num_heads * cfg.head_dim
@@ -82,19 +83,19 @@ def _encoder_decoder_parts(cfg: T5Config, Se: int, Sd: int) -> Tuple[int, int, i
 
 
 def encoder_decoder_forward_flops_per_example(
-        cfg: T5Config, inputs_length: int, targets_length: int) -> int:
+        cfg, inputs_length: int, targets_length: int) -> int:
     """Forward matmul FLOPs of one (inputs_length, targets_length) example."""
     return sum(_encoder_decoder_parts(cfg, inputs_length, targets_length))
 
 
 def encoder_decoder_train_flops_per_example(
-        cfg: T5Config, inputs_length: int = 512, targets_length: int = 128) -> int:
+        cfg, inputs_length: int = 512, targets_length: int = 128) -> int:
     """Training (fwd + bwd) model FLOPs of one encoder-decoder example."""
     weights, attention, adapters = _encoder_decoder_parts(cfg, inputs_length, targets_length)
     return _train(weights, attention, cfg) + TRAIN_MULTIPLIER * adapters
 
 
-def _decoder_only_parts(cfg: DecoderConfig, S: int) -> Tuple[int, int, int]:
+def _decoder_only_parts(cfg, S: int) -> Tuple[int, int, int]:
     """Forward (weight matmuls, attention matmuls, adapters) FLOPs of one token in a
     causal sequence of `S`."""
     d, ff, V = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size
@@ -111,18 +112,18 @@ def _decoder_only_parts(cfg: DecoderConfig, S: int) -> Tuple[int, int, int]:
     return weights, attention, adapters
 
 
-def decoder_only_forward_flops_per_token(cfg: DecoderConfig, seq_length: int) -> int:
+def decoder_only_forward_flops_per_token(cfg, seq_length: int) -> int:
     """Forward matmul FLOPs of one token in a causal sequence of `seq_length`."""
     return sum(_decoder_only_parts(cfg, seq_length))
 
 
-def decoder_only_train_flops_per_token(cfg: DecoderConfig, seq_length: int = 2048) -> int:
+def decoder_only_train_flops_per_token(cfg, seq_length: int = 2048) -> int:
     """Training (fwd + bwd) model FLOPs per token."""
     weights, attention, adapters = _decoder_only_parts(cfg, seq_length)
     return _train(weights, attention, cfg) + TRAIN_MULTIPLIER * adapters
 
 
-def decoder_only_train_flops_per_example(cfg: DecoderConfig, seq_length: int = 2048) -> int:
+def decoder_only_train_flops_per_example(cfg, seq_length: int = 2048) -> int:
     """Training (fwd + bwd) model FLOPs of one sequence of `seq_length` tokens."""
     return seq_length * decoder_only_train_flops_per_token(cfg, seq_length)
 
@@ -130,8 +131,8 @@ def decoder_only_train_flops_per_example(cfg: DecoderConfig, seq_length: int = 2
 def train_flops_per_example(cfg, *, inputs_length: int = 512, targets_length: int = 128,
                             seq_length: int = 2048) -> int:
     """Dispatch on the config type: enc-dec uses the two lengths, decoder-only `seq_length`."""
-    if isinstance(cfg, T5Config):
+    if hasattr(cfg, "num_encoder_layers"):  # a T5Config
         return encoder_decoder_train_flops_per_example(cfg, inputs_length, targets_length)
-    if isinstance(cfg, DecoderConfig):
+    if hasattr(cfg, "num_layers"):  # a DecoderConfig
         return decoder_only_train_flops_per_example(cfg, seq_length)
     raise TypeError(f"expected T5Config or DecoderConfig, got {type(cfg).__name__}")
