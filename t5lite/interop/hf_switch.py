@@ -23,7 +23,6 @@ from t5lite.models.moe.routing import expert_capacity
 STACKED = "stacked"
 _EXPERT = re.compile(r"^((?:en|de)coder\.block\.\d+\.layer\.\d+\.mlp\.experts)\."
                      r"expert_(\d+)\.(wi|wo)\.weight$")
-_ACT_TO_HF = {"relu": "relu", "gelu": "gelu_new", "gelu_exact": "gelu"}
 
 
 def _count(hf: Mapping[str, Any], field: str, default: int) -> int:
@@ -98,10 +97,11 @@ def switch_hf_config(cfg, t5_hf_config: Callable) -> Dict[str, Any]:
     if problems:
         raise ValueError("transformers' SwitchTransformers cannot hold this model: "
                          + "; ".join(problems))
-    out = t5_hf_config(cfg)
-    del out["feed_forward_proj"], out["scale_decoder_outputs"]
+    out = t5_hf_config(cfg)  # its feed_forward_proj: the one (ungated) activation's name
+    act = out.pop("feed_forward_proj")
+    del out["scale_decoder_outputs"]
     return {**out, "architectures": ["SwitchTransformersForConditionalGeneration"],
-            "model_type": "switch_transformers", "dense_act_fn": _ACT_TO_HF[cfg.expert_mlp],
+            "model_type": "switch_transformers", "dense_act_fn": act,
             "num_experts": cfg.num_experts,
             "num_sparse_encoder_layers": sparse["encoder"],
             "num_sparse_decoder_layers": sparse["decoder"],

@@ -99,8 +99,7 @@ def capacity_routing(probs: Array, top_k: int, capacity: int,
     num_experts = probs.shape[-1]
     ids, gates = top_k_choices(probs, top_k)
     if batch_prioritized:  # route the tokens in priority order, then put them back
-        order = jnp.argsort(-gates[..., 0] if top_k == 1 else -jnp.max(probs, axis=-1),
-                            axis=1, stable=True)
+        order = jnp.argsort(-jnp.max(probs, axis=-1), axis=1, stable=True)
         back = jnp.argsort(order, axis=1)
         r = capacity_routing(jnp.take_along_axis(probs, order[..., None], axis=1), top_k,
                              capacity)
