@@ -18,7 +18,7 @@ from t5lite.formats import t5x_params
 from t5lite.models.configs import T5Config
 from t5lite.models.model import model_for_config
 from t5lite.optim import adafactor, optimizers
-from t5lite.runtime.checkpointing import finetune_restore
+from t5lite.formats import checkpoint_kinds
 from t5lite.formats import t5x_checkpoint
 from t5lite.formats import t5x_optimizer_state
 
@@ -128,8 +128,8 @@ def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1, orbax):
     state = t5x_optimizer_state.opt_state_from_t5x(
         tree["state"], model, jax.eval_shape(txf.init, abstract), opt.factoring, "test")
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    params = finetune_restore.restore_t5x_params(tree, ckpt, model, {"params": jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)}, "test")
+    params = checkpoint_kinds.open_checkpoint(ckpt, "test").read_params(model, {"params": jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)})
     params = params["params"]
     ref_params = dict(view)
     for k in range(2):  # the first update after the import, and the one after it

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -156,10 +155,6 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
     if not checkpoint_path:
         raise ConfigError("CHECKPOINT_PATH is not set: point it at a MODEL_DIR, "
                           "a checkpoint step directory or a t5lite.convert output")
-    if not Path(checkpoint_path).exists() and "://" not in str(checkpoint_path):
-        raise FileNotFoundError(checkpoint_files.missing_checkpoint(checkpoint_path,
-                                                                     "CHECKPOINT_PATH"))
-    check_committed(checkpoint_path)
     abstract = model.abstract_variables()
     shardings = partitioner.tree_shardings(abstract, model.logical_axes())
     target = jax.tree_util.tree_map(
@@ -173,42 +168,6 @@ def restore_params(model, checkpoint_path: str, partitioner: Partitioner):
                         out_shardings=shardings)()
         variables.update({k: fresh[k] for k in others})
     return variables
-
-
-# Step directories that are not (or no longer) checkpoints: a save in flight or cut short
-# (Orbax's tmp name), one set aside uncommitted or damaged (formats/checkpoint_files.py).
-_WHAT_MARK = {".orbax-checkpoint-tmp": "a save that never finished (Orbax's tmp name)",
-              ".incomplete-": "a save that never finished, set aside",
-              ".damaged-": "a checkpoint set aside as damaged"}
-
-
-def check_committed(checkpoint_path: str) -> None:
-    """FileNotFoundError (one line) when CHECKPOINT_PATH resolves to a step that no save
-    committed: an Orbax tmp directory (`N.orbax-checkpoint-tmp-*`), a step set aside as
-    incomplete or damaged, or a step (or an item inside one) without its commit marker.
-    Its parameters may be partly written: evaluating them would report numbers of no
-    checkpoint."""
-    from t5lite.formats import t5x_checkpoint
-    if "://" in str(checkpoint_path) or t5x_checkpoint.is_t5x_checkpoint(checkpoint_path):
-        return
-    item_dir, _ = checkpoint_files.resolve_item(checkpoint_path, "CHECKPOINT_PATH")
-    step_dir = item_dir.parent
-    mark = next((m for m in _WHAT_MARK if m in step_dir.name), None)
-    uncommitted = ((step_dir / "_CHECKPOINT_METADATA").exists()  # an Orbax step directory
-                   and not checkpoint_files.is_committed(step_dir))
-    if mark is None and not uncommitted:
-        return
-    why = (f"its directory {step_dir.name} is {_WHAT_MARK[mark]}"
-           if mark else f"{step_dir} has no commit marker: the save that wrote it did not "
-                        f"finish")
-    steps = checkpoint_files.complete_steps(step_dir.parent, (checkpoint_files.PARAMS_ITEM,
-                                                             checkpoint_files.STATE_ITEM))
-    where = (f"{step_dir.parent} holds the complete checkpoints of steps "
-             f"{', '.join(map(str, steps))}: point CHECKPOINT_PATH at one of them, or at the "
-             f"MODEL_DIR for the latest" if steps else
-             f"{step_dir.parent} holds no complete checkpoint to use instead")
-    raise FileNotFoundError(f"CHECKPOINT_PATH {checkpoint_path} is an incomplete checkpoint "
-                            f"({why}); {where}")
 
 
 def load_session(model, checkpoint_path: str, *, batch_size: int,

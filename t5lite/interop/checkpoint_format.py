@@ -25,8 +25,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM, resolve_item
-from t5lite.formats.checkpoint_trees import item_metadata_tree
+from t5lite.formats import checkpoint_kinds
+from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM
 
 PathLike = Union[str, Path]
 
@@ -56,20 +56,7 @@ def load_params(path: PathLike, target: Any = None) -> dict:
     step directory or the item directory (`checkpoint_files.resolve_item`). `target`:
     optional tree of arrays or jax.ShapeDtypeStruct (with shardings) to restore into;
     without it the arrays come back as saved (numpy)."""
-    item_dir, item = resolve_item(path, what="checkpoint")
-    stored = item_metadata_tree(item_dir)
-    if item != PARAMS_ITEM:  # a training state: its "params" field holds {"params": ...}
-        stored = stored["params"]
-    if target is None:
-        request = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                    request)
-    else:
-        request = target
-        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    if item != PARAMS_ITEM:
-        request, restore_args = {"params": request}, {"params": restore_args}
-    with ocp.PyTreeCheckpointer() as ckpt:
-        restored = ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
-            item=request, restore_args=restore_args, partial_restore=True))
-    return restored if item == PARAMS_ITEM else restored["params"]
+    ckpt = checkpoint_kinds.open_checkpoint(path, what="checkpoint")
+    if ckpt.kind != checkpoint_kinds.T5LITE:
+        raise ValueError(f"{path} is a {ckpt.kind} checkpoint, not a t5lite one")
+    return ckpt.read_stored(target)

@@ -96,20 +96,18 @@ def convert_t5x(input_dir: str, output_dir: str, model, *, fuse_qkv: bool = Fals
     `input_dir`, read as `model` (the gin files' MODEL, in the layout and dtype asked
     for), written as a converted checkpoint under `step` (default: the T5X step).
     Returns (output directory, step)."""
+    from t5lite.formats import checkpoint_kinds
     from t5lite.runtime.checkpointing import finetune_restore
-    from t5lite.formats import t5x_checkpoint
     out = _new_output(output_dir)
     overrides = {"fuse_qkv": fuse_qkv, "scan_layers": scan_layers}
     if dtype:
         overrides["dtype"] = dtype
     model = model_for_config(dataclasses.replace(model.config, **overrides))
-    if not t5x_checkpoint.is_t5x_checkpoint(input_dir):
-        t5x_checkpoint.read_checkpoint(input_dir)  # raises the line that says why not
-        raise ValueError(f"--input={input_dir} is not a T5X checkpoint directory")
+    ckpt = checkpoint_kinds.open_checkpoint(input_dir, "--input", expect=checkpoint_kinds.T5X)
     if step is None:
-        step = t5x_checkpoint.read_step(input_dir)
-    params = finetune_restore.restore_params_for_finetuning(input_dir, model,
-                                                            _host_abstract(model), what="--input")
+        step = ckpt.step
+    params = finetune_restore.restore_params_for_finetuning(ckpt, model, _host_abstract(model),
+                                                            what="--input")
     checkpoint_format.save_params(out, params, step=step)
     (out / GIN_NAME).write_text(model_gin(model.config,
                                           f" from T5X {Path(input_dir).absolute()}"))

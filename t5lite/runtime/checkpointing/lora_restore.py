@@ -1,7 +1,7 @@
 """LoRA and checkpoints: which adapters a checkpoint holds, a LoRA run from a base
 checkpoint, and the fingerprint of the frozen base a LoRA run started from.
 
-    stored = stored_lora(params_metadata)     # None, or (rank, targets) of its adapters
+    stored = open_checkpoint(path).adapters   # None, or (rank, targets) of its adapters
     check_adapters(stored, model, where, what)  # refused in one line when they differ
     fp = base_fingerprint(params, cfg)        # "sha256:..." over the frozen base
 
@@ -28,7 +28,6 @@ recorded one. (Rank and targets are in the adapters' shapes and names: `check_ad
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -36,36 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import CheckpointMismatchError, ConfigError
-from t5lite.formats.checkpoint_files import DATA_ITEM
+from t5lite.formats import checkpoint_kinds
+from t5lite.formats.checkpoint_kinds import Adapters
 from t5lite.models import lora
 
 KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
 ALPHA_KEY = "lora_alpha"  # beside it: the LORA_ALPHA the adapters were trained with
 SAMPLES = 4096  # values sampled per frozen leaf
-
-Adapters = Tuple[int, Tuple[str, ...]]  # (rank, sorted targets)
-
-
-def _targets_of(name: str) -> Tuple[str, ...]:
-    return {"qkv": lora.QKV, "kv": ("key", "value")}.get(name, (name,))
-
-
-def stored_lora(params: Mapping[str, Any]) -> Optional[Adapters]:
-    """(rank, targets) of the adapters in a params tree (arrays or metadata with .shape),
-    None when it has none."""
-    rank, targets = None, set()
-
-    def walk(tree, name):
-        nonlocal rank
-        if lora.A in tree and hasattr(tree[lora.A], "shape"):
-            rank = int(tree[lora.A].shape[-1])
-            targets.update(_targets_of(name))
-        for key, value in tree.items():
-            if isinstance(value, Mapping):
-                walk(value, str(key))
-
-    walk(params, "")
-    return None if rank is None else (rank, tuple(sorted(targets)))
 
 
 def model_lora(cfg) -> Optional[Adapters]:
@@ -146,19 +122,6 @@ def base_fingerprint(params: Mapping[str, Any], cfg) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def recorded(item_dir, key: str = KEY) -> Optional[Any]:
-    """What a training checkpoint's data item records under `key` (`item_dir`: its state
-    item; KEY, the base fingerprint, or ALPHA_KEY), None when it records none (not a LoRA
-    run's, a params-only or converted checkpoint)."""
-    f = item_dir.parent / DATA_ITEM / "metadata"  # the file Orbax's JsonSave writes
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text()).get(key)
-    except (ValueError, AttributeError):
-        return None
-
-
 def check_alpha(recorded_alpha: Optional[Any], cfg, where: str) -> None:
     """CheckpointMismatchError when the adapters at `where` were trained with another
     LORA_ALPHA than the model's (None: nothing recorded)."""
@@ -202,13 +165,9 @@ def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Map
         check_base((data_state or {}).get(KEY), now, where)
         check_alpha((data_state or {}).get(ALPHA_KEY), cfg, where)
     elif source.startswith("initial:") and initial_checkpoint_path:
-        from t5lite.formats import t5x_checkpoint
-        from t5lite.formats.checkpoint_files import STATE_ITEM, resolve_item
-        if not t5x_checkpoint.is_t5x_checkpoint(initial_checkpoint_path):
-            item_dir, item = resolve_item(initial_checkpoint_path)
-            if item == STATE_ITEM:  # (its alpha: checked as its adapters loaded)
-                check_base(recorded(item_dir), now,
-                           f"INITIAL_CHECKPOINT_PATH {item_dir.parent}")
+        ckpt = checkpoint_kinds.open_checkpoint(initial_checkpoint_path)
+        check_base(ckpt.recorded(KEY), now,  # (its alpha: checked as its adapters loaded)
+                   f"INITIAL_CHECKPOINT_PATH {ckpt.where}")
     return {KEY: now, ALPHA_KEY: float(cfg.lora_alpha)}, data
 
 

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from t5lite.errors import CheckpointMismatchError, ConfigError
+from t5lite.formats import placement
 from t5lite.models import layouts
 from t5lite.models.param_paths import flatten, unflatten
 from t5lite.runtime.checkpointing import finetune_restore
@@ -87,7 +88,7 @@ def restore_upcycled(path, model, abstract_params: Mapping[str, Any],
                                 cfg.num_experts))
     log.info("upcycled %s: each sparse layer's %d experts copies of its dense MLP, the "
              "routers fresh", path, cfg.num_experts)
-    return finetune_restore.convert_and_place(
+    return placement.convert_and_place(
         params, model, {"fuse_qkv": False, "scan_layers": False},
         {"fuse_qkv": bool(cfg.fuse_qkv), "scan_layers": bool(cfg.scan_layers)},
         abstract_params, lambda diff: f"upcycling {path}: {diff}")

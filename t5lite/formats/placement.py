@@ -1,0 +1,60 @@
+"""Host parameters made into the model's: converted to its layout (fused / unfused QKV,
+scanned / unscanned layers) on the host, checked against its shapes, cast and placed on
+its devices as an abstract tree (jax.ShapeDtypeStruct with shardings) describes them.
+What every checkpoint reader (`checkpoint_kinds`) and the upcycling end with.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Callable, Dict, Mapping
+
+import jax
+import numpy as np
+
+from t5lite.errors import CheckpointMismatchError
+from t5lite.formats.checkpoint_trees import first_difference, flat_shapes
+from t5lite.models import layouts
+
+CANONICAL = {"fuse_qkv": False, "scan_layers": False}  # how T5X and Hugging Face store them
+
+
+def layout_config(model, layout: Mapping[str, bool]):
+    """`model`'s config with the layout switches of `layout` (a namespace without one)."""
+    if model is not None and dataclasses.is_dataclass(getattr(model, "config", None)):
+        return dataclasses.replace(model.config, **layout)
+    return types.SimpleNamespace(**layout)
+
+
+def model_layout(model) -> Dict[str, bool]:
+    return {"fuse_qkv": bool(model.config.fuse_qkv),
+            "scan_layers": bool(model.config.scan_layers)}
+
+
+def place(x: np.ndarray, like: Any) -> Any:
+    """`x` (host) as `like` (a jax.ShapeDtypeStruct, with a sharding or not) describes it."""
+    x = np.asarray(x, dtype=like.dtype)
+    sharding = getattr(like, "sharding", None)
+    if sharding is None:
+        return x
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping[str, bool],
+                      dst_layout: Mapping[str, bool], abstract_params: Mapping[str, Any],
+                      mismatch: Callable[[str], str]) -> Dict[str, Any]:
+    """`params` (host arrays in `src_layout`) converted on the host to `dst_layout`,
+    checked against `abstract_params`' shapes (CheckpointMismatchError(mismatch(the first
+    difference))), then cast and placed as `abstract_params` ({"params": ...}, or a bare
+    params tree: the result is alike) describes them."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        converted = layouts.convert_params({"params": params}, layout_config(model, src_layout),
+                                           layout_config(model, dst_layout))
+        converted = jax.tree.map(np.asarray, converted)
+    bare = "params" not in abstract_params
+    target = {"params": abstract_params if bare else abstract_params["params"]}
+    diff = first_difference(flat_shapes(converted), flat_shapes(target))
+    if diff:
+        raise CheckpointMismatchError(mismatch(diff))
+    placed = jax.tree.map(place, converted, target)
+    return placed["params"] if bare else placed
