@@ -204,6 +204,50 @@ def test_infer_predict_text_file_matches_predict_batch(setup, tmp_path):
     assert [r["prediction"] for r in rows] == _direct_predict(setup, texts)
 
 
+def test_a_switch_t5_evals_and_infers_the_same_predictions(setup, tmp_path):
+    """A tiny Switch T5 (configs/models/switch/tiny.gin: 4 experts in layer 1 of the
+    encoder and the decoder, top-1 capacity routing): eval's predictions on the MultiNLI
+    dev set and infer's on the same inputs, from one checkpoint, are the same strings, and
+    those of the model itself on the same padded batches (the routing groups hold the
+    same tokens)."""
+    from t5lite import eval as eval_module
+    from t5lite import infer
+    switch = "configs/models/switch/tiny.gin"
+    parsing.parse_gin([switch], [f"T5Config.vocab_size = {VOCAB}",
+                                 "ACTIVATION_DTYPE = 'float32'"])
+    model = parsing.resolve_macro("MODEL")
+    assert model.config.num_experts == 4
+    rng = np.random.RandomState(5)  # weights far from the init's: predictions vary by row
+    variables = jax.tree.map(lambda a: (rng.normal(size=a.shape) / np.sqrt(a.shape[0])
+                                        ).astype(np.float32), model.abstract_variables())
+    checkpoint_format.save_params(tmp_path / "switch", variables, step=3)
+
+    def flags(out):
+        return [f"--gin_file={switch}"] + _flags({**setup, "ckpt": tmp_path / "switch"}, out)[1:]
+
+    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + flags(tmp_path / "out") + [
+        "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.SPLIT='validation_matched'"]) == 0
+    evaluated = _read_jsonl(tmp_path / "out" / "eval" / "mnli_predictions.jsonl")
+    texts = [r["inputs"] for r in evaluated]
+    (tmp_path / "inputs.txt").write_text("".join(t + "\n" for t in texts))
+    assert infer.main(["--gin_file=configs/runs/infer.gin"] + flags(tmp_path / "infer") + [
+        f'--gin.INPUT_FILE="{tmp_path / "inputs.txt"}"']) == 0
+    inferred = _read_jsonl(tmp_path / "infer" / "predictions.jsonl")
+    assert [r["inputs"] for r in inferred] == texts
+    predictions = [r["prediction"] for r in evaluated]
+    assert [r["prediction"] for r in inferred] == predictions
+    assert len(set(predictions)) > 1  # a random model over 512 ids: not one string
+    vocab = _vocab(setup)
+    ids = [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
+    ids += [[]] * (-len(ids) % BATCH)  # the sessions' zero rows
+    direct = []
+    for start in range(0, len(ids), BATCH):
+        batch = features.encdec_features(ids[start:start + BATCH], LENGTHS)
+        tokens = model.predict_batch(variables, batch, max_decode_length=LENGTHS["targets"])
+        direct += [features.decode_tokens(vocab, row) for row in np.asarray(tokens)]
+    assert direct[:len(texts)] == predictions
+
+
 def test_infer_score_matches_score_batch(setup, tmp_path):
     texts, targets, _, jl = _write_inputs(tmp_path)
     out = tmp_path / "out"
