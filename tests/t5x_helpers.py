@@ -181,3 +181,25 @@ def write_t5x_orbax_checkpoint(model_dir: Path, target: Mapping[str, Any], step:
     ckpt = Path(model_dir) / f"checkpoint_{step}"
     (ckpt / "dataset").mkdir(exist_ok=True)
     return ckpt
+
+
+def t5x_moe_view(params: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    """A t5lite T5's parameters (the canonical layout) as T5X's `contrib/moe` checkpoint
+    holds them, flat: attention kernels with the heads joined, a sparse layer's router
+    under router/router_weights/w and its experts under expert/ (kernels [experts, in,
+    out]). A dense T5's is T5X's `examples/t5` tree."""
+    import re
+
+    from t5lite.models import param_paths
+    out = {}
+    for name, value in param_paths.flatten(params).items():
+        value = np.asarray(value, np.float32)
+        if re.search(r"(query|key|value)/kernel$", name):
+            value = value.reshape(value.shape[0], -1)
+        elif name.endswith("out/kernel"):
+            value = value.reshape(-1, value.shape[-1])
+        name = re.sub(r"/mlp/router/kernel$", "/mlp/router/router_weights/w/kernel", name)
+        if value.ndim == 3:  # an expert kernel
+            name = re.sub(r"/mlp/(wi|wo)/kernel$", r"/mlp/expert/\1/kernel", name)
+        out[name] = value
+    return out

@@ -39,23 +39,6 @@ def _abstract(model):
                                    model.abstract_variables()["params"])}
 
 
-def _t5x_target(params):
-    """t5lite's canonical tree as T5X's contrib/moe stores it: attention heads joined,
-    a sparse layer's router and experts under flaxformer's names."""
-    out = {}
-    for name, x in flatten(params).items():
-        x = np.asarray(x)
-        if re.search(r"attention/(query|key|value)/kernel$", name):
-            x = x.reshape(x.shape[0], -1)
-        elif re.search(r"attention/out/kernel$", name):
-            x = x.reshape(-1, x.shape[-1])
-        name = re.sub(r"/mlp/router/kernel$", "/mlp/router/router_weights/w/kernel", name)
-        if x.ndim == 3 and re.search(r"/mlp/(wi|wo)/kernel$", name):
-            name = re.sub(r"/mlp/(wi|wo)/kernel$", r"/mlp/expert/\1/kernel", name)
-        out[name] = x
-    return unflatten(out)
-
-
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """{kind label: path} of one Switch T5's parameters written every way, and them."""
@@ -70,7 +53,7 @@ def written(tmp_path_factory):
         other = layouts.convert_params({"params": params}, SWITCH, fused_scanned)
     paths["t5lite fused scanned"] = root / "fused_scanned"
     checkpoint_format.save_params(paths["t5lite fused scanned"], other, step=3)
-    target = _t5x_target(params)
+    target = unflatten(tx.t5x_moe_view(params))
     paths["t5x"] = tx.write_t5x_checkpoint(root / "checkpoint_7", target, step=7)
     paths["t5x orbax"] = tx.write_t5x_orbax_checkpoint(root / "t5x_run", target, step=7)
     return paths, params
@@ -134,3 +117,49 @@ def test_only_formats_asks_the_files_what_a_checkpoint_is():
     askers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                     if p.parent.name != "formats" and asking.search(p.read_text()))
     assert askers == [], askers
+
+
+def test_a_bad_moe_checkpoint_is_one_line_and_writes_nothing(written, tmp_path, capsys):
+    """`convert` of a Switch checkpoint whose experts do not fit the model: T5X's layout
+    with 3 experts where the model has 4, a router kernel transposed, an expert kernel
+    missing; and t5lite's with 3 experts (`--to=hf`). Each is one line naming the
+    parameter (and the expert counts), exit 2, and no output."""
+    from t5lite import convert
+    from t5lite.interop.convert import model_gin
+    (tmp_path / "model.gin").write_text(model_gin(SWITCH))
+    view = tx.t5x_moe_view(written[1])
+    router = "encoder/layers_1/mlp/router/router_weights/w/kernel"
+    three = {n: (v[..., :3] if n.endswith("router_weights/w/kernel") else
+                 v[:3] if "/expert/" in n else v) for n, v in view.items()}
+    fewer = {n: v[:3] if n.endswith("decoder/layers_1/mlp/expert/wo/kernel") else v
+             for n, v in view.items()}
+    cases = {
+        "three": (three, "layers_1/mlp/router/kernel' has shape [32, 3], the model needs "
+                         "[32, 4] (3 experts in the checkpoint, NUM_EXPERTS=4"),
+        "fewer": (fewer, "'decoder/layers_1/mlp/wo/kernel' has shape [3, 48, 32], the model "
+                         "needs [4, 48, 32] (3 experts in the checkpoint, NUM_EXPERTS=4"),
+        "router": ({**view, router: view[router].T},
+                   "'encoder/layers_1/mlp/router/kernel' has shape [4, 32]"),
+        "missing": ({n: v for n, v in view.items() if not n.endswith("1/mlp/expert/wi/kernel")},
+                    "lacks parameter 'decoder/layers_1/mlp/wi/kernel'")}
+    for name, (tree, needle) in cases.items():
+        ckpt = tx.write_t5x_checkpoint(tmp_path / name / "checkpoint_1", unflatten(tree))
+        out = tmp_path / f"out_{name}"
+        code = convert.main(["--from=t5x", f"--input={ckpt}", f"--output={out}",
+                             f"--gin_file={tmp_path / 'model.gin'}"])
+        lines = [l for l in capsys.readouterr().err.splitlines() if l]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], (name, lines)
+        assert not out.exists() or not any(out.iterdir()), name
+    ours = {n: (v[..., :3] if n.endswith("router/kernel") else
+                v[:3] if "/mlp/w" in n and v.ndim == 3 else v)
+            for n, v in flatten(written[1]).items()}
+    checkpoint_format.save_params(tmp_path / "ours", {"params": unflatten(ours)})
+    out = tmp_path / "hf_out"
+    code = convert.main(["--to=hf", f"--input={tmp_path / 'ours'}", f"--output={out}",
+                         f"--gin_file={tmp_path / 'model.gin'}"])
+    lines = [l for l in capsys.readouterr().err.splitlines() if l]
+    assert code == 2 and len(lines) == 1, lines
+    assert ("params/decoder/layers_1/mlp/router/kernel has shape (32, 3) in the checkpoint but "
+            "(32, 4) in the model (3 experts in the checkpoint, NUM_EXPERTS=4 in the model)"
+            in lines[0]), lines
+    assert not out.exists() or not any(out.iterdir())

@@ -249,27 +249,6 @@ def test_cli_from_hf_and_back(switch, tmp_path):
 # ----------------------------------------------------------------------------- T5X MoE
 
 
-def _t5x_moe_view(params):
-    """A t5lite Switch's parameters as T5X's contrib/moe checkpoint holds them: attention
-    kernels with the heads joined, a sparse layer's router under router/router_weights/w
-    and its experts under expert/ (kernels [experts, in, out])."""
-    import re
-
-    from t5lite.models import param_paths
-    out = {}
-    for name, value in param_paths.flatten(params).items():
-        value = np.asarray(value, np.float32)
-        if re.search(r"(query|key|value)/kernel$", name):
-            value = value.reshape(value.shape[0], -1)
-        elif name.endswith("out/kernel"):
-            value = value.reshape(-1, value.shape[-1])
-        name = re.sub(r"/mlp/router/kernel$", "/mlp/router/router_weights/w/kernel", name)
-        if value.ndim == 3:  # an expert kernel
-            name = re.sub(r"/mlp/(wi|wo)/kernel$", r"/mlp/expert/\1/kernel", name)
-        out[name] = value
-    return out
-
-
 def test_a_t5x_moe_checkpoint_restores_with_its_factored_adafactor_state(switch, tmp_path):
     """T5X's contrib/moe layout (written in the test, as T5X writes it): the parameters
     restore bit for bit as INITIAL_CHECKPOINT_PATH, and Adafactor's state continues, the
@@ -281,7 +260,7 @@ def test_a_t5x_moe_checkpoint_restores_with_its_factored_adafactor_state(switch,
     from t5lite.optim import optimizers
     from t5lite.runtime.checkpointing import finetune_restore
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
-    view = _t5x_moe_view(variables["params"])
+    view = tx.t5x_moe_view(variables["params"])
     assert "encoder/layers_1/mlp/expert/wi/kernel" in view
     rng = np.random.default_rng(0)
     slots = {}
@@ -334,7 +313,7 @@ def test_a_switch_checkpoint_into_a_dense_model_is_one_line(switch, tmp_path):
     from t5lite.runtime.checkpointing import finetune_restore
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
     ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1", param_paths.unflatten(
-        _t5x_moe_view(variables["params"])))
+        tx.t5x_moe_view(variables["params"])))
     dense = EncoderDecoderModel(dataclasses.replace(model.config, num_experts=0))
     with pytest.raises(CheckpointMismatchError) as e:
         finetune_restore.restore_params_for_finetuning(

@@ -37,12 +37,32 @@ def _natural(path: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
 
 
+_EXPERT_KERNEL = re.compile(r"/mlp/(wi|wi_\d+|wo)/kernel$")
+
+
+def expert_counts(path: str, ckpt: tuple, model: tuple) -> str:
+    """' (N experts in the checkpoint, NUM_EXPERTS=M in the model)' when `path` is a
+    sparse layer's router kernel [.., embed, experts] or expert kernel [experts, in, out]
+    whose shapes differ in the expert count alone; '' otherwise."""
+    ckpt, model = tuple(ckpt), tuple(model)
+    if len(ckpt) != len(model) or not ckpt:
+        return ""
+    if path.endswith("/router/kernel") and ckpt[:-1] == model[:-1]:
+        n, m = ckpt[-1], model[-1]
+    elif _EXPERT_KERNEL.search(path) and len(model) == 3 and ckpt[1:] == model[1:]:
+        n, m = ckpt[0], model[0]
+    else:
+        return ""
+    return f" ({n} experts in the checkpoint, NUM_EXPERTS={m} in the model)"
+
+
 def first_difference(ckpt: Dict[str, tuple], model: Dict[str, tuple]) -> Optional[str]:
     """The first difference as a clause, shapes first, then missing, then extra."""
     for path in sorted(model, key=_natural):
         if path in ckpt and tuple(ckpt[path]) != tuple(model[path]):
             return (f"{path} has shape {tuple(ckpt[path])} in the checkpoint but "
-                    f"{tuple(model[path])} in the model")
+                    f"{tuple(model[path])} in the model"
+                    f"{expert_counts(path, ckpt[path], model[path])}")
     missing = sorted((p for p in model if p not in ckpt), key=_natural)
     extra = sorted((p for p in ckpt if p not in model), key=_natural)
     if missing:

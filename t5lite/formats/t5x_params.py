@@ -29,6 +29,7 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from t5lite.errors import CheckpointMismatchError
+from t5lite.formats.checkpoint_trees import expert_counts
 from t5lite.models.param_paths import flatten, unflatten
 
 _JOINED_IN = re.compile(r"(attention|self_attention|encoder_decoder_attention)/"
@@ -82,6 +83,7 @@ def params_from_t5x(target: Mapping[str, Any], model, origin: str = "the T5X che
         if value.shape != shape:
             raise CheckpointMismatchError(
                 f"{origin}: parameter {name!r} has shape {list(value.shape)}, the model needs "
-                f"{list(shape)}; check the model size against the checkpoint's")
+                f"{list(shape)}{expert_counts(name, value.shape, shape)}; check the model "
+                f"config against the checkpoint's")
         params[name] = value
     return unflatten(params)
