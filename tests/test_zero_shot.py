@@ -397,6 +397,29 @@ def test_readers_split_the_last_word_and_build_the_harness_prompt(tmp_path):
         zero_shot_files.read_lambada(str(_write(tmp_path / "bad.txt", ["a b c", "single"])))
 
 
+def test_superglue_boolq_as_hugging_face_exports_it_reads_as_booleans(tmp_path):
+    """SuperGLUE's BoolQ from Hugging Face datasets holds `label` 0 / 1 (what
+    lm-evaluation-harness reads): the same examples as the booleans; any other label, or
+    an integer "answer" (BoolQ's own field is a boolean), stays one line."""
+    records = [{"question": f"q{i}", "passage": f"p{i}.", "idx": i} for i in range(4)]
+    truth = [True, False, False, True]
+    as_bool = _write(tmp_path / "bool.jsonl", [json.dumps(dict(r, label=t))
+                                               for r, t in zip(records, truth)])
+    as_int = _write(tmp_path / "int.jsonl", [json.dumps(dict(r, label=int(t)))
+                                             for r, t in zip(records, truth)])
+    assert zero_shot_files.read_boolq(str(as_int)) == zero_shot_files.read_boolq(str(as_bool))
+    assert [e.target for e in zero_shot_files.read_boolq(str(as_int))] == [
+        " yes", " no", " no", " yes"]
+    for field, value, needle in (("label", 2, "or the integer 0 or 1, got 2"),
+                                 ("label", "1", 'got "1"'), ("label", 1.0, "got 1.0"),
+                                 ("answer", 1, "(true or false), got 1")):
+        bad = _write(tmp_path / "bad.jsonl", [json.dumps(dict(records[0], **{field: value}))])
+        with pytest.raises(DataFormatError) as e:
+            zero_shot_files.read_boolq(str(bad))
+        assert "\n" not in str(e.value) and f'bad.jsonl:1: "{field}" must be' in str(e.value)
+        assert needle in str(e.value), str(e.value)
+
+
 def test_demo_corpus_writes_the_zero_shot_sets_and_adds_them_to_an_older_corpus(tmp_path):
     root = tmp_path / "demo"
     root.mkdir()

@@ -116,7 +116,9 @@ def boolq_prompt(passage: str, question: str) -> str:
 
 def read_boolq(path: str) -> List[Example]:
     """BoolQ examples of a .jsonl file, in file order: the prompt, the choices " no" and
-    " yes", the label 1 for a true answer ("answer", or SuperGLUE's "label")."""
+    " yes", the label 1 for a true answer ("answer", a JSON boolean; or SuperGLUE's
+    "label": a boolean, or 0 / 1 as Hugging Face datasets exports it, which is what
+    lm-evaluation-harness reads)."""
     out = []
     for lineno, line in _records(path):
         where = f"{path}:{lineno}"
@@ -127,10 +129,13 @@ def read_boolq(path: str) -> List[Example]:
                                   f"string; expected {BOOLQ_JSONL}")
         key = "answer" if "answer" in obj or "label" not in obj else "label"
         answer = obj.get(key)
+        if key == "label" and type(answer) is int and answer in (0, 1):
+            answer = bool(answer)  # SuperGLUE as Hugging Face datasets exports it
         if not isinstance(answer, bool):
             got = "missing" if key not in obj else json.dumps(answer)
+            also = " or the integer 0 or 1" if key == "label" else ""
             raise DataFormatError(f"{where}: \"{key}\" must be a JSON boolean (true or "
-                                  f"false), got {got}")
+                                  f"false){also}, got {got}")
         out.append(Example(boolq_prompt(obj["passage"], obj["question"]), BOOLQ_CHOICES,
                            int(answer)))
     return out
