@@ -1,6 +1,8 @@
 """`t5lite.eval` and `t5lite.infer` on a LoRA checkpoint (tiny LLaMA, MNLI fixture): both
 read its base and adapters, merge them (the base network runs), and predict the same;
-without the LORA_* settings both are refused in one line, and so is another LORA_ALPHA.
+without the LORA_* settings both take them from the checkpoint (its adapters' shapes, the
+LORA_ALPHA its run recorded) and predict the same again; another rank or LORA_ALPHA given
+is refused in one line.
 Runs call `main(argv)` in this process."""
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def test_eval_and_infer_run_a_lora_checkpoint_alike(tmp_path, tmp_path_factory, 
                                                     capsys):
     """A LoRA finetune on an MNLI fixture: `t5lite.eval` (the task's split) and
     `t5lite.infer` (the same inputs from a file) read its base and adapters (unmerged)
-    and predict the same; without the LORA_* settings both are refused in one line."""
+    and predict the same, with the LORA_* settings repeated or without them; other ones
+    are refused in one line."""
     vocab = vocabulary(tmp_path_factory)
     demo_corpus.write_multinli(str(tmp_path / "multinli"), train=64, dev=8)
     data_env(monkeypatch, tmp_path, vocab, mnli_dir=tmp_path / "multinli")
@@ -50,8 +53,10 @@ def test_eval_and_infer_run_a_lora_checkpoint_alike(tmp_path, tmp_path_factory, 
         task = ["--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.SPLIT='validation_matched'"]
         capsys.readouterr()
         assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + task + shared
-                                + [f'--gin.OUTPUT_DIR="{out / "no"}"']) != 0
-        assert "LORA_RANK=4" in _error(capsys.readouterr().err)
+                                + ["--gin.LORA_RANK=2", "--gin.LORA_TARGETS=['query']",
+                                   f'--gin.OUTPUT_DIR="{out / "no"}"']) != 0
+        line = _error(capsys.readouterr().err)
+        assert "rank 4 on out, query, value" in line and "rank 2 on query" in line, line
         # the adapters were trained with LORA_ALPHA 16 (the default): another is refused
         assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + LLAMA_LORA
                                 + task + shared + ["--gin.LORA_ALPHA=32.0",
@@ -73,5 +78,18 @@ def test_eval_and_infer_run_a_lora_checkpoint_alike(tmp_path, tmp_path_factory, 
                     (out / "i" / "predictions.jsonl").read_text().splitlines()]
         assert len(evaluated) == 8
         assert [r["prediction"] for r in inferred] == [r["prediction"] for r in evaluated]
+        # without the LORA_* settings: the checkpoint's own, and the same predictions
+        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + model + task + shared
+                                + [f'--gin.OUTPUT_DIR="{out / "e0"}"']) == 0
+        err = capsys.readouterr().err
+        assert ("holds LoRA rank 4 adapters on out, query, value (LORA_ALPHA 16 as its run "
+                "recorded)" in err), err[-3000:]
+        assert infer.main(["--gin_file=configs/runs/infer.gin"] + model + shared
+                          + [f'--gin.OUTPUT_DIR="{out / "i0"}"',
+                             f'--gin.INPUT_FILE="{inputs}"']) == 0
+        for again in (out / "e0" / "eval" / "mnli_predictions.jsonl",
+                      out / "i0" / "predictions.jsonl"):
+            rows = [json.loads(l) for l in again.read_text().splitlines()]
+            assert [r["prediction"] for r in rows] == [r["prediction"] for r in evaluated]
     finally:
         reset_data_settings()

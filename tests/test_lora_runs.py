@@ -127,6 +127,15 @@ def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):
                        capsys=capsys)
     line = _error(err)
     assert code != 0 and "rank 4 on query, value, wi_0" in line and "rank 2" in line, line
+    # resumed with another LORA_RANK: what each holds, and how to go on (a setting: exit 2)
+    steps = th.complete_steps(run)
+    code, err = _train(t5, run, 3, "--gin.LORA_RANK=8",
+                       "--gin.LORA_TARGETS=['query', 'value', 'wi_0']", capsys=capsys)
+    line = _error(err)
+    assert code == 2 and ("holds LoRA rank 4 on query, value, wi_0, the config asks for LoRA "
+                          "rank 8 on query, value, wi_0 (LORA_RANK=8): set LORA_RANK=4 and "
+                          in line), line
+    assert th.complete_steps(run) == steps, "nothing saved, nothing set aside"
 
 
 def test_base_fingerprint_sees_values_shapes_and_not_adapters():

@@ -38,7 +38,7 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
@@ -48,15 +48,14 @@ from t5lite.errors import CheckpointMismatchError, ConfigError
 from t5lite.formats import checkpoint_files, t5x_checkpoint, t5x_params
 from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, DATA_ITEM, PathLike
 from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
-                                             layout_str)
+                                             layout_str, stored_adapters)
 from t5lite.formats.placement import (CANONICAL, convert_and_place, layout_config,
                                       model_layout)
-from t5lite.models import layouts, lora
+from t5lite.models import layouts
 
 log = logging.getLogger(__name__)
 
 T5LITE, T5X, HUGGING_FACE = "t5lite", "t5x", "hugging_face"
-Adapters = Tuple[int, Tuple[str, ...]]  # (LoRA rank, sorted targets)
 
 # Step directories that are not (or no longer) checkpoints (checkpoint_files).
 _NOT_COMMITTED = {".orbax-checkpoint-tmp": "a save that never finished (Orbax's tmp name)",
@@ -107,25 +106,6 @@ def _check_committed(path, item_dir, what: str) -> None:
     raise FileNotFoundError(f"{what} {path} is an incomplete checkpoint ({why}); {where}")
 
 
-def stored_adapters(params: Mapping[str, Any]) -> Optional[Adapters]:
-    """(rank, sorted targets) of the LoRA adapters in a params tree (arrays or metadata
-    with .shape), None when it has none."""
-    names = {"qkv": lora.QKV, "kv": ("key", "value")}
-    rank, targets = None, set()
-
-    def walk(tree, name):
-        nonlocal rank
-        if lora.A in tree and hasattr(tree[lora.A], "shape"):
-            rank = int(tree[lora.A].shape[-1])
-            targets.update(names.get(name, (name,)))
-        for key, value in tree.items():
-            if isinstance(value, Mapping):
-                walk(value, str(key))
-
-    walk(params, "")
-    return None if rank is None else (rank, tuple(sorted(targets)))
-
-
 class T5liteCheckpoint:
     """A t5lite checkpoint: a training run's `state` item or a converted `params` item."""
 
@@ -142,6 +122,12 @@ class T5liteCheckpoint:
         self.stored = stored  # {"params": metadata}: shapes and dtypes, nothing read
         self.layout = layouts.detect_layout(stored)
         self.adapters = stored_adapters(stored["params"])
+
+    @property
+    def step(self) -> int:
+        """The step of the checkpoint (0 when its directory names none)."""
+        name = self.item_dir.parent.name
+        return int(name) if name.isdigit() else 0
 
     def recorded(self, key: str) -> Optional[Any]:
         """What a training checkpoint's data item (JSON) records under `key` (None: not a
@@ -255,6 +241,7 @@ class HuggingFaceDirectory(_Foreign):
     """A Hugging Face model directory: read by `t5lite.convert --from=hf` only."""
 
     kind = HUGGING_FACE
+    step = 0
 
     def read_params(self, model, abstract_params: Mapping[str, Any]) -> Dict[str, Any]:
         raise ConfigError(

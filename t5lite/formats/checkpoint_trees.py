@@ -13,8 +13,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts
+from t5lite.errors import CheckpointMismatchError, ConfigError
+from t5lite.models import layouts, lora
+
+Adapters = Tuple[int, Tuple[str, ...]]  # (LoRA rank, sorted targets)
 
 
 def _key_name(k) -> str:
@@ -79,6 +81,50 @@ def layout_str(layout: Mapping[str, bool]) -> str:
     return f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
 
 
+def stored_adapters(params: Mapping[str, Any]) -> Optional[Adapters]:
+    """(rank, sorted targets) of the LoRA adapters in a params tree (arrays or metadata
+    with .shape), None when it has none."""
+    names = {"qkv": lora.QKV, "kv": ("key", "value")}
+    rank, targets = None, set()
+
+    def walk(tree, name):
+        nonlocal rank
+        if lora.A in tree and hasattr(tree[lora.A], "shape"):
+            rank = int(tree[lora.A].shape[-1])
+            targets.update(names.get(name, (name,)))
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                walk(value, str(key))
+
+    walk(params, "")
+    return None if rank is None else (rank, tuple(sorted(targets)))
+
+
+def say_adapters(adapters: Optional[Adapters]) -> str:
+    if adapters is None:
+        return "no LoRA adapters"
+    return f"LoRA rank {adapters[0]} on {', '.join(adapters[1])}"
+
+
+def _check_adapters(ckpt: Optional[Adapters], model: Optional[Adapters], where: str) -> None:
+    """ConfigError (one line) when a run's checkpoint holds other LoRA adapters than the
+    model asks for (LORA_RANK, LORA_TARGETS): what each holds and how to go on."""
+    if ckpt == model:
+        return
+    head = f"checkpoint {where} holds {say_adapters(ckpt)}, the config asks for "
+    if ckpt is None:
+        raise ConfigError(head + f"{say_adapters(model)}: it is a run without LoRA — set "
+                          f"LORA_RANK=0 to resume it, or start a new MODEL_DIR with "
+                          f"INITIAL_CHECKPOINT_PATH={where} to train adapters on it")
+    resume = f"set LORA_RANK={ckpt[0]} and LORA_TARGETS={list(ckpt[1])} to resume it"
+    if model is None:
+        raise ConfigError(head + f"none (LORA_RANK=0): {resume}, or merge them first "
+                          f"(python -m t5lite.convert --to=hf merges them)")
+    raise ConfigError(head + f"{say_adapters(model)} (LORA_RANK={model[0]}): {resume}, or "
+                      f"start a new MODEL_DIR with INITIAL_CHECKPOINT_PATH at the base "
+                      f"checkpoint for other adapters")
+
+
 def _state_groups(tree: Mapping[str, Any]) -> Dict[str, Dict[str, tuple]]:
     """Flat shapes of a state dict by group; params paths shown as variables paths
     (`params/encoder/...`), the others prefixed by their field."""
@@ -91,10 +137,18 @@ def _state_groups(tree: Mapping[str, Any]) -> Dict[str, Dict[str, tuple]]:
     return groups
 
 
+def _params_of(tree: Any) -> Mapping[str, Any]:
+    params = tree.get("params", {}) if isinstance(tree, Mapping) else {}
+    return params if isinstance(params, Mapping) else {}
+
+
 def check_state_matches(ckpt_tree: Mapping[str, Any], target: Mapping[str, Any],
                         where: str) -> None:
     """Raise CheckpointMismatchError (one line) when a training checkpoint's state tree
-    (Orbax metadata) does not fit the abstract target state dict."""
+    (Orbax metadata) does not fit the abstract target state dict; ConfigError when it
+    holds other LoRA adapters than the model (a setting to change: LORA_RANK)."""
+    _check_adapters(stored_adapters(_params_of(ckpt_tree)), stored_adapters(_params_of(target)),
+                    where)
     ck, md = _state_groups(ckpt_tree), _state_groups(target)
     head = f"checkpoint {where} does not match the model: "
     diff = first_difference(ck["params"], md["params"])

@@ -27,8 +27,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, OutputWriteError,
-                           check_positive_int)
+from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, ConfigError,
+                           OutputWriteError, check_positive_int)
 from t5lite.formats import restore_noise
 from t5lite.formats.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
@@ -314,7 +314,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
         try:
             with restore_noise.failure_output_dropped():
                 state, data = checkpointer.restore(step, abstract_state)
-        except CheckpointMismatchError:
+        except (CheckpointMismatchError, ConfigError):
             raise  # another model or setting: every step would say the same
         except Exception as e:  # noqa: BLE001 - unreadable metadata, missing or cut files
             damaged.append((step, restore_noise.short_reason(e)))

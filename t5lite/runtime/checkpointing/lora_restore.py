@@ -36,7 +36,7 @@ import numpy as np
 
 from t5lite.errors import CheckpointMismatchError, ConfigError
 from t5lite.formats import checkpoint_kinds
-from t5lite.formats.checkpoint_kinds import Adapters
+from t5lite.formats.checkpoint_trees import Adapters, say_adapters
 from t5lite.models import lora
 
 KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
@@ -48,12 +48,6 @@ def model_lora(cfg) -> Optional[Adapters]:
     return (int(cfg.lora_rank), tuple(sorted(cfg.lora_targets))) if lora.enabled(cfg) else None
 
 
-def _say(adapters: Optional[Adapters]) -> str:
-    if adapters is None:
-        return "no adapters"
-    return f"LoRA rank {adapters[0]} on {', '.join(adapters[1])}"
-
-
 def check_adapters(stored: Optional[Adapters], cfg, where: str, what: str) -> None:
     """CheckpointMismatchError (one line, naming both) when the checkpoint's adapters are
     not the model's; a checkpoint without adapters fits any LoRA model (its base)."""
@@ -62,11 +56,12 @@ def check_adapters(stored: Optional[Adapters], cfg, where: str, what: str) -> No
         return
     if mine is None:
         raise CheckpointMismatchError(
-            f"{what} {where} holds {_say(stored)}, the model has none: set LORA_RANK="
+            f"{what} {where} holds {say_adapters(stored)}, the model has none: set LORA_RANK="
             f"{stored[0]} and LORA_TARGETS={list(stored[1])} (and the LORA_ALPHA it was "
             f"trained with) to use them, or merge them first")
     raise CheckpointMismatchError(
-        f"{what} {where} holds {_say(stored)}, the model has {_say(mine)} (LORA_RANK, "
+        f"{what} {where} holds {say_adapters(stored)}, the model has {say_adapters(mine)} "
+        f"(LORA_RANK, "
         f"LORA_TARGETS): use the checkpoint's settings, or start from a checkpoint "
         f"without adapters")
 
