@@ -9,8 +9,8 @@ functions: constructing `@T5Config()` in gin yields a plain
     models          T5Config, DecoderConfig, EncoderDecoderModel, DecoderOnlyModel
     optimizers      constant, rsqrt_decay, linear_decay, cosine_with_warmup, adafactor, adamw
     settings        MeshSettings, CheckpointSettings, DataSettings, DecodingSettings, WatchdogSettings,
-                    InferenceEvalSettings (configs/runs/*.gin bind their fields to T5X's
-                    macro names)
+                    InferenceEvalSettings, SkipSettings (configs/runs/*.gin bind their
+                    fields to T5X's macro names)
     entry functions train (python -m t5lite.train), evaluate (t5lite.eval), infer
                     (t5lite.infer), and InferenceEvaluation (train.inference_evaluator)
 
@@ -33,6 +33,7 @@ from t5lite.runtime import loop as _loop
 from t5lite.optim import optimizers as _optimizers
 from t5lite.runtime import partitioning as _partitioning
 from t5lite.runtime.process import watchdog as _watchdog
+from t5lite.runtime import skipped_steps as _skipped_steps
 
 MODULE = "t5lite"
 
@@ -70,8 +71,10 @@ DataSettings = _register(_DataSettings)
 DecodingSettings = _register(_session.DecodingSettings)
 InferenceEvalSettings = _register(_train_eval.InferenceEvalSettings)
 WatchdogSettings = _register(_watchdog.WatchdogSettings)
+SkipSettings = _register(_skipped_steps.SkipSettings)
 SETTINGS_REGISTERED = ("MeshSettings", "CheckpointSettings", "DataSettings",
-                       "DecodingSettings", "InferenceEvalSettings", "WatchdogSettings")
+                       "DecodingSettings", "InferenceEvalSettings", "WatchdogSettings",
+                       "SkipSettings")
 
 # ----------------------------------------------------------------------------- entry functions
 # `python -m t5lite.train` calls `train(model=<MODEL>)`, `python -m t5lite.eval`

@@ -14,7 +14,8 @@ library behind `python -m t5lite.train` (configs/runs/pretrain.gin binds it).
     for each step:  state, metrics = train_step(state, next batch)   (step_duties.py)
       every LOG_PERIOD steps and the last   metrics to TensorBoard and the log line, one
                                             step late (a non-finite loss stops the run,
-                                            unsaved)
+                                            unsaved; with SKIP_BAD_STEPS the step is
+                                            skipped instead: skipped_steps.py)
       every CHECKPOINT_PERIOD, the last,    save state + data position (async)
       and on SIGTERM, SIGHUP or a first   (a second Ctrl-C stops at once, unsaved;
       Ctrl-C                                with several processes, a signal to any
@@ -50,6 +51,7 @@ from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.process.watchdog import StepWatchdog, WatchdogSettings
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.run import SYNTHETIC_TASK, TrainData, build_run
+from t5lite.runtime.skipped_steps import SkipSettings, SkipWatch
 from t5lite.runtime.process.preemption import Preemption
 from t5lite.runtime.process.run_lock import hold
 from t5lite.runtime.step_duties import (EvalPeriod, Evaluation, Reports, Saving, StepDuties,
@@ -67,7 +69,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           pack: bool, log_period: int, mesh: MeshSettings,
           checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
           inference_eval: EvalPeriod, inference_evaluator: Optional[Callable],
-          allow_changed_inputs: bool, watchdog: WatchdogSettings) -> Dict[str, float]:
+          allow_changed_inputs: bool, watchdog: WatchdogSettings,
+          skip_steps: SkipSettings) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
     many steps and after the last. A resume whose vocabulary or data files differ from
@@ -83,7 +86,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         log_period=log_period, mesh=mesh, checkpointing=checkpointing,
         data_settings=data_settings, inference_eval=inference_eval,
         inference_evaluator=inference_evaluator, allow_changed_inputs=allow_changed_inputs,
-        watchdog=watchdog)
+        watchdog=watchdog, skip_steps=skip_steps)
     distributed.on_loss_say(lambda: _resume_from(args.model_dir))
     # with several processes the signals are agreed on from here: one that reaches some
     # of them while they start up must stop them all (after their first step) too
@@ -133,6 +136,7 @@ class TrainArgs:
     inference_evaluator: Optional[Callable]
     allow_changed_inputs: bool
     watchdog: WatchdogSettings
+    skip_steps: SkipSettings
 
     def __post_init__(self):
         check_positive_int("TRAIN_STEPS", self.train_steps)
@@ -199,7 +203,8 @@ def _open(ctx: RunContext) -> bool:
     data = TrainData(args.mixture_or_task_name, args.task_feature_lengths, args.batch_size,
                      seed=random_seed, pack=args.pack, data_settings=args.data_settings)
     ctx.run = build_run(model=args.model, data=data, optimizer=args.optimizer,
-                        num_microbatches=args.num_microbatches, mesh=args.mesh)
+                        num_microbatches=args.num_microbatches, mesh=args.mesh,
+                        skip=args.skip_steps)
     ctx.ckpt = checkpoints.Checkpointer(args.model_dir, keep=args.checkpointing.keep,
                                         period=args.checkpointing.period,
                                         async_save=args.checkpointing.async_save)
@@ -268,7 +273,8 @@ def _start(ctx: RunContext) -> None:
                dog, args.watchdog.save_seconds, args.train_steps,
                None if config_written else lambda: _write_config(model_dir)),
         Evaluation(ctx.evaluator, args.inference_eval.period, args.train_steps, dog),
-        dog, ctx.preempt, writer, progress, args.log_period, args.train_steps)
+        dog, ctx.preempt, writer, progress, args.log_period, args.train_steps,
+        SkipWatch(args.skip_steps, ctx.ckpt, model_dir) if args.skip_steps.enabled else None)
     length_cuts = getattr(run.iterator, "length_cuts", None)  # a task's, not synthetic's
     if length_cuts is not None and jax.process_index() == 0:
         cuts = length_cuts()  # one line: what TASK_FEATURE_LENGTHS cut, if anything

@@ -22,7 +22,9 @@ import jax
 from t5lite.data.data_layout import DataLayout
 from t5lite.data.settings import DataSettings
 from t5lite.errors import check_positive_int
+from t5lite.optim import skipping
 from t5lite.runtime import train_step
+from t5lite.runtime.skipped_steps import SkipSettings
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
 log = logging.getLogger(__name__)
@@ -108,9 +110,11 @@ def _log_trainable(model, params) -> None:
 
 def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
               mesh: Optional[MeshSettings] = None,
-              devices: Optional[Sequence[Any]] = None) -> TrainingRun:
+              devices: Optional[Sequence[Any]] = None,
+              skip: Optional[SkipSettings] = None) -> TrainingRun:
     """Mesh (over `devices`, default all; `mesh` None: every device on the data axis),
-    sharded train step and this process's data iterator."""
+    sharded train step and this process's data iterator. `skip` (SKIP_BAD_STEPS...): the
+    optimizer wrapped to skip bad steps (`optim/skipping.py`)."""
     check_positive_int("NUM_MICROBATCHES", num_microbatches)
     if data.pack:  # fail before any compile when the network cannot read packed batches
         model.check_features(("decoder_segment_ids",))
@@ -119,10 +123,14 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
     # the optimizer sees the trainable parameters only (with LoRA: the adapters);
     # Adafactor factors by their axis names
     tx = optimizer.transformation(model.split_trainable(model.logical_axes()["params"])[0])
+    skip = skip or SkipSettings()
+    if skip.enabled:
+        tx = skipping.skip_bad_steps(tx, skip.max_grad_norm)
     step_fns = train_step.make_train_step(
         model, tx, partitioner, learning_rate_fn=optimizer.learning_rate_fn,
         num_microbatches=num_microbatches,
-        lengths=model.feature_lengths(data.task_feature_lengths))
+        lengths=model.feature_lengths(data.task_feature_lengths),
+        bad_gradient_steps=skip.inject or ())
     _log_trainable(model, step_fns.abstract_state.params["params"])
     iterator = make_iterator(model, data, layout)
     lengths = iterator.sequence_lengths  # decoder-only on a prefix-LM task: inputs + targets

@@ -13,6 +13,8 @@ schedule (t5lite.runtime.loop runs them; tests/test_loop_parts.py proves each al
                    when it is saved or evaluated (those wait for it anyway)
       Reports.read the one wait for the device; the watchdog's synced beat; the NaN guard
                    (`check_finite`: a non-finite loss stops the run, unsaved)
+      SkipWatch    with SKIP_BAD_STEPS: the step before's skip counters, a line per skipped
+                   step, a stop after MAX_SKIPPED_IN_A_ROW (runtime/skipped_steps.py)
       Saving       state + data position (async, under the watchdog's save limit);
                    config.gin first when the run has not written it
       Evaluation   the inference evaluator's metrics, added to the last logged ones
@@ -66,9 +68,10 @@ class StepPlan:
 
 
 def finite(values: Mapping[str, Any]) -> bool:
-    """Loss, gradient norm and the updated parameters' norm all finite."""
-    return all(math.isfinite(float(values[k])) for k in ("loss", "grad_norm", "param_norm")
-               if k in values)
+    """Loss, gradient norm and the updated parameters' norm all finite; of a step the
+    optimizer skipped (SKIP_BAD_STEPS: it changed nothing), the parameters' norm alone."""
+    keys = ("param_norm",) if values.get("skipped") else ("loss", "grad_norm", "param_norm")
+    return all(math.isfinite(float(values[k])) for k in keys if k in values)
 
 
 def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path) -> None:
@@ -234,6 +237,7 @@ class StepDuties:
     progress: Any  # metrics.Progress
     log_period: int
     last_step: int
+    skips: Optional[Any] = None  # skipped_steps.SkipWatch, with SKIP_BAD_STEPS
 
     def plan(self, step: int) -> StepPlan:
         """The watchdog's beat for a step just queued, then what the step is due for."""
@@ -249,6 +253,8 @@ class StepDuties:
         """The step's duties in order: log, save, evaluate, the stop line. Returns the last
         metrics (logged, and evaluated)."""
         last = log_step(self.reports, plan, step_metrics, last)
+        if self.skips is not None:
+            self.skips.after_step(plan.step, step_metrics, plan.ends)
         if plan.saving:
             self.saving.save(plan.step, state)
         if plan.evaluating:

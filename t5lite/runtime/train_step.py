@@ -13,6 +13,11 @@ give the update of the whole batch. FP8 state is not a parameter: its "gradient"
 new value (flax's overwrite-with-gradient contract); microbatches combine it with max
 (min for Transformer Engine's scales: `precision.combine_fp8`),
 and it never reaches the optimizer, clipping or weight decay.
+
+With SKIP_BAD_STEPS the optimizer skips a step whose gradient is not finite or above
+MAX_GRAD_NORM_TO_APPLY (`optim/skipping.py`); the step then keeps the parameters and FP8
+state as they were (the step count and the dropout key still advance: the batch is
+spent), and its metrics say so (`skipped`, `skipped_in_a_row`, `skipped_steps`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import optax
 
 from t5lite.models import precision
 from t5lite.models.precision import FP8_COLLECTION
+from t5lite.optim import skipping
 from t5lite.runtime.partitioning import Partitioner
 from t5lite.optim.train_state import TrainState
 
@@ -136,8 +142,11 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
 
 def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partitioner, *,
                     learning_rate_fn: Optional[Callable] = None, num_microbatches: int = 1,
-                    lengths: Optional[Dict[str, int]] = None) -> StepFunctions:
-    """Build the jitted, sharded train step and state initializer for `model`."""
+                    lengths: Optional[Dict[str, int]] = None,
+                    bad_gradient_steps: Tuple[int, ...] = ()) -> StepFunctions:
+    """Build the jitted, sharded train step and state initializer for `model`.
+    `bad_gradient_steps` (fault injection, INJECT_BAD_GRADIENT): the steps, counted from
+    1, whose gradient is made NaN."""
 
     def init(rng):
         return init_state(model, tx, rng, lengths)
@@ -154,13 +163,21 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         loss_sum, sums, grads, new_fp8 = _microbatch_grads(
             model, state.variables, batch, rng, num_microbatches, partitioner, norm)
         grads = jax.tree_util.tree_map(lambda g: g / norm, grads)
+        if bad_gradient_steps:
+            bad = jnp.isin(state.step + 1, jnp.asarray(bad_gradient_steps, jnp.int32))
+            grads = jax.tree_util.tree_map(lambda g: jnp.where(bad, jnp.nan, g), grads)
         grads = jax.lax.with_sharding_constraint(grads, trainable_shardings)
         trainable, frozen = model.split_trainable(state.params["params"])
         updates, opt_state = tx.update(grads, state.opt_state, trainable)
         new_params = {"params": model.join_trainable(optax.apply_updates(trainable, updates),
                                                      frozen)}
+        new_fp8 = new_fp8 if state.fp8 else state.fp8
+        applied = skipping.applied(opt_state)
+        if applied is not None:  # a skipped step keeps the parameters and FP8 state as they were
+            new_params = skipping.select(applied, new_params, state.params)
+            new_fp8 = skipping.select(applied, new_fp8, state.fp8)
         new_state = state.replace(step=state.step + 1, params=new_params,
-                                  opt_state=opt_state, fp8=new_fp8 if state.fp8 else state.fp8)
+                                  opt_state=opt_state, fp8=new_fp8)
         metrics = {
             "loss": loss_sum / norm,
             "loss_per_token": loss_sum / jnp.maximum(sums["weight_sum"], 1.0),
@@ -173,6 +190,7 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         }
         metrics.update({k: v / num_microbatches for k, v in sums.items()
                         if k.startswith("moe/")})  # per-microbatch means
+        metrics.update(skipping.step_metrics(opt_state))
         if learning_rate_fn is not None:
             metrics["learning_rate"] = jnp.asarray(learning_rate_fn(state.step), jnp.float32)
         return new_state, metrics

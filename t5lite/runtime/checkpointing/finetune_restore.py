@@ -20,6 +20,7 @@ from t5lite.formats import checkpoint_kinds, t5x_optimizer_state
 from t5lite.formats.checkpoint_files import PathLike
 from t5lite.formats.placement import place
 from t5lite.models import lora
+from t5lite.optim import skipping
 from t5lite.runtime.checkpointing import lora_restore
 
 
@@ -69,8 +70,13 @@ def continue_t5x_run(path, model, abstract_state, init_fn, factoring):
                           f"continues from its own MODEL_DIR); or set "
                           f"INITIAL_CHECKPOINT_STATE='params'")
     origin = f"INITIAL_CHECKPOINT_PATH {path}"
+    abstract_opt = abstract_state.opt_state
+    skips = isinstance(abstract_opt, skipping.SkipState)  # SKIP_BAD_STEPS: counters fresh
     opt_state = t5x_optimizer_state.opt_state_from_t5x(
-        ckpt.tree["state"], model, abstract_state.opt_state, factoring, origin)
+        ckpt.tree["state"], model, abstract_opt.inner if skips else abstract_opt, factoring,
+        origin)
+    if skips:
+        opt_state = skipping.fresh(opt_state)
     params = ckpt.read_params(model, abstract_state.params)
     opt_state = jax.tree.map(place, opt_state, abstract_state.opt_state)
     step = place(np.asarray(ckpt.step, np.int32), abstract_state.step)
