@@ -13,12 +13,12 @@ steps one by one, then steps dispatched ahead, and prints the median step time, 
 tokens/s, TFLOP/s per device, MFU, the step's memory (compiled, measured) and the start-up
 seconds (`--startup_only`: those alone). The JSON holds the device, versions, command,
 resolved gin config and every timed step; a grid writes one per configuration plus
-`results.md` under --out_dir. Needs only jax, flax, optax, orbax and gin-config.
+`results.md` under --out_dir (--fingerprint_cost: tools/fingerprint_cost.py). Needs only
+jax, flax, optax, orbax and gin-config.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Optional, Sequence
@@ -27,7 +27,7 @@ import jax
 
 from t5lite.config import command, flags
 from t5lite.errors import ConfigError
-from t5lite.tools import bench_grid, benchmark, benchmarking
+from t5lite.tools import bench_grid, benchmark, benchmarking, fingerprint_cost
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--startup_only", action="store_true", help="time only what a new "
                         "run waits for: building it, compiling the step, compiling and "
                         "running the initializer (no step runs)")
+    parser.add_argument("--fingerprint_cost", action="store_true", help="fingerprints' cost")
     parser.add_argument("--grid", help="a grid file (JSON): run every configuration in it")
     parser.add_argument("--out_dir", help="with --grid: where results are written")
     parser.add_argument("--only", action="append", help="with --grid: run names to keep "
@@ -79,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = flags.parse_flags(_parser(), argv)
     if args.grid:
         return _grid(args)
+    if args.fingerprint_cost:
+        return fingerprint_cost.run(args, " ".join(["python -m t5lite.bench", *argv]))
     t0 = time.perf_counter()
     the_run = benchmarking.build_bench_run(args.gin_file, args.gin_bindings,
                                            args.gin_search_paths)
@@ -89,10 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         result = benchmarking.timed(the_run, args.steps, args.warmup, command_line, build_s)
         print(benchmark.format_table(result))
-    with open(args.json_out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"result written to {args.json_out}")
-    return 0
+    return benchmarking.write_result(result, args.json_out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
         [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32]
         [--account [--devices=1 --per_device_batch=32]] [--json]
-        [--gpu=h100|h200|TARGET.txtpb [--autotune_results=FILE]]
+        [--gpu=h100|h200|TARGET.txtpb [--autotune_results=FILE]] | --verify=MODEL_DIR
 
 Prints the exact parameter count, training model FLOPs (matmuls, fwd + bwd) and the
 bytes of float32 parameters plus the state of the optimizer the config binds (or
@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 
 from t5lite.config import command, flags, parsing
 from t5lite.errors import ConfigError
+from t5lite.runtime.checkpointing import verify
 from t5lite.tools import benchmarking, footprint, gpu_report, step_memory
 
 
@@ -56,21 +57,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--autotune_results", help="with --gpu: a GPU session's autotune file")
     parser.add_argument("--cpu_compiler", action="store_true", help="--memory on CPUs")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, table on stderr")
+    parser.add_argument("--verify", help="MODEL_DIR: check its checkpoints' fingerprints")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = flags.parse_flags(_parser(), argv)
+    if args.verify:  # every checkpoint against its fingerprints, a line each
+        return verify.verify(args.verify)
     if not args.gin_file:
         raise ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
-    # unset run macros (REQUIRED in configs/*_pile_pretrain.gin) get placeholders
     if args.devices is None:
         args.devices = 8 if args.memory else 1
     gpu = gpu_report.gpu_for(args.gpu, args.memory and not args.cpu_compiler)
     devices = (gpu_report.devices(gpu, args.devices) if gpu else step_memory.cpu_devices(
         args.devices) if args.memory or args.account else None)
-    parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,
-                      placeholders=parsing.RUN_PLACEHOLDERS)
+    parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,  # unset run
+                      placeholders=parsing.RUN_PLACEHOLDERS)  # macros (REQUIRED) get these
     command.start_compilation_cache()  # --memory compiles the train step
     source = ", ".join(args.gin_file)
     model = parsing.resolve_macro("MODEL", origin=source)
@@ -80,19 +83,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     seq_length=args.seq_length, optimizer_source=origin)
     memory_gib = (args.device_memory_gib or gpu_report.memory_gib(gpu)) if args.memory else None
     own_gib = None if args.gpu else memory_gib  # with --gpu: the GPU report's compiled step
-    account = ""  # the tables after the model's
-    if own_gib is not None or args.account:  # fills report["step_memory"], ["program_account"]
-        account = footprint.step_reports(report, model, optimizer, devices, args.per_device_batch,
-                                         memory_gib=own_gib, account=args.account)
+    account = (footprint.step_reports(  # report["step_memory"], ["program_account"]; tables
+        report, model, optimizer, devices, args.per_device_batch, memory_gib=own_gib,
+        account=args.account) if own_gib is not None or args.account else "")
     if args.gpu:  # fills report["gpu_step"] (and, with --memory, report["step_memory"])
         account += gpu_report.info_section(report, model, optimizer, gpu, devices, memory_gib,
                                            args.per_device_batch, args.autotune_results)
-    table = footprint.format_report(report, source) + account
+    print(footprint.format_report(report, source) + account,
+          file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(table, file=sys.stderr)
         print(json.dumps(report))
-    else:
-        print(table)
     return 0
 
 

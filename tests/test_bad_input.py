@@ -67,7 +67,7 @@ def test_infinite_parameters_are_never_saved_and_a_failed_restart_keeps_the_reco
     assert th.complete_steps(model_dir) == [2]
     bad = th.run_train(model_dir, "--gin.CHECKPOINT_PERIOD=1", "--gin.KEEP_CHECKPOINTS=1",
                        "--gin.adafactor.learning_rate=1e38", "--gin.LOG_PERIOD=1", steps=6)
-    line = th.assert_one_error(bad, "not finite at step 3", "last good checkpoint is step 2")
+    line = th.assert_one_error(bad, "not finite at step 3", "last saved checkpoint is step 2")
     assert bad.returncode == 1, line
     assert th.complete_steps(model_dir) == [2]
     state = th.load_state(model_dir, 2)

@@ -200,10 +200,12 @@ def test_the_nan_guard_names_the_last_good_checkpoint_after_the_save_in_flight(k
     ckpt = Ckpt(events, committed=[2], in_flight=4)
     values = {"loss": 1.0, "grad_norm": 1.0, "param_norm": 1.0, key: math.nan}
     with pytest.raises(TrainingError) as e:
-        check_finite(7, values, ckpt, tmp_path)
+        check_finite(7, values, ckpt, tmp_path, "resume:4")
     assert str(e.value).startswith("the loss or its gradient is not finite at step 7")
-    assert f"stopped without saving it. The last good checkpoint is step 4 in {tmp_path}. " \
-           f"Lower the learning rate or check the data" in str(e.value)
+    assert (f"stopped without saving it. The last saved checkpoint is step 4 in {tmp_path}; "
+            f"this run started from MODEL_DIR's checkpoint 4. Causes: a checkpoint damaged on disk "
+            f"(python -m t5lite.info --verify {tmp_path} checks them; a damaged one is skipped "
+            f"at the next start), a learning rate too high, or bad data") in str(e.value)
     assert events == [("ckpt.wait",)]
 
 

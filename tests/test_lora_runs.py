@@ -64,11 +64,20 @@ def _restore(path, model):
 
 
 def _set_recorded(run, step, fingerprint):
-    f = th.checkpoints_dir(run) / str(step) / "data" / "metadata"
+    """The checkpoint as a run on another base would have saved it: its recorded base
+    fingerprint, and the record of its data item's sum that goes with it (else it is a
+    checkpoint damaged on disk, `formats/fingerprints.py`)."""
+    from t5lite.formats import fingerprints
+    step_dir = th.checkpoints_dir(run) / str(step)
+    f = step_dir / "data" / "metadata"
     data = json.loads(f.read_text())
     assert data[lora_restore.KEY].startswith("sha256:")
     data[lora_restore.KEY] = fingerprint
     f.write_text(json.dumps(data))
+    record_file = step_dir / fingerprints.ITEM / "metadata"
+    record = json.loads(record_file.read_text())
+    record["data"] = fingerprints.data_fingerprint(data)
+    record_file.write_text(json.dumps(record))
 
 
 def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):

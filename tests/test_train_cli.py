@@ -331,10 +331,10 @@ def test_nan_loss_stops_with_one_line_and_keeps_good_checkpoints(tmp_path):
     proc = th.run_train(model_dir, "--gin.adafactor.learning_rate=1e3",
                         "--gin.CHECKPOINT_PERIOD=1", "--gin.KEEP_CHECKPOINTS=None",
                         "--gin.LOG_PERIOD=1", steps=20)
-    line = th.assert_one_error(proc, "loss", "not finite", "last good checkpoint",
+    line = th.assert_one_error(proc, "loss", "not finite", "last saved checkpoint",
                                str(model_dir))
     assert proc.returncode == 1
-    m = re.search(r"at step (\d+) .*The last good checkpoint is step (\d+) in", line)
+    m = re.search(r"at step (\d+) .*The last saved checkpoint is step (\d+) in", line)
     assert m, line
     bad, good = int(m.group(1)), int(m.group(2))
     saved = th.complete_steps(model_dir)

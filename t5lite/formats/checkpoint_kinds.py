@@ -44,8 +44,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5lite.errors import CheckpointMismatchError, ConfigError
-from t5lite.formats import checkpoint_files, t5x_checkpoint, t5x_params
+from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, ConfigError
+from t5lite.formats import checkpoint_files, fingerprints, t5x_checkpoint, t5x_params
 from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, DATA_ITEM, PathLike
 from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
                                              layout_str, stored_adapters)
@@ -122,6 +122,32 @@ class T5liteCheckpoint:
         self.stored = stored  # {"params": metadata}: shapes and dtypes, nothing read
         self.layout = layouts.detect_layout(stored)
         self.adapters = stored_adapters(stored["params"])
+        self.record = fingerprints.read_record(item_dir.parent)  # None: saved without one
+        prefix = "params/" if item == STATE_ITEM else ""
+        damaged = self.record and (self.record.get("unreadable") or (
+            fingerprints.metadata_disagrees({k: v for k, v in self.record["arrays"].items()
+                                             if k.startswith(prefix + "params/")},
+                                            stored, prefix)))
+        if damaged:  # checked before the tree is compared with the model's
+            self._refuse(damaged)
+
+    def verified(self, tree: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`tree` (the {"params": ...} read) when its arrays are the ones saved (their
+        fingerprints); else CheckpointDamagedError, one line naming the first that is
+        not. A checkpoint saved before t5lite recorded fingerprints is not checked."""
+        if self.record is None:
+            return tree
+        damaged = self.record.get("unreadable") or fingerprints.first_damaged(
+            self.record["arrays"], tree, "params/" if self.item == STATE_ITEM else "")
+        if damaged is not None:
+            self._refuse(damaged)
+        return tree
+
+    def _refuse(self, damaged: str) -> None:
+        raise CheckpointDamagedError(
+            f"{self.what} {self.where} is damaged: {damaged} (its bytes changed on disk "
+            f"since it was saved); python -m t5lite.info --verify "
+            f"{Path(self.where).parent.parent} checks every checkpoint of the run")
 
     @property
     def step(self) -> int:
@@ -181,12 +207,12 @@ class T5liteCheckpoint:
             diff = first_difference(flat_shapes(self.stored), flat_shapes(target))
             if diff:
                 raise CheckpointMismatchError(head + diff + "; " + cause)
-            restored = self.read_stored(target)
+            restored = self.verified(self.read_stored(target))
             return restored["params"] if bare else restored
         log.info("converting %s from %s to %s", self.where, layout_str(self.layout),
                  layout_str(dst_layout))
         return convert_and_place(
-            self.read_stored()["params"], model, self.layout, dst_layout, abstract_params,
+            self.verified(self.read_stored())["params"], model, self.layout, dst_layout, abstract_params,
             lambda diff: head + diff + f" (after converting from {layout_str(self.layout)} to "
                                        f"{layout_str(dst_layout)}); " + cause)
 

@@ -8,6 +8,8 @@ t5lite/formats/checkpoint_files.py)::
       model.gin                      (written by `t5lite.convert`: the architecture)
       checkpoints/
         <step>/                      one Orbax CheckpointManager step (default step 0)
+          fingerprints/              item "fingerprints" (JSON): each array's, checked
+                                     as it is read (t5lite/formats/fingerprints.py)
           params/                    item "params" (StandardSave): the variables tree
                                      {"params": {...}} of float32 arrays, unfused /
                                      fused and unscanned / scanned as the model.gin says
@@ -25,7 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5lite.formats import checkpoint_kinds
+from t5lite.formats import checkpoint_kinds, fingerprints
 from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, PARAMS_ITEM
 
 PathLike = Union[str, Path]
@@ -40,12 +42,15 @@ def save_params(directory: PathLike, variables: Mapping[str, Any], step: int = 0
     """Write `{"params": ...}` of `variables` (a variables dict, or a bare params tree) to
     `directory/checkpoints/<step>/params`. Returns the step directory."""
     root = Path(directory).absolute() / CHECKPOINTS_DIR
-    with ocp.CheckpointManager(root, item_names=(PARAMS_ITEM,),
+    tree = _params_only(variables)
+    record = {"arrays": fingerprints.array_fingerprints(tree)}
+    with ocp.CheckpointManager(root, item_names=(PARAMS_ITEM, fingerprints.ITEM),
                                options=ocp.CheckpointManagerOptions(create=True)) as mgr:
         if step in mgr.all_steps():
             raise FileExistsError(f"{root / str(step)} already exists")
         mgr.save(step, args=ocp.args.Composite(
-            **{PARAMS_ITEM: ocp.args.StandardSave(_params_only(variables))}))
+            **{PARAMS_ITEM: ocp.args.StandardSave(tree),
+               fingerprints.ITEM: ocp.args.JsonSave(record)}))
         mgr.wait_until_finished()
     return root / str(step)
 

@@ -268,7 +268,8 @@ def _start(ctx: RunContext) -> None:
     ctx.t_start = time.perf_counter()
     dog = StepWatchdog(args.watchdog, model_dir, step, jax.process_index())
     ctx.duties = StepDuties(
-        Reports(run, writer, progress, ctx.lock, dog, ctx.ckpt, model_dir, step),
+        Reports(run, writer, progress, ctx.lock, dog, ctx.ckpt, model_dir, step,
+                source=ctx.source),
         Saving(ctx.ckpt, lora_restore.recording(run.iterator.get_state, ctx.lora_record),
                dog, args.watchdog.save_seconds, args.train_steps,
                None if config_written else lambda: _write_config(model_dir)),

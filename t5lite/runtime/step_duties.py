@@ -74,20 +74,33 @@ def finite(values: Mapping[str, Any]) -> bool:
     return all(math.isfinite(float(values[k])) for k in keys if k in values)
 
 
-def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path) -> None:
+def started_from(source: str) -> str:
+    """Where a run's state came from (`restore_or_init`'s source), in words."""
+    kind, _, where = source.partition(":")
+    return {"resume": f"MODEL_DIR's checkpoint {where}",
+            "initial": f"INITIAL_CHECKPOINT_PATH {where}",
+            "upcycle": f"INITIAL_CHECKPOINT_PATH {where} (upcycled)"}.get(kind, "a fresh init")
+
+
+def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path,
+                 source: str = "init") -> None:
     """The NaN guard: TrainingError when `step`'s loss, gradient norm or parameter norm is
     not finite, naming the last good checkpoint (a save in flight is waited for first:
-    it is part of what was kept)."""
+    it is part of what was kept), what the run started from (`source`), and the causes:
+    a checkpoint damaged on disk (with the command that checks them) among them."""
     if finite(values):
         return
     ckpt.wait()
     good = ckpt.latest_step()
-    kept = (f"The last good checkpoint is step {good} in {model_dir}"
+    kept = (f"The last saved checkpoint is step {good} in {model_dir}"
             if good is not None else f"No checkpoint was saved in {model_dir}")
     raise TrainingError(
         f"the loss or its gradient is not finite at step {step} (loss "
         f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
-        f"without saving it. {kept}. Lower the learning rate or check the data")
+        f"without saving it. {kept}; this run started from {started_from(source)}. "
+        f"Causes: a checkpoint damaged on disk (python -m t5lite.info --verify {model_dir} "
+        f"checks them; a damaged one is skipped at the next start), a learning rate too "
+        f"high, or bad data (SKIP_BAD_STEPS=True skips such steps)")
 
 
 DROPPED_SHARE_WARNING = 0.1  # the share of routed choices dropped that warns (once)
@@ -118,9 +131,9 @@ class Reports:
     writes its metrics one step late too)."""
 
     def __init__(self, run, writer, progress, lock, dog, ckpt, model_dir: Path, step: int,
-                 device_kind: Optional[str] = None):
+                 device_kind: Optional[str] = None, source: str = "init"):
         self.run, self.writer, self.progress, self.lock = run, writer, progress, lock
-        self.dog, self.ckpt, self.model_dir = dog, ckpt, model_dir
+        self.dog, self.ckpt, self.model_dir, self.source = dog, ckpt, model_dir, source
         self.device_kind = device_kind or jax.devices()[0].device_kind
         self.late: Optional[tuple] = None
         self.t_last, self.last_logged = time.perf_counter(), step
@@ -129,7 +142,7 @@ class Reports:
     def read(self, step: int, step_metrics) -> Dict[str, float]:
         values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         self.dog.beat(step, synced=True)  # the step has run: its time is known
-        check_finite(step, values, self.ckpt, self.model_dir)
+        check_finite(step, values, self.ckpt, self.model_dir, self.source)
         return values
 
     def log(self, step: int, values: Dict[str, float]) -> Dict[str, float]:

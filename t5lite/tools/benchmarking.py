@@ -75,6 +75,15 @@ def default_optimizer():
     return OPTIMIZERS["adafactor"]()
 
 
+def write_result(result, path: str) -> int:
+    """`result` as JSON at `path`, said on stdout; 0 (a command's exit status)."""
+    import json
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"result written to {path}")
+    return 0
+
+
 def run_optimizer(name: Optional[str] = None) -> Tuple[Any, str]:
     """The optimizer named (adafactor / adamw), else the one the parsed config binds to
     `train.optimizer`, else the default; with where it came from, in words."""

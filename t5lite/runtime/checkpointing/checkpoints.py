@@ -29,7 +29,7 @@ from etils import epath
 
 from t5lite.errors import (CheckpointDamagedError, CheckpointMismatchError, ConfigError,
                            OutputWriteError, check_positive_int)
-from t5lite.formats import restore_noise
+from t5lite.formats import fingerprints, restore_noise
 from t5lite.formats.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              set_aside_damaged, set_aside_uncommitted)
@@ -115,7 +115,8 @@ class Checkpointer:
         self._async = async_save
         disk_space.quiet_background_writers()  # a failed save is reported once, by save/wait
         self._manager = _Manager(
-            self.directory, item_names=(STATE_ITEM, DATA_ITEM, data_iterator_item.ITEM),
+            self.directory, item_names=(STATE_ITEM, DATA_ITEM, data_iterator_item.ITEM,
+                                        fingerprints.ITEM),
             item_handlers={data_iterator_item.ITEM: data_iterator_item.DataIteratorHandler()},
             options=options)
         # Orbax removes a crashed save's tmp dirs in a background thread that it awaits only
@@ -152,10 +153,14 @@ class Checkpointer:
             json.dumps(data_state)
         except (TypeError, ValueError) as e:  # fail here, not in the background writer
             raise TypeError(f"data_state for checkpoint {step} is not JSON-able: {e}") from None
+        tree = state.as_dict()
+        record = {"arrays": fingerprints.array_fingerprints(tree),
+                  "data": fingerprints.data_fingerprint(data_state)}
         args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state.as_dict()),
+            STATE_ITEM: ocp.args.StandardSave(tree),
             DATA_ITEM: ocp.args.JsonSave(data_state),
-            data_iterator_item.ITEM: data_iterator_item.DataIteratorSave(iterator)})
+            data_iterator_item.ITEM: data_iterator_item.DataIteratorSave(iterator),
+            fingerprints.ITEM: ocp.args.JsonSave(record)})
         self.wait()  # Orbax waits for the previous save anyway; its failure is reported here
         expected = self._expected_size()
         if expected is not None:
@@ -272,8 +277,13 @@ class Checkpointer:
                 f"{self.step_dir(step)}: no complete checkpoint (complete steps: "
                 f"{self.all_steps() or 'none'})")
         target = abstract_state.as_dict()
-        check_state_matches(item_metadata_tree(self.step_dir(step) / STATE_ITEM), target,
-                            str(self.step_dir(step)))
+        record = fingerprints.read_record(self.step_dir(step))
+        metadata = item_metadata_tree(self.step_dir(step) / STATE_ITEM)
+        damaged = record and (record.get("unreadable") or fingerprints.metadata_disagrees(
+            record["arrays"], metadata))
+        if damaged:  # what the record says was saved is the truth, not the model
+            raise CheckpointDamagedError(f"checkpoint {step} is damaged: {damaged}")
+        check_state_matches(metadata, target, str(self.step_dir(step)))
         items = {STATE_ITEM: ocp.args.StandardRestore(target)}
         has_data = (self.step_dir(step) / DATA_ITEM).is_dir()
         if has_data:
@@ -283,10 +293,23 @@ class Checkpointer:
             items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         data = dict(restored[DATA_ITEM] or {}) if has_data else {}
+        if record is not None:  # (checkpoints saved before fingerprints: unchecked)
+            check_record(record, restored[STATE_ITEM], data, f"checkpoint {step}")
         iterator = restored[data_iterator_item.ITEM] if has_iterator else None
         if iterator is not None:
             data[data_iterator_item.STATE_KEY] = iterator
         return TrainState(**restored[STATE_ITEM]), data
+
+
+def check_record(record: Mapping[str, Any], state: Any, data: Any, where: str) -> None:
+    """CheckpointDamagedError (one line naming the array, or the data position) when what
+    was restored is not what was saved (`fingerprints`)."""
+    damaged = fingerprints.first_damaged(record.get("arrays", {}), state)
+    if damaged is None and record.get("data") not in (None, fingerprints.data_fingerprint(data)):
+        damaged = "the data position (item data) differs from the one saved"
+    if damaged is not None:
+        raise CheckpointDamagedError(f"{where} is damaged: {damaged} (its bytes changed on "
+                                     f"disk since it was saved)")
 
 
 # ----------------------------------------------------------------------------- order
@@ -314,6 +337,9 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
         try:
             with restore_noise.failure_output_dropped():
                 state, data = checkpointer.restore(step, abstract_state)
+        except CheckpointDamagedError as e:  # its bytes changed on disk: the one before
+            damaged.append((step, str(e).split(" is damaged: ", 1)[-1]))
+            continue
         except (CheckpointMismatchError, ConfigError):
             raise  # another model or setting: every step would say the same
         except Exception as e:  # noqa: BLE001 - unreadable metadata, missing or cut files

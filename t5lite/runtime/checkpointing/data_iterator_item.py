@@ -5,7 +5,10 @@
         process_00001-of-00002     process 1's
 
 Each process writes its own file (an input pipeline's state is per process, a few MB:
-its shuffle buffer and open-file positions) and reads back only its own; a checkpoint
+its shuffle buffer and open-file positions), with its SHA-256 beside it
+(`process_...-of-....sha256`), and reads back only its own: bytes that no longer match
+are CheckpointDamagedError (a file without its fingerprint, written before t5lite
+recorded them, is read unchecked); a checkpoint
 written by another number of processes has no file for this one, which `restore`
 reports as None (the data pipeline then refuses the resume, naming the process count).
 Nothing here imports TensorFlow.
@@ -20,7 +23,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import future
 
+from t5lite.errors import CheckpointDamagedError
+from t5lite.formats import fingerprints
+
 ITEM = "data_iterator"
+SUM_SUFFIX = ".sha256"
 STATE_KEY = "iterator"  # where a data state (dict) carries this process's bytes
 
 
@@ -33,7 +40,9 @@ class DataIteratorHandler(ocp.AsyncCheckpointHandler):
 
     def _write(self, directory: epath.Path, state: Optional[bytes]) -> None:
         if state is not None:
-            (directory / file_name(jax.process_index(), jax.process_count())).write_bytes(state)
+            name = file_name(jax.process_index(), jax.process_count())
+            (directory / name).write_bytes(state)
+            (directory / f"{name}{SUM_SUFFIX}").write_text(fingerprints.bytes_fingerprint(state))
 
     async def async_save(self, directory: epath.Path, args: "DataIteratorSave"
                          ) -> Optional[List[future.Future]]:
@@ -50,7 +59,16 @@ class DataIteratorHandler(ocp.AsyncCheckpointHandler):
     def restore(self, directory: epath.Path, args: Optional["DataIteratorRestore"] = None
                 ) -> Optional[bytes]:
         path = directory / file_name(jax.process_index(), jax.process_count())
-        return path.read_bytes() if path.exists() else None
+        if not path.exists():
+            return None
+        state = path.read_bytes()
+        recorded = directory / f"{path.name}{SUM_SUFFIX}"
+        if recorded.exists() and recorded.read_text().strip() != fingerprints.bytes_fingerprint(
+                state):
+            raise CheckpointDamagedError(
+                f"checkpoint {directory.parent.name} is damaged: {ITEM}/{path.name}: its bytes "
+                f"are not the ones saved (SHA-256)")
+        return state
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)

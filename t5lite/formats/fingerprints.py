@@ -1,0 +1,174 @@
+"""Fingerprints of a checkpoint's contents, recorded at save and checked at every
+restore, so that bytes changed on disk (bit rot, a bad copy, a partial rsync) are never
+trained on, evaluated or converted as if nothing happened.
+
+    record = array_fingerprints(tree)          # {"params/params/encoder/...": "f32[...]:a:b"}
+    damaged = first_damaged(record, tree)      # None, or "path: recorded ..., read ..."
+    data_fingerprint(json_able)                # "sha256:..." of a JSON item
+
+An array's fingerprint is two 32-bit sums over its elements' bit patterns w_i (float32
+and int32 as they are; 16- and 8-bit types zero-extended; bool as 0 / 1), i the element's
+flat index in the global array:
+
+    a = sum(w_i)               mod 2^32
+    b = sum(w_i * (2 i + 1))   mod 2^32
+
+recorded with its dtype and shape as "<dtype>[<shape>]:<a>:<b>" (hex). They are computed
+where the array lives, sharded as it is (each device sums its shard, one all-reduce of
+two words per array), so a save or a restore reads nothing back but those words: the
+state is read once more where it lives (what that costs: docs/checkpoints.md).
+
+What it catches: any change to one element's bits (b moves by d * (2i + 1), odd, never
+0 mod 2^32 for d != 0), two elements swapped (unless equal: then nothing changed), a
+shape or dtype read otherwise, an array missing or added; damage to many elements,
+unless it happens to cancel in both sums (about one chance in 2^64 for random damage).
+What it cannot: damage made on purpose to agree (it is a checksum, not a seal: a
+checkpoint's enemies are bit rot, bad copies and cut transfers, not forgers). A file
+whose damage stops Orbax from decoding it never gets this far: that checkpoint is
+unreadable, as before.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ITEM = "fingerprints"  # the checkpoint item (JSON): {"arrays": {...}, "data": "sha256:..."}
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32",
+          "uint32": "u32", "int8": "s8", "uint8": "u8", "bool": "pred", "int16": "s16",
+          "uint16": "u16"}
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def leaves(tree: Any) -> Dict[str, Any]:
+    """{"a/b/c": leaf} over a tree's array leaves (the paths the record uses)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {"/".join(_key_name(k) for k in path): leaf for path, leaf in flat
+            if hasattr(leaf, "dtype")}
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The elements' bit patterns as uint32 (same shape)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    width = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}.get(jnp.dtype(x.dtype).itemsize)
+    if width is None:
+        raise ValueError(f"no fingerprint for {x.dtype} arrays")
+    return jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
+
+
+def _sums(x: jax.Array) -> jax.Array:
+    """[a, b] (uint32) of one array (module docstring); no reshape, so no resharding."""
+    w = _words(x)
+    index = jnp.zeros(x.shape, jnp.uint32)
+    stride = 1
+    for dim in reversed(range(x.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, dim) * jnp.uint32(
+            stride % 2**32)
+        stride *= x.shape[dim]
+    weight = index * jnp.uint32(2) + jnp.uint32(1)
+    return jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weight, dtype=jnp.uint32)])
+
+
+def checkpoint_fingerprints(arrays):
+    """[a, b] of each array (the program jit compiles: its name in the logs)."""
+    return [_sums(x) for x in arrays]
+
+
+def _label(x) -> str:
+    name = jnp.dtype(x.dtype).name
+    return f"{_SHORT.get(name, name)}[{','.join(str(d) for d in x.shape)}]"
+
+
+def array_fingerprints(tree: Any) -> Dict[str, str]:
+    """{path: "<dtype>[<shape>]:<a>:<b>"} for every array of `tree` (on devices, sharded
+    or not, or numpy on the host: summed on the CPU), read back replicated so that every
+    process records the same."""
+    named = leaves(tree)
+    if not named:
+        return {}
+    arrays = list(named.values())
+    mesh = getattr(getattr(arrays[0], "sharding", None), "mesh", None)
+    kwargs = {}
+    if isinstance(mesh, jax.sharding.Mesh):
+        kwargs["out_shardings"] = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    if all(isinstance(a, np.ndarray) or np.isscalar(a) for a in arrays):
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
+            sums = jax.device_get(jax.jit(checkpoint_fingerprints)(
+                [jnp.asarray(a) for a in arrays]))
+    else:
+        sums = jax.device_get(jax.jit(checkpoint_fingerprints, **kwargs)(arrays))
+    return {path: f"{_label(a)}:{int(s[0]):08x}:{int(s[1]):08x}"
+            for (path, a), s in zip(named.items(), sums)}
+
+
+def first_damaged(recorded: Mapping[str, str], tree: Any, prefix: str = "") -> Optional[str]:
+    """None when every array of `tree` (paths under `prefix` in the record) has its
+    recorded fingerprint; else a clause naming the first that does not ("<path>: recorded
+    <fp>, read <fp>"), or one the record lacks. Arrays the record holds but `tree` does
+    not are not read here (a partial restore)."""
+    now = array_fingerprints(tree)
+    for path in sorted(now):
+        key = prefix + path
+        if key not in recorded:
+            return f"{key}: not in the checkpoint's fingerprints (an array added on disk)"
+        if recorded[key] != now[path]:
+            return f"{key}: recorded {recorded[key]}, read {now[path]}"
+    return None
+
+
+def metadata_disagrees(recorded: Mapping[str, str], metadata: Any, prefix: str = ""
+                       ) -> Optional[str]:
+    """None when an item's Orbax metadata (`metadata`: its tree of shapes and dtypes, the
+    record's paths under `prefix`) describes the arrays the record says were saved; else
+    a clause naming the first it does not (the metadata file was changed on disk)."""
+    described = {prefix + path: _label(m) for path, m in leaves(metadata).items()}
+    saved = {k: v.rsplit(":", 2)[0] for k, v in recorded.items() if k.startswith(prefix)}
+    for path in sorted(set(described) | set(saved)):
+        if path not in saved:
+            return f"its metadata names {path}, which was not saved"
+        if path not in described:
+            return f"its metadata lacks {path}, which was saved"
+        if described[path] != saved[path]:
+            return f"its metadata says {path} is {described[path]}, saved as {saved[path]}"
+    return None
+
+
+def data_fingerprint(value: Any) -> str:
+    """"sha256:<hex>" of a JSON item's canonical text (sorted keys)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def bytes_fingerprint(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def read_record(step_dir) -> Optional[Dict[str, Any]]:
+    """The record a checkpoint step holds ({"arrays": ..., "data": ...}; the file Orbax's
+    JsonSave writes), None when it has none (saved before t5lite recorded them). A record
+    that is not JSON is damage: {"unreadable": reason}."""
+    f = step_dir / ITEM / "metadata"
+    if not f.exists():
+        return None
+    try:
+        record = json.loads(f.read_text())
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        return {"unreadable": f"{ITEM}/metadata is not JSON ({type(e).__name__})"}
+    if not isinstance(record, dict) or not isinstance(record.get("arrays"), dict) or any(
+            not isinstance(v, str) or not re.fullmatch(r"\S+\[[\d,]*\]:[0-9a-f]{8}:[0-9a-f]{8}", v)
+            for v in record["arrays"].values()):
+        return {"unreadable": f"{ITEM}/metadata does not hold fingerprints"}
+    return record

@@ -1,0 +1,206 @@
+"""Checkpoints that prove their bytes (issue 47, part 1): the fingerprint catches every
+changed bit and a swap (against a numpy reference); a tiny T5 run's checkpoint damaged on
+disk in each kind of file (OCDBT data, its manifest, the tree metadata, the data position,
+the fingerprint record, the data iterator's bytes) is found by `info --verify`, skipped
+at the next start with one warning line naming it (the run resumes from the one before),
+and refused in one line by INITIAL_CHECKPOINT_PATH, eval / infer's session and convert."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train_helpers as th
+from t5lite import convert, info, train
+from t5lite.errors import CheckpointDamagedError
+from t5lite.formats import fingerprints
+
+
+# ----------------------------------------------------------------------------- the sums
+def _reference(x: np.ndarray):
+    w = (x.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[x.dtype.itemsize])
+         .astype(np.uint64).ravel())
+    i = np.arange(w.size, dtype=np.uint64)
+    return int(w.sum() % 2**32), int((w * (2 * i + 1)).sum() % 2**32)
+
+
+def test_the_fingerprint_is_the_two_sums_and_sees_every_bit_and_a_swap():
+    rng = np.random.default_rng(0)
+    tree = {"f32": rng.normal(size=(8, 5, 3)).astype(np.float32),
+            "bf16": np.asarray(jnp.asarray(rng.normal(size=(6, 7)), jnp.bfloat16)),
+            "s32": rng.integers(-9, 9, size=(11,)).astype(np.int32),
+            "pred": rng.random(5) > 0.5, "scalar": np.float32(3.5)}
+    record = fingerprints.array_fingerprints(tree)
+    assert record["f32"] == "f32[8,5,3]:%08x:%08x" % _reference(tree["f32"])
+    assert record["bf16"] == "bf16[6,7]:%08x:%08x" % _reference(tree["bf16"])
+    assert record["scalar"].startswith("f32[]:")
+    on_device = fingerprints.array_fingerprints(jax.tree.map(jnp.asarray, tree))
+    assert on_device == record and fingerprints.first_damaged(record, tree) is None
+    words = tree["f32"].view(np.uint32).reshape(-1)
+    for index in (0, 57, words.size - 1):  # every bit of a few elements
+        for bit in range(32):
+            changed = tree["f32"].copy()
+            changed.view(np.uint32).reshape(-1)[index] ^= np.uint32(1 << bit)
+            said = fingerprints.first_damaged(record, {**tree, "f32": changed})
+            assert said is not None and said.startswith("f32: recorded f32[8,5,3]:"), (index, bit)
+    swapped = tree["s32"].copy()
+    swapped[[2, 7]] = swapped[[7, 2]]
+    assert swapped[2] != swapped[7]
+    assert fingerprints.first_damaged(record, {**tree, "s32": swapped}) is not None
+    reshaped = {**tree, "f32": tree["f32"].reshape(8, 15)}
+    assert "read f32[8,15]" in fingerprints.first_damaged(record, reshaped)
+    assert "not in the checkpoint's fingerprints" in fingerprints.first_damaged(
+        record, {**tree, "new": np.zeros(2, np.float32)})
+
+
+def test_the_data_iterators_bytes_carry_their_sum(tmp_path, monkeypatch):
+    from etils import epath
+    from t5lite.runtime.checkpointing import data_iterator_item as item
+    handler = item.DataIteratorHandler()
+    directory = epath.Path(tmp_path / "7" / item.ITEM)
+    directory.mkdir(parents=True)
+    handler.save(directory, item.DataIteratorSave(b"tf.data state \x00\x01" * 50))
+    assert handler.restore(directory) == b"tf.data state \x00\x01" * 50
+    path = directory / item.file_name(0, 1)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x10  # still bytes tf.data may well read
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointDamagedError) as e:
+        handler.restore(directory)
+    assert str(e.value) == (f"checkpoint 7 is damaged: {item.ITEM}/{path.name}: its bytes are "
+                            f"not the ones saved (SHA-256)")
+    (directory / f"{path.name}{item.SUM_SUFFIX}").unlink()  # saved before the sums: unchecked
+    assert handler.restore(directory) == bytes(data)
+
+
+# ----------------------------------------------------------------------------- a run
+COMMON = [f"--gin_file={th.SYNTHETIC}", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+          "--gin.LOG_PERIOD=1", "--gin.CHECKPOINT_PERIOD=2", "--gin.KEEP_CHECKPOINTS=None",
+          "--gin.RANDOM_SEED=0", "--gin.ACTIVATION_DTYPE='float32'", th.SYNC_CHECKPOINTS]
+
+
+def _train(run, steps, *extra):
+    return train.main([f"--gin_file={th.MODEL_FILES['t5']}"] + COMMON + [
+        f'--gin.MODEL_DIR="{run}"', f"--gin.TRAIN_STEPS={steps}", *extra])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny T5 trained to step 4, checkpoints 2 and 4."""
+    path = tmp_path_factory.mktemp("fingerprinted") / "run"
+    assert _train(path, 4) == 0
+    assert th.complete_steps(path) == [2, 4]
+    return path
+
+
+def _largest_data_file(step):
+    d = step / "state" / "ocdbt.process_0" / "d"
+    return max((d / n for n in os.listdir(d)), key=lambda f: f.stat().st_size)
+
+
+def _invert(path, start=None, count=64):
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2 if start is None else start
+    for i in range(start, min(start + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _rename_in_tree_metadata(step):
+    path = step / "state" / "_METADATA"
+    meta = json.loads(path.read_text())
+    tree = meta["tree_metadata"]
+    key = next(k for k in tree if "'query'" in k and "'params'" in k)
+    entry = tree.pop(key)
+    entry["key_metadata"][-1]["key"] = "kernel_"
+    tree[key.replace("'kernel'", "'kernel_'")] = entry
+    path.write_text(json.dumps(meta))
+
+
+def _change_a_recorded_sum(step):
+    path = step / fingerprints.ITEM / "metadata"
+    record = json.loads(path.read_text())
+    key = sorted(record["arrays"])[0]
+    value = record["arrays"][key]
+    record["arrays"][key] = value[:-1] + ("0" if value[-1] != "0" else "1")
+    path.write_text(json.dumps(record))
+
+
+DAMAGE = {  # what is done to checkpoint 4, and what `info --verify` says of it
+    "ocdbt data": (lambda s: _invert(_largest_data_file(s)), "DAMAGED: "),
+    "manifest": (lambda s: _invert(s / "state" / "manifest.ocdbt", count=1),
+                 "DAMAGED: unreadable"),
+    "tree metadata": (_rename_in_tree_metadata, "DAMAGED: unreadable"),
+    "data position": (lambda s: (s / "data" / "metadata").write_text('{"step": 3}'),
+                      "DAMAGED: the data position (item data) differs from the one saved"),
+    "fingerprint record": (_change_a_recorded_sum, "DAMAGED: "),
+    "record not json": (lambda s: (s / fingerprints.ITEM / "metadata").write_text("{"),
+                        "DAMAGED: fingerprints/metadata is not JSON"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_verify_finds_each_kind_of_damage(run, tmp_path, capsys, kind):
+    damaged = tmp_path / "run"
+    shutil.copytree(run, damaged)
+    damage, said = DAMAGE[kind]
+    damage(th.checkpoints_dir(damaged) / "4")
+    capsys.readouterr()
+    assert info.main([f"--verify={damaged}"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("checkpoint 2: ok (") and len(lines) == 2, lines
+    assert lines[1].startswith("checkpoint 4: " + said), lines
+    if kind == "ocdbt data":  # the very bytes of the issue: 64 inverted mid-file
+        assert " recorded " in lines[1] and ", read " in lines[1], lines
+
+
+@pytest.mark.parametrize("kind", ["ocdbt data", "data position"])
+def test_a_damaged_checkpoint_is_skipped_at_the_next_start(run, tmp_path, capsys, kind):
+    damaged = tmp_path / "run"
+    shutil.copytree(run, damaged)
+    DAMAGE[kind][0](th.checkpoints_dir(damaged) / "4")
+    capsys.readouterr()
+    assert _train(damaged, 5) == 0
+    err = capsys.readouterr().err
+    warned = [l for l in err.splitlines() if "skipped damaged checkpoint 4" in l]
+    assert len(warned) == 1 and "start: resume:2 at step 2" in err, err[-3000:]
+    if kind == "ocdbt data":
+        assert ": recorded " in warned[0] and "(its bytes changed on disk" in warned[0]
+    assert th.complete_steps(damaged) == [2, 4, 5]
+    assert any(p.name.startswith("4.damaged-") for p in th.checkpoints_dir(damaged).iterdir())
+
+
+def test_every_command_refuses_a_damaged_checkpoint_in_one_line(run, tmp_path, capsys):
+    from t5lite.config import parsing
+    from t5lite.inference import session
+    from t5lite.runtime.partitioning import MeshSettings
+    damaged = tmp_path / "run"
+    shutil.copytree(run, damaged)
+    _invert(_largest_data_file(th.checkpoints_dir(damaged) / "4"))
+    step = th.checkpoints_dir(damaged) / "4"
+    capsys.readouterr()
+    assert _train(tmp_path / "new", 5, f'--gin.INITIAL_CHECKPOINT_PATH="{step}"') == 1
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and f"INITIAL_CHECKPOINT_PATH {step} is damaged: " in lines[0], lines
+    assert f"python -m t5lite.info --verify {damaged}" in lines[0], lines
+    out = tmp_path / "hf"
+    assert convert.main(["--to=hf", f"--input={step}", f"--output={out}",
+                         f"--gin_file={th.MODEL_FILES['t5']}"]) == 2
+    lines = [l for l in capsys.readouterr().err.splitlines() if l]
+    assert len(lines) == 1 and f"--input {step} is damaged: " in lines[0], lines
+    assert not out.exists() or not any(out.iterdir())
+    parsing.parse_gin([th.MODEL_FILES["t5"]], ["ACTIVATION_DTYPE = 'float32'"])
+    model = parsing.resolve_macro("MODEL")
+    with pytest.raises(CheckpointDamagedError) as e:  # what eval and infer load through
+        session.load_session(model, str(step), batch_size=8,
+                             feature_lengths={"inputs": 16, "targets": 8},
+                             mesh=MeshSettings.data_parallel())
+    assert str(e.value).startswith(f"CHECKPOINT_PATH {step} is damaged: ")
+    session.load_session(model, str(th.checkpoints_dir(damaged) / "2"), batch_size=8,
+                         feature_lengths={"inputs": 16, "targets": 8},
+                         mesh=MeshSettings.data_parallel())  # the whole one loads
