@@ -144,8 +144,9 @@ def test_two_processes_resume_the_pile_stream_from_their_own_states(tmp_path,
     pair(tmp_path / "whole", 8, "whole")
     pair(tmp_path / "parts", 4, "first")
     item = tmp_path / "parts" / "checkpoints" / "4" / "data_iterator"
-    assert sorted(p.name for p in item.glob("process_*")) == ["process_00000-of-00002",
-                                                              "process_00001-of-00002"]
+    assert sorted(p.name for p in item.glob("process_*")) == [  # each with its SHA-256
+        "process_00000-of-00002", "process_00000-of-00002.sha256",
+        "process_00001-of-00002", "process_00001-of-00002.sha256"]
     logs = pair(tmp_path / "parts", 8, "second")
     for log in logs:
         assert "data: continuing at batch 4 from the saved iterator state" in log, log[-3000:]
