@@ -23,10 +23,18 @@ from t5lite.formats import fingerprints
 
 # ----------------------------------------------------------------------------- the sums
 def _reference(x: np.ndarray):
+    """The two sums in numpy (uint64 arithmetic, reduced mod 2^32 by hand)."""
+    m = 2**32 - 1
     w = (x.view({4: np.uint32, 2: np.uint16, 1: np.uint8}[x.dtype.itemsize])
          .astype(np.uint64).ravel())
     i = np.arange(w.size, dtype=np.uint64)
-    return int(w.sum() % 2**32), int((w * (2 * i + 1)).sum() % 2**32)
+    h = w ^ ((i * 0x9E3779B9) & m)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m
+    h ^= h >> 16
+    return int((w * (2 * i + 1)).sum() % 2**32), int(h.sum() % 2**32)
 
 
 def test_the_fingerprint_is_the_two_sums_and_sees_every_bit_and_a_swap():
@@ -52,6 +60,11 @@ def test_the_fingerprint_is_the_two_sums_and_sees_every_bit_and_a_swap():
     swapped[[2, 7]] = swapped[[7, 2]]
     assert swapped[2] != swapped[7]
     assert fingerprints.first_damaged(record, {**tree, "s32": swapped}) is not None
+    signs = tree["f32"].copy().reshape(-1)  # x and -x swapped: 2^31 apart in their bits
+    signs[4], signs[9] = 1.5, -1.5
+    signed = fingerprints.array_fingerprints({"f32": signs})
+    signs[4], signs[9] = -1.5, 1.5
+    assert fingerprints.first_damaged(signed, {"f32": signs}) is not None
     reshaped = {**tree, "f32": tree["f32"].reshape(8, 15)}
     assert "read f32[8,15]" in fingerprints.first_damaged(record, reshaped)
     assert "not in the checkpoint's fingerprints" in fingerprints.first_damaged(

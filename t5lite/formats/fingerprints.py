@@ -10,22 +10,25 @@ An array's fingerprint is two 32-bit sums over its elements' bit patterns w_i (f
 and int32 as they are; 16- and 8-bit types zero-extended; bool as 0 / 1), i the element's
 flat index in the global array:
 
-    a = sum(w_i)               mod 2^32
-    b = sum(w_i * (2 i + 1))   mod 2^32
+    a = sum(w_i * (2 i + 1))                 mod 2^32
+    b = sum(mix(w_i xor (i * 0x9E3779B9)))   mod 2^32
 
-recorded with its dtype and shape as "<dtype>[<shape>]:<a>:<b>" (hex). They are computed
-where the array lives, sharded as it is (each device sums its shard, one all-reduce of
-two words per array), so a save or a restore reads nothing back but those words: the
-state is read once more where it lives (what that costs: docs/checkpoints.md).
+`mix` is MurmurHash3's 32-bit finalizer (xor-shifts and two odd multiplies: a bijection).
+Recorded with the dtype and shape as "<dtype>[<shape>]:<a>:<b>" (hex). Integer sums mod
+2^32 do not depend on the order they are added in, so the fingerprint is the same
+whatever the mesh that computes it. They are computed where the array lives, sharded as
+it is (each device sums its shard, one all-reduce of two words per array), so a save or a
+restore reads nothing back but those words: the state is read once more where it lives
+(what that costs: docs/checkpoints.md).
 
-What it catches: any change to one element's bits (b moves by d * (2i + 1), odd, never
-0 mod 2^32 for d != 0), two elements swapped (unless equal: then nothing changed), a
-shape or dtype read otherwise, an array missing or added; damage to many elements,
-unless it happens to cancel in both sums (about one chance in 2^64 for random damage).
-What it cannot: damage made on purpose to agree (it is a checksum, not a seal: a
-checkpoint's enemies are bit rot, bad copies and cut transfers, not forgers). A file
-whose damage stops Orbax from decoding it never gets this far: that checkpoint is
-unreadable, as before.
+What it catches: any change to one element (for a fixed i both terms are bijections of
+w_i, so the sums move), any change to a few elements or two elements swapped unless the
+mixed terms happen to cancel (about one chance in 2^32 for b, independently of a, which a
+swap of x and -x, a difference of 2^31, can leave unmoved), a shape or dtype read
+otherwise, an array missing or added. What it cannot: damage made on purpose to agree (it
+is a checksum, not a seal: a checkpoint's enemies are bit rot, bad copies and cut
+transfers, not forgers). A file whose damage stops Orbax from decoding it never gets this
+far: that checkpoint is unreadable, as before.
 """
 from __future__ import annotations
 
@@ -69,6 +72,15 @@ def _words(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
 
 
+def _mix(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer (uint32 in, uint32 out; a bijection)."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
 def _sums(x: jax.Array) -> jax.Array:
     """[a, b] (uint32) of one array (module docstring); no reshape, so no resharding."""
     w = _words(x)
@@ -79,7 +91,9 @@ def _sums(x: jax.Array) -> jax.Array:
             stride % 2**32)
         stride *= x.shape[dim]
     weight = index * jnp.uint32(2) + jnp.uint32(1)
-    return jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weight, dtype=jnp.uint32)])
+    mixed = _mix(w ^ (index * jnp.uint32(0x9E3779B9)))
+    return jnp.stack([jnp.sum(w * weight, dtype=jnp.uint32),
+                      jnp.sum(mixed, dtype=jnp.uint32)])
 
 
 def checkpoint_fingerprints(arrays):
