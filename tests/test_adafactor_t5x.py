@@ -179,3 +179,36 @@ def test_a_state_that_does_not_map_is_one_line(tmp_path):
     state["param_states"] = tx.param_states(slots)
     with pytest.raises(CheckpointMismatchError, match="'decoder/logits_dense/kernel'"):
         imported(optimizers.adafactor(0.1))
+
+
+def test_a_t5x_run_continued_with_skip_bad_steps_wraps_the_same_state(tmp_path):
+    """INITIAL_CHECKPOINT_STATE='train_state' with SKIP_BAD_STEPS: the T5X run's
+    parameters, step and Adafactor state as without it, inside the skipping wrapper's
+    state with no step skipped yet."""
+    from t5lite.optim import skipping
+    from t5lite.runtime import train_step
+    from t5lite.runtime.checkpointing import finetune_restore
+    rng = np.random.default_rng(1)
+    model = model_for_config(CFG)
+    init = model.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
+    view = _t5x_view(jax.tree.map(np.asarray, init))
+    ckpt = tx.write_t5x_checkpoint(tmp_path / f"checkpoint_{STEP}", param_paths.unflatten(view),
+                                   step=STEP, param_states=tx.param_states(
+                                       tx.adafactor_slots(view, rng, None)))
+    opt = optimizers.adafactor(0.01)
+    plain_tx = opt.transformation(model.logical_axes()["params"])
+
+    def continued(transformation):
+        def init_fn():
+            return train_step.init_state(model, transformation, jax.random.PRNGKey(0))
+        abstract = jax.eval_shape(init_fn)
+        return finetune_restore.continue_t5x_run(str(ckpt), model, abstract, init_fn,
+                                                 opt.factoring)
+
+    plain, skipped = continued(plain_tx), continued(skipping.skip_bad_steps(plain_tx))
+    assert isinstance(skipped.opt_state, skipping.SkipState)
+    assert bool(skipped.opt_state.applied) and int(skipped.opt_state.in_a_row) == 0 \
+        and int(skipped.opt_state.total) == 0
+    assert int(skipped.step) == int(plain.step) == STEP
+    jax.tree.map(np.testing.assert_array_equal, skipped.opt_state.inner, plain.opt_state)
+    jax.tree.map(np.testing.assert_array_equal, skipped.params, plain.params)
