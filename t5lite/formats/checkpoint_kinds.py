@@ -123,11 +123,8 @@ class T5liteCheckpoint:
         self.layout = layouts.detect_layout(stored)
         self.adapters = stored_adapters(stored["params"])
         self.record = fingerprints.read_record(item_dir.parent)  # None: saved without one
-        prefix = "params/" if item == STATE_ITEM else ""
-        damaged = self.record and (self.record.get("unreadable") or (
-            fingerprints.metadata_disagrees({k: v for k, v in self.record["arrays"].items()
-                                             if k.startswith(prefix + "params/")},
-                                            stored, prefix)))
+        self.prefix = "params/" if item == STATE_ITEM else ""  # its tree's place in the record
+        damaged = fingerprints.metadata_damage(self.record, stored, self.prefix)
         if damaged:  # checked before the tree is compared with the model's
             self._refuse(damaged)
 
@@ -135,10 +132,7 @@ class T5liteCheckpoint:
         """`tree` (the {"params": ...} read) when its arrays are the ones saved (their
         fingerprints); else CheckpointDamagedError, one line naming the first that is
         not. A checkpoint saved before t5lite recorded fingerprints is not checked."""
-        if self.record is None:
-            return tree
-        damaged = self.record.get("unreadable") or fingerprints.first_damaged(
-            self.record["arrays"], tree, "params/" if self.item == STATE_ITEM else "")
+        damaged = fingerprints.content_damage(self.record, tree, self.prefix)
         if damaged is not None:
             self._refuse(damaged)
         return tree
@@ -212,7 +206,8 @@ class T5liteCheckpoint:
         log.info("converting %s from %s to %s", self.where, layout_str(self.layout),
                  layout_str(dst_layout))
         return convert_and_place(
-            self.verified(self.read_stored())["params"], model, self.layout, dst_layout, abstract_params,
+            self.verified(self.read_stored())["params"], model, self.layout, dst_layout,
+            abstract_params,
             lambda diff: head + diff + f" (after converting from {layout_str(self.layout)} to "
                                        f"{layout_str(dst_layout)}); " + cause)
 

@@ -19,7 +19,8 @@ from t5lite.models import layouts, lora
 Adapters = Tuple[int, Tuple[str, ...]]  # (LoRA rank, sorted targets)
 
 
-def _key_name(k) -> str:
+def key_name(k) -> str:
+    """A tree path entry's name (a dict key, a field, an index) as the paths here spell it."""
     for attr in ("key", "name", "idx"):
         if hasattr(k, attr):
             return str(getattr(k, attr))
@@ -30,7 +31,7 @@ def flat_shapes(tree: Any) -> Dict[str, Tuple[int, ...]]:
     """{"a/b/c": shape} over the leaves; None and empty containers have no leaves.
     Namedtuples (targets) and dicts (Orbax metadata of namedtuples) name fields alike."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {"/".join(_key_name(k) for k in path):
+    return {"/".join(key_name(k) for k in path):
             tuple(leaf.shape if hasattr(leaf, "shape") else np.shape(leaf))
             for path, leaf in flat}
 

@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5lite.formats.checkpoint_trees import key_name
+
 ITEM = "fingerprints"  # the checkpoint item (JSON): {"arrays": {...}, "data": "sha256:..."}
 
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32",
@@ -48,17 +50,10 @@ _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32"
           "uint16": "u16"}
 
 
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
 def leaves(tree: Any) -> Dict[str, Any]:
     """{"a/b/c": leaf} over a tree's array leaves (the paths the record uses)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {"/".join(_key_name(k) for k in path): leaf for path, leaf in flat
+    return {"/".join(key_name(k) for k in path): leaf for path, leaf in flat
             if hasattr(leaf, "dtype")}
 
 
@@ -158,6 +153,32 @@ def metadata_disagrees(recorded: Mapping[str, str], metadata: Any, prefix: str =
         if described[path] != saved[path]:
             return f"its metadata says {path} is {described[path]}, saved as {saved[path]}"
     return None
+
+
+def metadata_damage(record: Optional[Mapping[str, Any]], metadata: Any, prefix: str = ""
+                    ) -> Optional[str]:
+    """What is wrong with a checkpoint before its arrays are read (None: nothing, or no
+    record to check against): its record unreadable, or its Orbax metadata describing
+    other arrays than the record says were saved (`metadata_disagrees`)."""
+    if record is None:
+        return None
+    return record.get("unreadable") or metadata_disagrees(record["arrays"], metadata, prefix)
+
+
+_NO_DATA = object()
+
+
+def content_damage(record: Optional[Mapping[str, Any]], tree: Any, prefix: str = "",
+                   data: Any = _NO_DATA) -> Optional[str]:
+    """What is wrong with the arrays read (`tree`, under `prefix` in the record) and, when
+    given, the data position read (None: nothing, or no record to check against)."""
+    if record is None:
+        return None
+    damaged = record.get("unreadable") or first_damaged(record["arrays"], tree, prefix)
+    if damaged is None and data is not _NO_DATA and record.get("data") not in (
+            None, data_fingerprint(data)):
+        damaged = "the data position (item data) differs from the one saved"
+    return damaged
 
 
 def data_fingerprint(value: Any) -> str:

@@ -279,8 +279,7 @@ class Checkpointer:
         target = abstract_state.as_dict()
         record = fingerprints.read_record(self.step_dir(step))
         metadata = item_metadata_tree(self.step_dir(step) / STATE_ITEM)
-        damaged = record and (record.get("unreadable") or fingerprints.metadata_disagrees(
-            record["arrays"], metadata))
+        damaged = fingerprints.metadata_damage(record, metadata)
         if damaged:  # what the record says was saved is the truth, not the model
             raise CheckpointDamagedError(f"checkpoint {step} is damaged: {damaged}")
         check_state_matches(metadata, target, str(self.step_dir(step)))
@@ -293,23 +292,14 @@ class Checkpointer:
             items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         data = dict(restored[DATA_ITEM] or {}) if has_data else {}
-        if record is not None:  # (checkpoints saved before fingerprints: unchecked)
-            check_record(record, restored[STATE_ITEM], data, f"checkpoint {step}")
+        damaged = fingerprints.content_damage(record, restored[STATE_ITEM], data=data)
+        if damaged:  # (checkpoints saved before fingerprints: unchecked)
+            raise CheckpointDamagedError(f"checkpoint {step} is damaged: {damaged} (its bytes "
+                                         f"changed on disk since it was saved)")
         iterator = restored[data_iterator_item.ITEM] if has_iterator else None
         if iterator is not None:
             data[data_iterator_item.STATE_KEY] = iterator
         return TrainState(**restored[STATE_ITEM]), data
-
-
-def check_record(record: Mapping[str, Any], state: Any, data: Any, where: str) -> None:
-    """CheckpointDamagedError (one line naming the array, or the data position) when what
-    was restored is not what was saved (`fingerprints`)."""
-    damaged = fingerprints.first_damaged(record.get("arrays", {}), state)
-    if damaged is None and record.get("data") not in (None, fingerprints.data_fingerprint(data)):
-        damaged = "the data position (item data) differs from the one saved"
-    if damaged is not None:
-        raise CheckpointDamagedError(f"{where} is damaged: {damaged} (its bytes changed on "
-                                     f"disk since it was saved)")
 
 
 # ----------------------------------------------------------------------------- order

@@ -35,6 +35,21 @@ def file_name(process_index: int, process_count: int) -> str:
     return f"process_{process_index:05d}-of-{process_count:05d}"
 
 
+def damage(path: epath.Path, state: Optional[bytes] = None) -> Optional[str]:
+    """What is wrong with a process's iterator file (`state`: its bytes, read here when
+    not given), None when it matches the SHA-256 saved beside it or has none (written
+    before t5lite recorded them)."""
+    recorded = path.parent / f"{path.name}{SUM_SUFFIX}"
+    if not recorded.exists():
+        return None
+    if state is None and not path.exists():
+        return f"{ITEM}/{path.name} is missing"
+    state = path.read_bytes() if state is None else state
+    if recorded.read_text().strip() == fingerprints.bytes_fingerprint(state):
+        return None
+    return f"{ITEM}/{path.name}: its bytes are not the ones saved (SHA-256)"
+
+
 class DataIteratorHandler(ocp.AsyncCheckpointHandler):
     """Writes this process's bytes (or nothing, for None) into the item directory."""
 
@@ -62,12 +77,10 @@ class DataIteratorHandler(ocp.AsyncCheckpointHandler):
         if not path.exists():
             return None
         state = path.read_bytes()
-        recorded = directory / f"{path.name}{SUM_SUFFIX}"
-        if recorded.exists() and recorded.read_text().strip() != fingerprints.bytes_fingerprint(
-                state):
-            raise CheckpointDamagedError(
-                f"checkpoint {directory.parent.name} is damaged: {ITEM}/{path.name}: its bytes "
-                f"are not the ones saved (SHA-256)")
+        damaged = damage(path, state)
+        if damaged:
+            raise CheckpointDamagedError(f"checkpoint {directory.parent.name} is damaged: "
+                                         f"{damaged}")
         return state
 
 

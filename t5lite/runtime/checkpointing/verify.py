@@ -61,28 +61,25 @@ def verify_step(step_dir: epath.Path) -> Tuple[bool, str]:
             metadata, tree = _read_whole(item)
     except Exception as e:  # noqa: BLE001 - whatever stops Orbax reading it is damage
         return False, f"DAMAGED: unreadable ({restore_noise.short_reason(e)})"
-    damaged = (fingerprints.metadata_disagrees(record["arrays"], metadata)
-               or fingerprints.first_damaged(record["arrays"], tree))
-    if damaged:
-        return False, f"DAMAGED: {damaged}"
     said = [f"{len(record['arrays'])} arrays, "
             f"{sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(tree)) / 1e6:.1f} MB"]
+    position = {}  # the data position, when the record has its sum
     data = step_dir / DATA_ITEM / "metadata"
     if "data" in record and data.exists():
         try:
-            position = json.loads(data.read_text())
+            position = {"data": json.loads(data.read_text())}
         except ValueError:
             return False, f"DAMAGED: {DATA_ITEM}/metadata is not JSON"
-        if fingerprints.data_fingerprint(position) != record["data"]:
-            return False, "DAMAGED: the data position (item data) differs from the one saved"
         said.append("data position")
+    damaged = (fingerprints.metadata_damage(record, metadata)
+               or fingerprints.content_damage(record, tree, **position))
     iterators = step_dir / data_iterator_item.ITEM
     sums = sorted(iterators.glob(f"*{data_iterator_item.SUM_SUFFIX}")) if iterators.is_dir() else []
     for recorded in sums:
-        state = iterators / recorded.name[:-len(data_iterator_item.SUM_SUFFIX)]
-        if not state.exists() or fingerprints.bytes_fingerprint(
-                state.read_bytes()) != recorded.read_text().strip():
-            return False, f"DAMAGED: {data_iterator_item.ITEM}/{state.name} is not the one saved"
+        damaged = damaged or data_iterator_item.damage(
+            iterators / recorded.name[:-len(data_iterator_item.SUM_SUFFIX)])
+    if damaged:
+        return False, f"DAMAGED: {damaged}"
     if sums:
         said.append(f"iterator{'s' if len(sums) > 1 else ''}")
     return True, "ok (" + "; ".join(said) + ")"
