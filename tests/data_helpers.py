@@ -3,6 +3,7 @@ committed): the Pile's jsonl / jsonl.zst, MultiNLI jsonl, GLUE TSVs, SQuAD JSON,
 TFDS datasets, and a small SentencePiece vocabulary trained on the generated text."""
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Dict, List
 
@@ -150,3 +151,34 @@ def tf_int32():
 def files_in(directory) -> List[str]:
     return sorted(os.path.relpath(os.path.join(r, f), directory)
                   for r, _, fs in os.walk(directory) for f in fs)
+
+
+def pile_env(tmp_path, monkeypatch, tmp_path_factory, texts_per_call: int = 4, **sizes):
+    """A small Pile-style corpus (3 files of 60 documents unless `sizes` say otherwise)
+    that the settings point at, read `texts_per_call` documents a call (finer parse
+    counts than the default); its directory."""
+    from t5lite.data import sources
+    directory = tmp_path / "pile"
+    demo_corpus.write_pile(str(directory), **{"train_files": 3, "docs_per_file": 60,
+                                              "eval_docs": 4, **sizes})
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), pile_dir=directory)
+    monkeypatch.setattr(sources, "TEXTS_PER_CALL", texts_per_call)
+    return directory
+
+
+@contextlib.contextmanager
+def mnli_squad_mixture(tmp_path, monkeypatch, tmp_path_factory, name: str):
+    """MultiNLI and SQuAD written small and pointed at, and a SeqIO mixture of the two
+    registered as `name` while the block runs."""
+    import seqio
+    demo_corpus.write_multinli(str(tmp_path / "mnli"), train=40, dev=3)
+    demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=6, dev_articles=2)
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
+             mnli_dir=tmp_path / "mnli", squad_dir=tmp_path / "squad")
+    if name in seqio.MixtureRegistry.names():
+        seqio.MixtureRegistry.remove(name)
+    seqio.MixtureRegistry.add(name, [("mnli", 1.0), ("squad_v1_1", 1.0)])
+    try:
+        yield name
+    finally:
+        seqio.MixtureRegistry.remove(name)

@@ -95,17 +95,21 @@ def test_round_trip_exact(tmp_path):
     assert (tmp_path / "checkpoints" / "7" / "data").is_dir()
 
 
-def test_the_data_iterator_state_is_saved_per_process(tmp_path):
+def test_the_data_iterator_state_is_saved_per_shard(tmp_path):
     state, blob = make_state(), bytes(range(256)) * 3
+    iterator = {"count": 2, "states": {0: blob, 1: blob[::-1]}}
     with Checkpointer(tmp_path, keep=None) as ckpt:
-        ckpt.save(3, state, {"position": 3, "iterator": blob})
+        ckpt.save(3, state, {"position": 3, "iterator": iterator})
         ckpt.save(4, state, {"position": 4})  # a stream that cannot be saved: no bytes
         ckpt.wait()
         _, data3 = ckpt.restore(3, abstract(state, single))
         _, data4 = ckpt.restore(4, abstract(state, single))
-    assert data3 == {"position": 3, "iterator": blob} and data4 == {"position": 4}
+    assert data3 == {"position": 3, "iterator": iterator} and data4 == {"position": 4}
     item = tmp_path / "checkpoints" / "3" / "data_iterator"
-    assert (item / "process_00000-of-00001").read_bytes() == blob
+    assert (item / "shard_00001-of-00002.process_00000").read_bytes() == blob[::-1]
+    with Checkpointer(tmp_path, keep=None, iterator_shards=lambda count: [1]) as ckpt:
+        _, data3 = ckpt.restore(3, abstract(state, single))  # the shards a process reads
+    assert data3["iterator"] == {"count": 2, "states": {1: blob[::-1]}}
     json_item = (tmp_path / "checkpoints" / "3" / "data" / "metadata").read_text()
     assert "iterator" not in json_item  # the bytes are not in the JSON item
 

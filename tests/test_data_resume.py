@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from t5lite.data import demo_corpus
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 
-from data_helpers import data_env, pile_tfds, reset_data_settings, vocabulary
+from data_helpers import (data_env, mnli_squad_mixture, pile_env, pile_tfds,
+                          reset_data_settings, vocabulary)
 
 pytest.importorskip("seqio")
 
@@ -29,11 +29,7 @@ def _restore_settings():
 
 @pytest.fixture
 def pile(tmp_path, monkeypatch, tmp_path_factory):
-    directory = tmp_path / "pile"
-    demo_corpus.write_pile(str(directory), train_files=3, docs_per_file=60, eval_docs=4)
-    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), pile_dir=directory)
-    monkeypatch.setattr(sources, "TEXTS_PER_CALL", 4)  # finer counts than the default 64
-    return directory
+    return pile_env(tmp_path, monkeypatch, tmp_path_factory)
 
 
 def _make(task="pile_span_corruption", batch_size=4, process_index=0, process_count=1,
@@ -54,7 +50,8 @@ def _through_json(state):
     iterator = state.get("iterator")
     out = json.loads(json.dumps({k: v for k, v in state.items() if k != "iterator"}))
     if iterator is not None:
-        out["iterator"] = bytes(iterator)
+        out["iterator"] = {"count": iterator["count"],
+                           "states": {s: bytes(b) for s, b in iterator["states"].items()}}
     return out
 
 
@@ -101,13 +98,13 @@ def test_the_state_is_per_process_and_names_its_stream(pile):
     a, b = (_make(batch_size=8, process_index=i, process_count=2) for i in range(2))
     next(a), next(b)
     sa, sb = a.get_state(), b.get_state()
-    assert sa["iterator"] != sb["iterator"]
+    assert sa["iterator"]["states"].keys() == {0} and sb["iterator"]["states"].keys() == {1}
     # the inputs (vocabulary, every file of the split) are the stream's, not the shard's
     assert sa["inputs"] == sb["inputs"] and len(sa["inputs"]["files"]) == 3
     assert sa["inputs"]["vocabulary"]["extra_ids"] == 100
     assert {k: v for k, v in sa.items() if k not in ("iterator", "inputs")} == {
         "position": 1, "task": "pile_span_corruption", "split": "train", "seed": 5,
-        "batch_size": 8, "process_count": 2, "pack": False, "feature_lengths": LENGTHS,
+        "batch_size": 8, "data_shards": 2, "pack": False, "feature_lengths": LENGTHS,
         "bos_id": 0, "iterator_format": pipeline.ITERATOR_FORMAT}
 
 
@@ -131,17 +128,9 @@ def test_an_earlier_iterator_format_is_replayed_not_restored(pile, caplog):
 
 def test_a_mixture_of_in_memory_tasks_resumes_from_its_state(tmp_path, monkeypatch,
                                                              tmp_path_factory):
-    import seqio
-    demo_corpus.write_multinli(str(tmp_path / "mnli"), train=40, dev=3)
-    demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=6, dev_articles=2)
-    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
-             mnli_dir=tmp_path / "mnli", squad_dir=tmp_path / "squad")
-    name = "t5lite_test_mnli_squad"
-    if name in seqio.MixtureRegistry.names():
-        seqio.MixtureRegistry.remove(name)
-    seqio.MixtureRegistry.add(name, [("mnli", 1.0), ("squad_v1_1", 1.0)])
     lengths = {"inputs": 128, "targets": 16}
-    try:
+    with mnli_squad_mixture(tmp_path, monkeypatch, tmp_path_factory,
+                            "t5lite_test_mnli_squad") as name:
         batches = [next(it) for it in [_make(name, feature_lengths=lengths)]
                    for _ in range(12)]
         run = _make(name, feature_lengths=lengths)
@@ -150,8 +139,6 @@ def test_a_mixture_of_in_memory_tasks_resumes_from_its_state(tmp_path, monkeypat
         resumed = _make(name, feature_lengths=lengths)
         resumed.set_state(_through_json(run.get_state()))
         assert all(_same(next(resumed), b) for b in batches[7:])
-    finally:
-        seqio.MixtureRegistry.remove(name)
 
 
 def test_a_tfds_source_resumes_from_its_state(tmp_path, monkeypatch, tmp_path_factory):

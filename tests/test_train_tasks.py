@@ -3,7 +3,9 @@ the data position in the checkpoint, and a vocabulary larger than the model's em
 refused in one line."""
 import json
 import re
+import shutil
 
+import numpy as np
 import pytest
 
 import train_helpers as th
@@ -39,7 +41,7 @@ def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_
     data = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
     assert data["position"] == 4 and data["task"] == "pile_span_corruption"
     iterator = tmp_path / "run" / "checkpoints" / "4" / "data_iterator"
-    assert (iterator / "process_00000-of-00001").stat().st_size > 0
+    assert (iterator / "shard_00000-of-00001.process_00000").stat().st_size > 0
     losses = [v for _, v in th.scalars(tmp_path / "run")["loss_per_token"]]
     assert len(losses) == 2 and all(0 < v < 20 for v in losses)
 
@@ -116,20 +118,36 @@ def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory
 
 
 @pytest.mark.slow
-def test_two_processes_resume_the_pile_stream_from_their_own_states(tmp_path,
-                                                                     tmp_path_factory):
-    """Two processes (gloo on 127.0.0.1) each save their own data iterator state; a
-    restart at step 4 restores both and trains on the batches of an uninterrupted run."""
+def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
+                                                                       tmp_path_factory):
+    """One process with DATA_SHARDS=2 and two processes (gloo on 127.0.0.1; 2 shards by
+    default) train on one stream. Two processes to step 4, then one: steps 5-8 train on
+    the uninterrupted run's batches (the same target tokens each step, the loss within
+    float reordering of the gradient's sum over devices); one process to step 4, then two:
+    the same. Each process restores its shards from the states the other count saved."""
     vocab = vocabulary(tmp_path_factory)
+    common = ("--gin.CHECKPOINT_PERIOD=4", "--gin.KEEP_CHECKPOINTS=None",
+              "--gin.ACTIVATION_DTYPE='float32'")
+
+    def one(model_dir, steps, tag):
+        cmd = _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
+                   f"--gin.TRAIN_STEPS={steps}", "--gin.DATA_SHARDS=2", *common)
+        proc = th.start(cmd, tmp_path / f"{tag}.log", devices=1)
+        try:
+            rc = th.finish(proc)
+        finally:
+            th.kill(proc)
+        log = th.read_log(tmp_path / f"{tag}.log")
+        assert rc == 0, th.tail(log)
+        return [log]
 
     def pair(model_dir, steps, tag):
         port, procs = th.free_port(), []
         try:
             for i in range(2):
                 cmd = _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
-                           f"--gin.TRAIN_STEPS={steps}", "--gin.CHECKPOINT_PERIOD=4",
+                           f"--gin.TRAIN_STEPS={steps}", *common,
                            "--gin.ICI_MESH_SHAPE=[1,1,1]", "--gin.DCN_MESH_SHAPE=[2,1,1]",
-                           "--gin.ACTIVATION_DTYPE='float32'",
                            f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
                            f"--process_index={i}")
                 procs.append(th.start(cmd, tmp_path / f"{tag}{i}.log", devices=1))
@@ -141,18 +159,29 @@ def test_two_processes_resume_the_pile_stream_from_their_own_states(tmp_path,
         assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
         return logs
 
-    pair(tmp_path / "whole", 8, "whole")
-    pair(tmp_path / "parts", 4, "first")
-    item = tmp_path / "parts" / "checkpoints" / "4" / "data_iterator"
-    assert sorted(p.name for p in item.glob("process_*")) == [  # each with its SHA-256
-        "process_00000-of-00002", "process_00000-of-00002.sha256",
-        "process_00001-of-00002", "process_00001-of-00002.sha256"]
-    logs = pair(tmp_path / "parts", 8, "second")
-    for log in logs:
-        assert "data: continuing at batch 4 from the saved iterator state" in log, log[-3000:]
-    whole, parts = th.scalars(tmp_path / "whole"), th.scalars(tmp_path / "parts")
-    for tag in ("weight_sum", "loss"):  # the same batches, so the same steps
-        assert [v for s, v in whole[tag] if s > 4] == [v for s, v in parts[tag] if s > 4]
+    one(tmp_path / "whole", 8, "whole")
+    pair(tmp_path / "shrunk", 4, "shrunk_first")
+    item = tmp_path / "shrunk" / "checkpoints" / "4" / "data_iterator"
+    assert sorted(p.name for p in item.glob("shard_*")) == [  # a shard each, with its SHA-256
+        "shard_00000-of-00002.process_00000", "shard_00000-of-00002.process_00000.sha256",
+        "shard_00001-of-00002.process_00001", "shard_00001-of-00002.process_00001.sha256"]
+    shrunk = one(tmp_path / "shrunk", 8, "shrunk_second")
+    assert "data: continuing at batch 4 from the saved iterator state of 2 shard(s)" in \
+        shrunk[0], shrunk[0][-3000:]
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "4",  # one process's step 4
+                    tmp_path / "grown" / "checkpoints" / "4")
+    shutil.copy(tmp_path / "whole" / "config.gin", tmp_path / "grown" / "config.gin")
+    for log in pair(tmp_path / "grown", 8, "grown"):
+        assert "data: continuing at batch 4 from the saved iterator state of 1 shard(s)" in \
+            log, log[-3000:]
+    whole = th.scalars(tmp_path / "whole")
+    for moved in ("shrunk", "grown"):
+        after = th.scalars(tmp_path / moved)
+        assert [v for s, v in whole["weight_sum"] if s > 4] == \
+            [v for s, v in after["weight_sum"] if s > 4], moved  # the same batches
+        np.testing.assert_allclose([v for s, v in after["loss"] if s > 4],
+                                   [v for s, v in whole["loss"] if s > 4], rtol=1e-5,
+                                   err_msg=moved)
 
 
 # -------------------------------------------- a preempted or extended run resumes exactly

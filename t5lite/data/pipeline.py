@@ -17,17 +17,20 @@ packed or not): encoder_input_tokens, decoder_input_tokens, decoder_target_token
 decoder_loss_weights (float32), and when packed {encoder,decoder}_segment_ids and
 {encoder,decoder}_positions. Tokens are int32.
 
-Sharding: the process that feeds data shard i of P (`DataLayout`, t5lite/data/data_layout.py)
-reads shard i of P of the task (seqio.ShardInfo): its own files when the source has at
-least P of them, else every P-th record; the shards are disjoint and together cover the
-data.
+Sharding: the global stream is cut into S data shards (DATA_SHARDS; by default the number
+of data feeds of the run that began it), shard s reading shard s of S of the task
+(seqio.ShardInfo: its own files when the source has at least S of them, else every S-th
+record), B / S rows a batch; a global batch is the shards' batches in shard order. The
+process that feeds rows [start, stop) of each batch (`DataLayout`,
+t5lite/data/data_layout.py) reads the shards those rows fall in (`ShardPlan`,
+t5lite/data/data_shards.py): with S = P, shard i of P, as before DATA_SHARDS existed.
 
-Order: for a given (task, split, feature lengths, batch size, shard count, seed, pack)
-the stream of batches is fixed: file order, shuffle buffer and the random choices of
-span corruption all derive from the seed.
+Order: for a given (task, split, feature lengths, batch size, data shards, seed, pack)
+the stream of batches is fixed, whatever the process count: file order, shuffle buffer
+and the random choices of span corruption all derive from the seed.
 
-Resume without replay: `get_state()` also holds this process's tf.data iterator state
-(bytes under "iterator": the read position of every open file, the shuffle buffer, the
+Resume without replay: `get_state()` also holds the tf.data iterator state of each shard
+this process saves (bytes under "iterator": the read position of every open file, the shuffle buffer, the
 random generators, the partial packs and the prefetched batches), and `set_state()` of a
 new iterator over the same stream restores it, so it continues with the next unseen
 batch after reading only what the saved state did not already hold: no repeats, no
@@ -43,7 +46,10 @@ generator) falls back to replay: the iterator is rebuilt and the `position` batc
 already consumed are skipped (`tf.data.Dataset.skip`), exact but at the pipeline's own
 speed, and a warning says so. The settings above are saved with the state; resuming
 under changed ones raises DataError naming them, since the position would point into
-another stream. So are the stream's inputs (t5lite/data/input_identity.py: the
+another stream. The process count is not one of them: a resume on another number of
+processes reads the saved data shards (unless DATA_SHARDS names others: refused), each
+from the state its saving process wrote, and trains on the batches the first run would
+have read next. So are the stream's inputs (t5lite/data/input_identity.py: the
 vocabulary's hash and each data file's size and fingerprint): a resume that reads
 another vocabulary or other files raises DataError naming both, unless
 `allow_changed_inputs` (ALLOW_CHANGED_INPUTS=True): then the stream is read afresh under
@@ -53,72 +59,25 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from t5lite.data.data_layout import DataLayout
+from t5lite.data.data_shards import ShardPlan
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
-from t5lite.models.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
+from t5lite.models.model_kinds import ENCODER_DECODER, MODEL_KINDS
 
 tf = import_tensorflow()
 import seqio  # noqa: E402
 
 from t5lite.data import input_identity, stream_errors, tasks  # noqa: E402  (registers the tasks)
+from t5lite.data.features import (check_lengths, feature_converter, has_inputs,  # noqa: E402,F401
+                                  sequence_lengths)
 
 log = logging.getLogger(__name__)
 
-
-
-def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
-                      bos_id: int = 0) -> seqio.FeatureConverter:
-    """seqio's converter to T5X model features for `model_kind`, its decoder inputs
-    starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
-    task as one sequence, prompt then answer, with the loss on the answer only
-    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
-    if model_kind == ENCODER_DECODER:
-        return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
-    if model_kind == DECODER_ONLY:
-        if with_inputs:
-            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True,
-                                                  bos_id=bos_id)
-        return seqio.LMFeatureConverter(pack=pack, bos_id=bos_id)
-    raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-
-
-def has_inputs(provider) -> bool:
-    """Whether a task (or mixture) has an inputs feature (inputs -> targets)."""
-    return "inputs" in provider.output_features
-
-
-def _check_lengths(name: str, provider, model_kind: str,
-                   feature_lengths: Mapping[str, Optional[int]]) -> Dict[str, int]:
-    lengths = {k: int(v) for k, v in feature_lengths.items() if v}
-    if has_inputs(provider):
-        if set(lengths) != {"inputs", "targets"}:
-            what = ("an encoder_decoder model" if model_kind == ENCODER_DECODER else
-                    f"a decoder_only model on the inputs -> targets task {name!r} (prompt "
-                    f"then answer, in one sequence of inputs + targets tokens)")
-            raise DataError(f"{what} needs feature lengths for 'inputs' and 'targets', got "
-                            f"{dict(feature_lengths)}")
-        return lengths
-    if model_kind == ENCODER_DECODER:
-        raise DataError(f"task {name!r} has no 'inputs' feature: an encoder_decoder model "
-                        f"needs an input/target task (e.g. pile_span_corruption)")
-    if "targets" not in lengths:
-        raise DataError(f"a decoder_only model needs a feature length for 'targets', "
-                        f"got {dict(feature_lengths)}")
-    return {"targets": lengths["targets"]}
-
-
-def sequence_lengths(model_kind: str, feature_lengths: Mapping[str, int]) -> Dict[str, int]:
-    """The lengths of the model's batches for a task's checked `feature_lengths`: an
-    encoder-decoder's inputs and targets; a decoder-only model's one sequence, as
-    "targets" (inputs + targets tokens for a prefix-LM task)."""
-    if model_kind == ENCODER_DECODER:
-        return dict(feature_lengths)
-    return {"targets": sum(feature_lengths.values())}
 
 
 class SeqioIterator:
@@ -128,9 +87,13 @@ class SeqioIterator:
                  layout: DataLayout, model_kind: str = ENCODER_DECODER, pack: bool = False,
                  shuffle: bool = True, seed: int = 0, bos_id: int = 0,
                  start_position: int = 0, repeat: bool = True, drop_remainder: bool = True,
-                 shuffle_buffer_size: Optional[int] = None, use_cached: bool = False):
+                 shuffle_buffer_size: Optional[int] = None, use_cached: bool = False,
+                 data_shards: Optional[int] = None):
         """`layout`: the rows of each global batch this process reads. `repeat=False` ends
-        after one epoch; `drop_remainder=False` then also yields the last, shorter batch."""
+        after one epoch; `drop_remainder=False` then also yields the last, shorter batch.
+        `data_shards`: the shards the global stream is cut into (DATA_SHARDS,
+        t5lite/data/data_shards.py); None: `layout`'s shard count, or on `set_state` the
+        saved stream's."""
         if model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
         if not isinstance(layout, DataLayout):
@@ -142,7 +105,7 @@ class SeqioIterator:
             raise DataError(f"task {name!r} has no split {split!r}; its splits are "
                             f"{', '.join(self.provider.splits)}")
         self.name, self.split = name, split
-        self.feature_lengths = _check_lengths(name, self.provider, model_kind, feature_lengths)
+        self.feature_lengths = check_lengths(name, self.provider, model_kind, feature_lengths)
         self.layout = layout
         self.batch_size, self.rows = layout.batch_size, layout.rows
         self.model_kind, self.pack, self.bos_id = model_kind, bool(pack), int(bos_id)
@@ -150,10 +113,12 @@ class SeqioIterator:
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.repeat, self.drop_remainder = repeat, drop_remainder
         self.shuffle_buffer_size, self.use_cached = shuffle_buffer_size, use_cached
+        self._shards_setting = data_shards
+        self.plan = self._plan(data_shards or layout.shard_count)
         self.position = self._check_position(start_position)
         self._iterator = None  # built on the first __next__, after any set_state
-        self._tf_iterator = None
-        self._saved: Optional[bytes] = None  # an iterator state to restore on start
+        self._tf_iterators: Optional[List[Any]] = None  # one a shard of `plan.shards`
+        self._saved: Optional[Dict[int, bytes]] = None  # shard -> state to restore on start
         self._unsaveable = False
         self._inputs: Optional[Dict[str, Any]] = None  # input_identity.stream_inputs, once
 
@@ -173,20 +138,31 @@ class SeqioIterator:
             length_check.log_cuts(cuts, self.name, self.split)
         return cuts
 
+    def _plan(self, count: int) -> ShardPlan:
+        try:
+            plan = ShardPlan(self.batch_size, count, self.layout.start, self.layout.stop)
+        except ValueError as e:
+            raise DataError(str(e)) from None
+        if not self.drop_remainder and plan.count != self.layout.shard_count:
+            raise ValueError("a stream that yields its last, shorter batch reads one data "
+                             "shard a process: data_shards must be the layout's shard count")
+        return plan
+
     # -- the stream ---------------------------------------------------------------------
-    def dataset(self, skip: int = 0) -> tf.data.Dataset:
-        """The batched dataset of this process, from batch `skip` on."""
+    def dataset(self, skip: int = 0, shard: Optional[int] = None) -> tf.data.Dataset:
+        """The batched dataset of data shard `shard` (None: this process's first), from
+        batch `skip` on: `plan.rows_per_shard` rows a batch."""
+        shard = self.plan.shards.start if shard is None else shard
         kwargs: Dict[str, Any] = dict(
             sequence_length=self.feature_lengths, split=self.split, shuffle=self.shuffle,
             seed=self.seed, num_epochs=None if self.repeat else 1, use_cached=self.use_cached,
-            shard_info=seqio.ShardInfo(index=self.layout.shard_index,
-                                       num_shards=self.layout.shard_count))
+            shard_info=seqio.ShardInfo(index=shard, num_shards=self.plan.count))
         if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
             kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
         ds = self.provider.get_dataset(**kwargs)
         ds = feature_converter(self.model_kind, self.pack, has_inputs(self.provider),
                                self.bos_id)(ds, self.feature_lengths)
-        ds = ds.batch(self.rows, drop_remainder=self.drop_remainder)
+        ds = ds.batch(self.plan.rows_per_shard, drop_remainder=self.drop_remainder)
         if skip:
             ds = ds.skip(skip)
         options = tf.data.Options()
@@ -206,25 +182,42 @@ class SeqioIterator:
         return self
 
     def _start(self) -> None:
+        saved, self._saved = self._saved or {}, None
+        plan = self.plan
+        if plan.read_factor > 1:
+            log.warning("data: DATA_SHARDS=%d for %d data feeds: this process reads %d "
+                        "shard(s) of %d rows for its %d rows (%.1fx the reading); a new run "
+                        "can set DATA_SHARDS to a multiple of every process count it will "
+                        "use", plan.count, self.layout.shard_count, len(plan.shards),
+                        plan.rows_per_shard, self.rows, plan.read_factor)
+        restored, replayed = [], []
+        self._tf_iterators = []
         with stream_errors.stream_scope() as stream:
-            saved, self._saved = self._saved, None
-            if saved is not None:
-                self._tf_iterator = iter(self.dataset())
-                try:
-                    restore_iterator(self._tf_iterator, saved)
-                    log.info("data: continuing at batch %d from the saved iterator state "
-                             "(%.1f MB)", self.position, len(saved) / 1e6)
-                except (tf.errors.OpError, ValueError) as e:
-                    log.warning("the saved data iterator state does not fit this pipeline "
-                                "(%s); replaying %d batches instead", _first_line(e),
-                                self.position)
-                    saved = None
-            if saved is None:
-                if self.position:
-                    log.info("data: rebuilding the stream and skipping the %d batches "
-                             "already consumed", self.position)
-                self._tf_iterator = iter(self.dataset(skip=self.position))
-        self._iterator = stream_errors.numpy_iterator(self._tf_iterator, stream)
+            for shard in plan.shards:
+                state = saved.get(shard)
+                iterator = None
+                if state is not None:
+                    iterator = iter(self.dataset(shard=shard))
+                    try:
+                        restore_iterator(iterator, state)
+                        restored.append(len(state))
+                    except (tf.errors.OpError, ValueError) as e:
+                        log.warning("the saved data iterator state of shard %d does not fit "
+                                    "this pipeline (%s); replaying %d batches instead", shard,
+                                    _first_line(e), self.position)
+                        iterator = None
+                if iterator is None:
+                    iterator = iter(self.dataset(skip=self.position, shard=shard))
+                    replayed.append(shard)
+                self._tf_iterators.append(iterator)
+        if restored:
+            log.info("data: continuing at batch %d from the saved iterator state of %d "
+                     "shard(s) (%.1f MB)", self.position, len(restored), sum(restored) / 1e6)
+        if replayed and self.position:
+            log.info("data: rebuilding the stream and skipping the %d batches already "
+                     "consumed (%d shard(s))", self.position, len(replayed))
+        self._iterator = plan.rows_of(
+            [stream_errors.numpy_iterator(it, stream) for it in self._tf_iterators])
 
     def __next__(self) -> Dict[str, np.ndarray]:
         if self._iterator is None:
@@ -240,8 +233,7 @@ class SeqioIterator:
     # -- state --------------------------------------------------------------------------
     def _stream(self) -> Dict[str, Any]:
         return {"task": self.name, "split": self.split, "seed": self.seed,
-                # the shard count, under the key states have always had
-                "batch_size": self.batch_size, "process_count": self.layout.shard_count,
+                "batch_size": self.batch_size, "data_shards": self.plan.count,
                 "pack": self.pack, "feature_lengths": dict(self.feature_lengths),
                 "bos_id": self.bos_id}
 
@@ -252,24 +244,30 @@ class SeqioIterator:
         return self._inputs
 
     def get_state(self) -> Dict[str, Any]:
-        """{"position": batches consumed, "iterator": this process's tf.data iterator
-        state (bytes, absent when the stream cannot be saved), "inputs": the vocabulary
-        and files it reads, + the settings that define the stream (JSON-able)}."""
+        """{"position": batches consumed, "iterator": {"count": the data shards, "states":
+        {shard: tf.data iterator state (bytes)} of the shards this process saves
+        (`ShardPlan.owns`)} (absent when the stream cannot be saved), "inputs": the
+        vocabulary and files it reads, + the settings that define the stream (JSON-able
+        but for the bytes)}."""
         state: Dict[str, Any] = {"position": self.position, **self._stream(),
                                  INPUTS_KEY: self.inputs()}
-        iterator = self._iterator_bytes()
-        if iterator is not None:
-            state[ITERATOR_KEY] = iterator
+        states = self._iterator_states()
+        if states is not None:
+            state[ITERATOR_KEY] = {"count": self.plan.count, "states": states}
             state[FORMAT_KEY] = ITERATOR_FORMAT
         return state
 
-    def _iterator_bytes(self) -> Optional[bytes]:
-        if self._tf_iterator is None:
-            return self._saved  # restored and not yet read (or new: None)
+    def _iterator_states(self) -> Optional[Dict[int, bytes]]:
+        owned = [s for s in self.plan.shards if self.plan.owns(s)]
+        if self._tf_iterators is None:  # restored and not yet read (or new: None)
+            if self._saved is None or any(s not in self._saved for s in owned):
+                return None
+            return {s: self._saved[s] for s in owned}
         if self._unsaveable:
             return None
         try:
-            return save_iterator(self._tf_iterator)
+            return {s: save_iterator(self._tf_iterators[i])
+                    for i, s in enumerate(self.plan.shards) if s in owned}
         except tf.errors.OpError as e:
             self._unsaveable = True
             log.warning("the data stream of %r cannot be saved (%s): a resume will replay "
@@ -279,14 +277,25 @@ class SeqioIterator:
 
     def set_state(self, state: Mapping[str, Any], allow_changed_inputs: bool = False) -> None:
         """Continue at batch `state["position"]` (the next batch is that one), from the
-        saved iterator state when `state` has one. DataError when the stream's settings
-        or (unless `allow_changed_inputs`) its inputs differ from the saved ones."""
+        saved iterator states of this process's shards when `state` has them (a shard
+        without one is replayed). The stream's data shards are the saved ones unless
+        `data_shards` was given. DataError when the stream's settings or (unless
+        `allow_changed_inputs`) its inputs differ from the saved ones."""
         if "position" not in state:
             raise DataError(f"data iterator state needs a 'position' entry (batches "
                             f"consumed), got {dict(state)}; was the checkpoint written by "
                             f"another data pipeline?")
-        changed = {k: (state[k], v) for k, v in self._stream().items()
-                   if k in state and _json(state[k]) != _json(v)}
+        saved = {**state}
+        if "process_count" in saved:  # (before DATA_SHARDS: a shard a data feed)
+            saved.setdefault("data_shards", saved.pop("process_count"))
+        plan = self.plan
+        if self._shards_setting is None and "data_shards" in saved and \
+                saved["data_shards"] != plan.count and _json(saved.get("batch_size")) == \
+                self.batch_size:
+            plan = self._plan(int(saved["data_shards"]))  # the stream goes on as it began
+        mine = {**self._stream(), "data_shards": plan.count}
+        changed = {k: (saved[k], v) for k, v in mine.items()
+                   if k in saved and _json(saved[k]) != _json(v)}
         if changed:
             what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise DataError(
@@ -296,12 +305,17 @@ class SeqioIterator:
                 f"train the changed setup from this checkpoint in a new MODEL_DIR with "
                 f"INITIAL_CHECKPOINT_PATH")
         self.position = self._check_position(state["position"])
-        saved = state.get(ITERATOR_KEY)
-        if saved is not None and state.get(FORMAT_KEY) != ITERATOR_FORMAT:
+        if plan.count != self.plan.count:
+            log.info("data: the checkpoint's stream has %d data shards (DATA_SHARDS); "
+                     "this process reads shard(s) %d-%d of them", plan.count,
+                     plan.shards.start, plan.shards.stop - 1)
+            self.plan = plan
+        states = _shard_states(state.get(ITERATOR_KEY), plan.count)
+        if states and state.get(FORMAT_KEY) != ITERATOR_FORMAT:
             log.warning("the checkpoint's data iterator state was written by an earlier "
                         "t5lite (its readers' positions are not this one's): replaying "
                         "the %d batches consumed instead", self.position)
-            saved = None
+            states = None
         changed = input_identity.difference(state[INPUTS_KEY], self.inputs()) \
             if INPUTS_KEY in state else None
         if changed and not allow_changed_inputs:
@@ -313,9 +327,9 @@ class SeqioIterator:
         if changed:
             log.warning("%s; ALLOW_CHANGED_INPUTS: resuming with them, reading the stream "
                         "afresh and skipping the %d batches consumed", changed, self.position)
-            saved = None
-        self._saved = bytes(saved) if saved is not None and self.position else None
-        self._iterator = self._tf_iterator = None
+            states = None
+        self._saved = states if states and self.position else None
+        self._iterator = self._tf_iterators = None
 
     @staticmethod
     def _check_position(position) -> int:
@@ -325,7 +339,7 @@ class SeqioIterator:
         return position
 
 
-ITERATOR_KEY = "iterator"  # a checkpoint stores it per process (runtime/checkpointing/data_iterator_item.py)
+ITERATOR_KEY = "iterator"  # a checkpoint stores it per shard (runtime/checkpointing/data_iterator_item.py)
 # The layout of the readers' state inside it: 2 = the Pile reader's six-integer positions
 # (t5lite/data/files/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
 FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2
@@ -346,6 +360,15 @@ def restore_iterator(iterator, state: bytes) -> None:
     from tensorflow.python.ops import gen_dataset_ops
     gen_dataset_ops.deserialize_iterator(iterator._iterator_resource,
                                          tf.io.parse_tensor(state, tf.variant))
+
+
+def _shard_states(saved: Any, count: int) -> Optional[Dict[int, bytes]]:
+    """{shard: bytes} of a saved "iterator" entry ({"count", "states"}; its keys may have
+    become strings and its bytes lists on a trip through JSON), None when it has none or
+    is of another shard count."""
+    if not isinstance(saved, Mapping) or int(saved.get("count", -1)) != count:
+        return None
+    return {int(s): bytes(b) for s, b in saved.get("states", {}).items()}
 
 
 def _json(value):

@@ -7,8 +7,9 @@ checkpoint path given by the user (INITIAL_CHECKPOINT_PATH, CHECKPOINT_PATH) poi
         commit_success.txt       the commit marker
         state/                   item "state": a training run's TrainState.as_dict()
         data/                    item "data": the data iterator position (JSON)
-        data_iterator/           item "data_iterator": each process's tf.data iterator
-                                 state, process_<i>-of-<n> (runtime/checkpointing/data_iterator_item.py)
+        data_iterator/           item "data_iterator": each data shard's tf.data iterator
+                                 state, shard_<s>-of-<n>.process_<i> (older:
+                                 process_<i>-of-<n>; runtime/checkpointing/data_iterator_item.py)
         params/                  item "params": a converted checkpoint ({"params": ...})
       <step>.orbax-checkpoint-tmp-<t>/   a save in flight (or a crash's leftover)
       <step>.incomplete-<ns>/            a step that was never committed, set aside

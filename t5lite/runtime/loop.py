@@ -33,6 +33,7 @@ InferenceEvalSettings, lives with the evaluator.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -41,6 +42,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 
+from t5lite.data import data_shards
 from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
@@ -70,7 +72,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
           inference_eval: EvalPeriod, inference_evaluator: Optional[Callable],
           allow_changed_inputs: bool, watchdog: WatchdogSettings,
-          skip_steps: SkipSettings) -> Dict[str, float]:
+          skip_steps: SkipSettings, data_shards: Optional[int] = None) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, decode its split of the task every that
     many steps and after the last. A resume whose vocabulary or data files differ from
@@ -86,7 +88,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
         log_period=log_period, mesh=mesh, checkpointing=checkpointing,
         data_settings=data_settings, inference_eval=inference_eval,
         inference_evaluator=inference_evaluator, allow_changed_inputs=allow_changed_inputs,
-        watchdog=watchdog, skip_steps=skip_steps)
+        watchdog=watchdog, skip_steps=skip_steps, data_shards=data_shards)
     distributed.on_loss_say(lambda: _resume_from(args.model_dir))
     # with several processes the signals are agreed on from here: one that reaches some
     # of them while they start up must stop them all (after their first step) too
@@ -137,6 +139,7 @@ class TrainArgs:
     allow_changed_inputs: bool
     watchdog: WatchdogSettings
     skip_steps: SkipSettings
+    data_shards: Optional[int] = None
 
     def __post_init__(self):
         check_positive_int("TRAIN_STEPS", self.train_steps)
@@ -146,6 +149,7 @@ class TrainArgs:
         check_text("INITIAL_CHECKPOINT_PATH", self.initial_checkpoint_path, optional=True)
         check_bool("PACK", self.pack)
         check_bool("ALLOW_CHANGED_INPUTS", self.allow_changed_inputs)
+        check_positive_int("DATA_SHARDS", self.data_shards, optional=True)
         check_positive_int("LOG_PERIOD", self.log_period)
         run_seed.check(self.random_seed)
         if self.initial_checkpoint_state not in INITIAL_CHECKPOINT_STATES:
@@ -201,13 +205,15 @@ def _open(ctx: RunContext) -> bool:
     random_seed = run_seed.resolve(args.random_seed, args.model_dir)
     _check_evaluation(args)
     data = TrainData(args.mixture_or_task_name, args.task_feature_lengths, args.batch_size,
-                     seed=random_seed, pack=args.pack, data_settings=args.data_settings)
+                     seed=random_seed, pack=args.pack, data_settings=args.data_settings,
+                     data_shards=args.data_shards)
     ctx.run = build_run(model=args.model, data=data, optimizer=args.optimizer,
                         num_microbatches=args.num_microbatches, mesh=args.mesh,
                         skip=args.skip_steps)
-    ctx.ckpt = checkpoints.Checkpointer(args.model_dir, keep=args.checkpointing.keep,
-                                        period=args.checkpointing.period,
-                                        async_save=args.checkpointing.async_save)
+    ctx.ckpt = checkpoints.Checkpointer(
+        args.model_dir, keep=args.checkpointing.keep, period=args.checkpointing.period,
+        async_save=args.checkpointing.async_save,
+        iterator_shards=functools.partial(data_shards.shards_for, ctx.run.layout))
     try:
         _restore(ctx, data, random_seed)
     except BaseException:

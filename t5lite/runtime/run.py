@@ -46,6 +46,7 @@ class TrainData:
     seed: int
     pack: bool
     data_settings: Optional[DataSettings] = None
+    data_shards: Optional[int] = None  # DATA_SHARDS (t5lite/data/data_shards.py)
 
     def __post_init__(self):
         check_positive_int("BATCH_SIZE", self.batch_size)
@@ -69,7 +70,7 @@ def make_iterator(model, data: TrainData, layout: DataLayout):
     iterator = pipeline.make_iterator(
         data.mixture_or_task_name, split="train", feature_lengths=data.task_feature_lengths,
         layout=layout, model_kind=kind, pack=data.pack, shuffle=True, seed=data.seed,
-        bos_id=model.bos_id)
+        bos_id=model.bos_id, data_shards=data.data_shards)
     model.check_vocabulary(iterator.vocabulary)
     return iterator
 

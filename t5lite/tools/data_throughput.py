@@ -208,7 +208,8 @@ def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: in
         resumed.set_state(state)
         next(resumed)
         out[f"batch_{position}"] = {
-            "state_bytes": len(state["iterator"]), "save_s": save_s,
+            "state_bytes": sum(len(b) for b in state["iterator"]["states"].values()),
+            "save_s": save_s,
             "restore_to_first_batch_s": time.perf_counter() - t,
             "records_parsed": jsonl_cursor.STATS["records_parsed"] - parsed}
     # seeking: a fresh reader at the end of the one-frame file decompresses all before it

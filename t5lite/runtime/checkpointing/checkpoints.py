@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
@@ -90,11 +90,15 @@ class Checkpointer:
     keep: how many complete checkpoints to keep (None: all). period: `save` writes when
     step % period == 0 (None: every call) or when forced. async_save: `save` returns once
     the arrays are copied off the devices and writes in the background (`wait` blocks).
+    iterator_shards: the shard count of a saved data stream -> the shards whose iterator
+    states this process reads back (None: all the checkpoint holds).
     """
 
     def __init__(self, model_dir: PathLike, keep: Optional[int] = 2,
-                 period: Optional[int] = None, async_save: bool = True):
+                 period: Optional[int] = None, async_save: bool = True,
+                 iterator_shards: Optional[Callable[[int], Optional[Iterable[int]]]] = None):
         self.model_dir = absolute(model_dir)
+        self.iterator_shards = iterator_shards  # shard count -> the data shards read here
         self.directory = self.model_dir / CHECKPOINTS_DIR
         self.keep, self.period = keep, period
         if keep is not None and keep < 1:
@@ -137,8 +141,9 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, data_state: Optional[dict] = None,
              force: bool = False) -> bool:
-        """Save `state` and `data_state` (JSON-able but for its bytes under "iterator",
-        this process's data iterator state, stored per process; None is stored as {}) as
+        """Save `state` and `data_state` (JSON-able but for "iterator": {"count", "states":
+        {shard: bytes}}, the data shards' iterator states this process saves, stored per
+        shard; None is stored as {}) as
         `step` if the period says so or `force`. Returns whether a save started. A step
         that is already saved (or being saved) is not written again."""
         step = int(step)
@@ -289,7 +294,8 @@ class Checkpointer:
             items[DATA_ITEM] = ocp.args.JsonRestore()
         has_iterator = (self.step_dir(step) / data_iterator_item.ITEM).is_dir()
         if has_iterator:
-            items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore()
+            items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore(
+                self.iterator_shards)
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         data = dict(restored[DATA_ITEM] or {}) if has_data else {}
         damaged = fingerprints.content_damage(record, restored[STATE_ITEM], data=data)

@@ -1,22 +1,24 @@
-"""The checkpoint item that holds every process's data iterator state (bytes).
+"""The checkpoint item that holds the data iterator state of every data shard (bytes).
 
     MODEL_DIR/checkpoints/<step>/data_iterator/
-        process_00000-of-00002     process 0's tf.data iterator state
-        process_00001-of-00002     process 1's
+        shard_00000-of-00002.process_00000     shard 0's tf.data iterator state
+        shard_00001-of-00002.process_00001     shard 1's, written by process 1
 
-Each process writes its own file (an input pipeline's state is per process, a few MB:
-its shuffle buffer and open-file positions), with its SHA-256 beside it
-(`process_...-of-....sha256`), and reads back only its own: bytes that no longer match
-are CheckpointDamagedError (a file without its fingerprint, written before t5lite
-recorded them, is read unchecked); a checkpoint
-written by another number of processes has no file for this one, which `restore`
-reports as None (the data pipeline then refuses the resume, naming the process count).
-Nothing here imports TensorFlow.
+The global stream is cut into data shards (t5lite/data/data_shards.py); each shard's
+state is written by the process whose rows begin it (the file names that process), with
+its SHA-256 beside it (`<name>.sha256`), and read back by every process that reads that
+shard, whatever the process count of the run that resumes: `restore` reads the shards
+the run asks for (`DataIteratorRestore.shards`: the shard count -> the shards this
+process reads; None: all). Bytes that no longer match their SHA-256 are
+CheckpointDamagedError (a file without it, written before t5lite recorded them, is read
+unchecked). A checkpoint written before data shards existed holds
+`process_0000i-of-0000P`: shard i of P. Nothing here imports TensorFlow.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -28,15 +30,26 @@ from t5lite.formats import fingerprints
 
 ITEM = "data_iterator"
 SUM_SUFFIX = ".sha256"
-STATE_KEY = "iterator"  # where a data state (dict) carries this process's bytes
+STATE_KEY = "iterator"  # where a data state (dict) carries {"count": S, "states": {shard: bytes}}
+_NAME = re.compile(r"(?:shard_(\d+)-of-(\d+)\.process_\d+|process_(\d+)-of-(\d+))")
 
 
-def file_name(process_index: int, process_count: int) -> str:
-    return f"process_{process_index:05d}-of-{process_count:05d}"
+def file_name(shard: int, count: int, process_index: Optional[int] = None) -> str:
+    process = jax.process_index() if process_index is None else process_index
+    return f"shard_{shard:05d}-of-{count:05d}.process_{process:05d}"
+
+
+def shard_of(name: str) -> Optional[Tuple[int, int]]:
+    """(shard, count) a state file holds; None for another file."""
+    match = _NAME.fullmatch(name)
+    if match is None:
+        return None
+    shard, count, index, processes = match.groups()
+    return (int(shard), int(count)) if shard is not None else (int(index), int(processes))
 
 
 def damage(path: epath.Path, state: Optional[bytes] = None) -> Optional[str]:
-    """What is wrong with a process's iterator file (`state`: its bytes, read here when
+    """What is wrong with a shard's iterator file (`state`: its bytes, read here when
     not given), None when it matches the SHA-256 saved beside it or has none (written
     before t5lite recorded them)."""
     recorded = path.parent / f"{path.name}{SUM_SUFFIX}"
@@ -50,14 +63,26 @@ def damage(path: epath.Path, state: Optional[bytes] = None) -> Optional[str]:
     return f"{ITEM}/{path.name}: its bytes are not the ones saved (SHA-256)"
 
 
-class DataIteratorHandler(ocp.AsyncCheckpointHandler):
-    """Writes this process's bytes (or nothing, for None) into the item directory."""
+def _stored(directory: epath.Path) -> Dict[int, Dict[int, epath.Path]]:
+    """{count: {shard: the first file that holds it}} of an item directory."""
+    found: Dict[int, Dict[int, epath.Path]] = {}
+    for path in sorted(directory.iterdir(), key=lambda p: p.name):
+        held = shard_of(path.name)
+        if held is not None:
+            found.setdefault(held[1], {}).setdefault(held[0], path)
+    return found
 
-    def _write(self, directory: epath.Path, state: Optional[bytes]) -> None:
-        if state is not None:
-            name = file_name(jax.process_index(), jax.process_count())
-            (directory / name).write_bytes(state)
-            (directory / f"{name}{SUM_SUFFIX}").write_text(fingerprints.bytes_fingerprint(state))
+
+class DataIteratorHandler(ocp.AsyncCheckpointHandler):
+    """Writes this process's shards' bytes (nothing, for None) into the item directory."""
+
+    def _write(self, directory: epath.Path, state: Optional[dict]) -> None:
+        if not state:
+            return
+        for shard, data in sorted(state["states"].items()):
+            name = file_name(shard, state["count"])
+            (directory / name).write_bytes(data)
+            (directory / f"{name}{SUM_SUFFIX}").write_text(fingerprints.bytes_fingerprint(data))
 
     async def async_save(self, directory: epath.Path, args: "DataIteratorSave"
                          ) -> Optional[List[future.Future]]:
@@ -72,25 +97,37 @@ class DataIteratorHandler(ocp.AsyncCheckpointHandler):
         self._write(directory, args.state)
 
     def restore(self, directory: epath.Path, args: Optional["DataIteratorRestore"] = None
-                ) -> Optional[bytes]:
-        path = directory / file_name(jax.process_index(), jax.process_count())
-        if not path.exists():
+                ) -> Optional[dict]:
+        """{"count": S, "states": {shard: bytes}} of the shards asked for that the
+        checkpoint holds; None when it holds none (or another shard count per file set)."""
+        stored = _stored(directory)
+        if len(stored) != 1:
             return None
-        state = path.read_bytes()
-        damaged = damage(path, state)
-        if damaged:
-            raise CheckpointDamagedError(f"checkpoint {directory.parent.name} is damaged: "
-                                         f"{damaged}")
-        return state
+        (count, files), = stored.items()
+        wanted: Optional[Iterable[int]] = files
+        if args is not None and args.shards is not None:
+            wanted = args.shards(count)
+        if wanted is None:
+            return None
+        states = {}
+        for shard in wanted:
+            if shard in files:
+                data = files[shard].read_bytes()
+                damaged = damage(files[shard], data)
+                if damaged:
+                    raise CheckpointDamagedError(f"checkpoint {directory.parent.name} is "
+                                                 f"damaged: {damaged}")
+                states[shard] = data
+        return {"count": count, "states": states}
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
 @dataclasses.dataclass
 class DataIteratorSave(ocp.args.CheckpointArgs):
-    state: Optional[bytes]
+    state: Optional[dict]  # {"count": S, "states": {shard: bytes}}
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
 @dataclasses.dataclass
 class DataIteratorRestore(ocp.args.CheckpointArgs):
-    pass
+    shards: Optional[Callable[[int], Optional[Iterable[int]]]] = None

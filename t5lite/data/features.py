@@ -1,0 +1,62 @@
+"""What the model's batches hold: the feature converter of a model kind (T5X's names),
+and the feature lengths a task and a model kind need."""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+from t5lite.data.tf_env import import_tensorflow
+from t5lite.errors import DataError
+from t5lite.models.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
+
+import_tensorflow()  # (hidden GPUs, quiet start-up) before SeqIO imports it
+import seqio  # noqa: E402
+
+
+def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
+                      bos_id: int = 0) -> seqio.FeatureConverter:
+    """seqio's converter to T5X model features for `model_kind`, its decoder inputs
+    starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
+    task as one sequence, prompt then answer, with the loss on the answer only
+    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
+    if model_kind == ENCODER_DECODER:
+        return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
+    if model_kind == DECODER_ONLY:
+        if with_inputs:
+            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True,
+                                                  bos_id=bos_id)
+        return seqio.LMFeatureConverter(pack=pack, bos_id=bos_id)
+    raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+
+
+def has_inputs(provider) -> bool:
+    """Whether a task (or mixture) has an inputs feature (inputs -> targets)."""
+    return "inputs" in provider.output_features
+
+
+def check_lengths(name: str, provider, model_kind: str,
+                   feature_lengths: Mapping[str, Optional[int]]) -> Dict[str, int]:
+    lengths = {k: int(v) for k, v in feature_lengths.items() if v}
+    if has_inputs(provider):
+        if set(lengths) != {"inputs", "targets"}:
+            what = ("an encoder_decoder model" if model_kind == ENCODER_DECODER else
+                    f"a decoder_only model on the inputs -> targets task {name!r} (prompt "
+                    f"then answer, in one sequence of inputs + targets tokens)")
+            raise DataError(f"{what} needs feature lengths for 'inputs' and 'targets', got "
+                            f"{dict(feature_lengths)}")
+        return lengths
+    if model_kind == ENCODER_DECODER:
+        raise DataError(f"task {name!r} has no 'inputs' feature: an encoder_decoder model "
+                        f"needs an input/target task (e.g. pile_span_corruption)")
+    if "targets" not in lengths:
+        raise DataError(f"a decoder_only model needs a feature length for 'targets', "
+                        f"got {dict(feature_lengths)}")
+    return {"targets": lengths["targets"]}
+
+
+def sequence_lengths(model_kind: str, feature_lengths: Mapping[str, int]) -> Dict[str, int]:
+    """The lengths of the model's batches for a task's checked `feature_lengths`: an
+    encoder-decoder's inputs and targets; a decoder-only model's one sequence, as
+    "targets" (inputs + targets tokens for a prefix-LM task)."""
+    if model_kind == ENCODER_DECODER:
+        return dict(feature_lengths)
+    return {"targets": sum(feature_lengths.values())}
