@@ -7,6 +7,8 @@ import contextlib
 import os
 from typing import Dict, List
 
+import pytest
+
 from t5lite.data import demo_corpus
 
 _VOCAB: Dict[str, str] = {}
@@ -153,17 +155,24 @@ def files_in(directory) -> List[str]:
                   for r, _, fs in os.walk(directory) for f in fs)
 
 
-def pile_env(tmp_path, monkeypatch, tmp_path_factory, texts_per_call: int = 4, **sizes):
-    """A small Pile-style corpus (3 files of 60 documents unless `sizes` say otherwise)
-    that the settings point at, read `texts_per_call` documents a call (finer parse
-    counts than the default); its directory."""
+@pytest.fixture
+def pile(tmp_path, monkeypatch, tmp_path_factory):
+    """A small Pile-style corpus (3 files of 60 documents) that the settings point at,
+    read 4 documents a call (finer parse counts than the default); its directory. With
+    `restored_data_settings`: a test module imports both."""
     from t5lite.data import sources
     directory = tmp_path / "pile"
-    demo_corpus.write_pile(str(directory), **{"train_files": 3, "docs_per_file": 60,
-                                              "eval_docs": 4, **sizes})
+    demo_corpus.write_pile(str(directory), train_files=3, docs_per_file=60, eval_docs=4)
     data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), pile_dir=directory)
-    monkeypatch.setattr(sources, "TEXTS_PER_CALL", texts_per_call)
+    monkeypatch.setattr(sources, "TEXTS_PER_CALL", 4)
     return directory
+
+
+@pytest.fixture(autouse=True)
+def restored_data_settings():
+    """The data settings as they were, after each test of a module that imports this."""
+    yield
+    reset_data_settings()
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import pytest
 
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 
-from data_helpers import (data_env, mnli_squad_mixture, pile_env, pile_tfds,
-                          reset_data_settings, vocabulary)
+from data_helpers import (data_env, mnli_squad_mixture, pile, pile_tfds,  # noqa: F401
+                          restored_data_settings, vocabulary)
 
 pytest.importorskip("seqio")
 
@@ -19,17 +19,6 @@ from t5lite.data import pipeline, sources
 
 EARLY, LATE, AFTER = 2, 60, 3
 LENGTHS = {"inputs": 32, "targets": 8}
-
-
-@pytest.fixture(autouse=True)
-def _restore_settings():
-    yield
-    reset_data_settings()
-
-
-@pytest.fixture
-def pile(tmp_path, monkeypatch, tmp_path_factory):
-    return pile_env(tmp_path, monkeypatch, tmp_path_factory)
 
 
 def _make(task="pile_span_corruption", batch_size=4, process_index=0, process_count=1,

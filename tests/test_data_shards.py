@@ -16,7 +16,7 @@ from t5lite.data.data_layout import DataLayout
 from t5lite.data.data_shards import ShardPlan, shards_for
 from t5lite.errors import DataError
 
-from data_helpers import mnli_squad_mixture, pile_env, reset_data_settings
+from data_helpers import mnli_squad_mixture, pile, restored_data_settings  # noqa: F401
 
 pytest.importorskip("seqio")
 
@@ -43,17 +43,6 @@ def test_the_plan_names_each_process_its_shards_and_rows():
         ShardPlan(8, count=3, start=0, stop=8)
     assert shards_for(DataLayout(8, 1, 2), 4) == range(2, 4)
     assert shards_for(DataLayout(8, 1, 2), 3) is None
-
-
-@pytest.fixture(autouse=True)
-def _restore_settings():
-    yield
-    reset_data_settings()
-
-
-@pytest.fixture
-def pile(tmp_path, monkeypatch, tmp_path_factory):
-    return pile_env(tmp_path, monkeypatch, tmp_path_factory)
 
 
 def _make(process_index=0, process_count=1, task="pile_span_corruption", **kwargs):

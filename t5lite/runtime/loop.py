@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 
-from t5lite.data import data_shards
+from t5lite.data.data_shards import shards_for
 from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
@@ -213,7 +213,7 @@ def _open(ctx: RunContext) -> bool:
     ctx.ckpt = checkpoints.Checkpointer(
         args.model_dir, keep=args.checkpointing.keep, period=args.checkpointing.period,
         async_save=args.checkpointing.async_save,
-        iterator_shards=functools.partial(data_shards.shards_for, ctx.run.layout))
+        iterator_shards=functools.partial(shards_for, ctx.run.layout))
     try:
         _restore(ctx, data, random_seed)
     except BaseException:

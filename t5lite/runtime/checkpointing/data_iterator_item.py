@@ -34,9 +34,9 @@ STATE_KEY = "iterator"  # where a data state (dict) carries {"count": S, "states
 _NAME = re.compile(r"(?:shard_(\d+)-of-(\d+)\.process_\d+|process_(\d+)-of-(\d+))")
 
 
-def file_name(shard: int, count: int, process_index: Optional[int] = None) -> str:
-    process = jax.process_index() if process_index is None else process_index
-    return f"shard_{shard:05d}-of-{count:05d}.process_{process:05d}"
+def file_name(shard: int, count: int) -> str:
+    """The file this process writes `shard`'s state to."""
+    return f"shard_{shard:05d}-of-{count:05d}.process_{jax.process_index():05d}"
 
 
 def shard_of(name: str) -> Optional[Tuple[int, int]]:
