@@ -48,6 +48,8 @@ SWITCHES = {  # each on the 2026-11-26 settings of large, then together
 for name, (switches, env) in SWITCHES.items():
     ROWS.append((f"large_b32_h200+{name}", "h200", RECIPES["large"][0], 32, OLD + switches,
                  env))
+ROWS.append(("large_b32_h200+scan_layers", "h200", RECIPES["large"][0], 32,
+             ["SCAN_LAYERS=True"], SHIPPED_XLA))  # the shipped settings, the stack scanned
 for name, switches in {"bf16_scores": ["ATTENTION_LOGITS_DTYPE='bfloat16'"],
                        "fused_qkv": ["FUSE_QKV=True"]}.items():
     ROWS.append((f"small_b128_h200+{name}", "h200", RECIPES["small"][0], 128, OLD + switches,

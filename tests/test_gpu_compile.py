@@ -4,6 +4,7 @@ program's kernels against XLA's own cost analysis, both families' steps, the swi
 that change the GPU program (cuDNN attention), --memory on a GPU's plan, and one-line
 errors. Needs the gpu-aot extra, which the test extra installs."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,8 +16,8 @@ import pytest
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
-from t5lite.tools import (benchmark, benchmarking, gpu_program, gpu_report, gpu_target,
-                          step_time)
+from t5lite.tools import benchmark, benchmarking, gpu_report, gpu_target, step_time
+from t5lite.tools.hlo import gpu_program
 
 LENGTHS = ["--inputs_length=32", "--targets_length=16"]
 
@@ -62,7 +63,6 @@ def test_launcher_options_are_the_launchers_flags(monkeypatch):
     for flag in gpu_target.ENV_FLAGS:
         name, value = flag[2:].split("=")
         assert flags[name] == value, name
-    import os
     for name in ("XLA_FLAGS", "JAX_PLATFORMS"):  # restored after the test
         monkeypatch.setenv(name, os.environ.get(name, ""))
     gpu_target.use_cpu_platform()
@@ -124,6 +124,84 @@ def test_bench_predicts_the_program_the_gpu_compiled(h200_program, monkeypatch):
     kernels = gpu_program.program_kernels(h200_program.as_text())
     expected = step_time.predict(kernels, gpu_target.device_facts(spec))
     assert benchmark.predicted_step_s(h200_program) == expected > 0
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_the_gated_mlps_backward_keeps_only_the_projections_on_a_gpu(act):
+    """Compiled for an H200, the gradient of wo(act(wi_0 x) * wi_1 x) written plainly
+    keeps one more [tokens, mlp] array than `activated_product`'s for tanh-GELU (its
+    tanh), and moves more bytes; without the backward's barrier XLA merges the
+    recomputation back into the forward. For SiLU, XLA already keeps no more."""
+    from t5lite.models.activations import ACTIVATIONS, activated_product
+    devices = gpu_target.gpu_devices("h200")
+    spec = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
+                                      jax.sharding.PartitionSpec())
+    x = jax.ShapeDtypeStruct((2048, 256), jnp.bfloat16, sharding=spec)
+    w = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16, sharding=spec)
+    acts = [ACTIVATIONS[act], ACTIVATIONS["linear"]]
+
+    def plain(ys):
+        return acts[0](ys[0]) * ys[1]
+
+    def program(product):
+        def loss(x, w0, w1, wo):
+            return jnp.sum(jnp.square((product([x @ w0, x @ w1]) @ wo.T).astype(jnp.float32)))
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, w, w, w).compile(
+            gpu_target.compiler_options()).as_text()
+        entry = text[text.index("\nENTRY "):]
+        results = [m.group(1) for m in re.finditer(r" = (.*?) (?:fusion|custom-call)\(", entry)]
+        hidden = sum(r.count("bf16[2048,1024]") for r in results)
+        return hidden, gpu_program.totals(gpu_program.program_kernels(text))["bytes"]
+
+    ours, ours_bytes = program(lambda ys: activated_product(acts, ys))
+    theirs, theirs_bytes = program(plain)
+    # h0, h1, the product forward; the product's gradient, dh0, dh1 backward
+    assert ours == 6, ours
+    if act == "gelu":  # plainly, tanh is written forward and read backward
+        assert theirs == 7
+        assert ours_bytes < theirs_bytes - 2 * 2048 * 1024 * 2 * 0.9
+    else:  # XLA already recomputes SiLU's sigmoid: the same program's traffic
+        assert theirs == 6 and ours_bytes <= theirs_bytes
+
+
+def test_a_loop_over_stacked_layers_counts_each_layers_slice_and_update():
+    """A scan over stacked weights [layers, n, n] compiled for an H200: each layer's
+    GEMM (XLA's dynamic-slice fusion around cuBLAS) counts its FLOPs and reads one
+    layer's weights, the activation kept for each layer writes its own slice of the
+    stack, and the whole program moves about what the unrolled loop does (counted in
+    full, each launch would read or write the whole stack)."""
+    devices = gpu_target.gpu_devices("h200")
+    spec = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
+                                      jax.sharding.PartitionSpec())
+    layers, n, m = 8, 512, 2048
+    ws = jax.ShapeDtypeStruct((layers, n, n), jnp.bfloat16, sharding=spec)
+    x = jax.ShapeDtypeStruct((m, n), jnp.bfloat16, sharding=spec)
+
+    def layer(h, w):
+        h = jnp.tanh(h @ w)
+        return h, h
+
+    def unrolled(ws, x):
+        hs = []
+        for i in range(layers):
+            x, _ = layer(x, ws[i])
+            hs.append(x)
+        return x, jnp.stack(hs)
+
+    def kernels(f):
+        text = jax.jit(f).lower(ws, x).compile(gpu_target.compiler_options()).as_text()
+        return gpu_program.program_kernels(text)
+
+    scanned = kernels(lambda ws, x: jax.lax.scan(layer, x, ws))
+    gemms = [k for k in scanned if k.kind == "cublas gemm"]
+    assert [k.count for k in gemms] == [layers]
+    assert gemms[0].flops == 2 * m * n * n and "dot_general" in gemms[0].op_name
+    assert gemms[0].bytes == 2 * (n * n + 2 * m * n) + 4  # + the layer's index
+    updates = [k for k in scanned if "dynamic_update_slice" in k.op_name]
+    assert updates and all(k.bytes <= 2 * 2 * m * n + 4 for k in updates)
+    totals = gpu_program.totals(scanned)
+    assert totals["flops"] == pytest.approx(layers * 2 * m * n * n, rel=0.01)
+    assert totals["bytes"] < 1.3 * gpu_program.totals(kernels(unrolled))["bytes"]
 
 
 def _report(gin_files, bindings, batch=4, lengths=None):
@@ -223,19 +301,58 @@ def test_info_gpu_mistakes_are_one_line(args, words):
         assert word in lines[0]
 
 
-def test_the_initializer_draws_with_jax_threefry_gpu_kernel():
-    """Random bits on a GPU come from jax's threefry CUDA kernel (set by the partitioner):
-    the initializer's program calls it instead of unrolling the hash into its fusions,
-    which is what made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
+@pytest.fixture(scope="module")
+def tiny_init_h200():
+    """The tiny T5's state initializer, lowered for an H200."""
     parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"],
                       [], [], placeholders=parsing.RUN_PLACEHOLDERS)
     model = parsing.resolve_macro("MODEL", origin="test")
     the_run = benchmarking.step_run(model, devices=gpu_target.gpu_devices("h200"),
                                     optimizer=benchmarking.run_optimizer()[0])
     assert jax.config.jax_threefry_gpu_kernel_lowering  # set as the run's mesh was made
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    text = the_run.step_fns.init.lower(key).compile(gpu_target.compiler_options()).as_text()
+    return the_run.step_fns.init.lower(jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
+def test_the_initializer_draws_with_jax_threefry_gpu_kernel(tiny_init_h200):
+    """Random bits on a GPU come from jax's threefry CUDA kernel (set by the partitioner):
+    the initializer's program calls it instead of unrolling the hash into its fusions,
+    which is what made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
+    text = tiny_init_h200.compile(gpu_target.compiler_options()).as_text()
     assert 'custom_call_target="cu_threefry2x32' in text
+
+
+_INIT_PROGRAMS = """
+import sys
+from t5lite.tools import gpu_target
+gpu_target.use_cpu_platform()
+import jax, jax.numpy as jnp
+from t5lite.config import parsing
+from t5lite.tools import benchmarking
+parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"], [],
+                  [], placeholders=parsing.RUN_PLACEHOLDERS)
+run = benchmarking.step_run(parsing.resolve_macro("MODEL", origin="test"),
+                            devices=gpu_target.gpu_devices("h200"),
+                            optimizer=benchmarking.run_optimizer()[0])
+lowered = run.step_fns.init.lower(jax.ShapeDtypeStruct((2,), jnp.uint32))
+def program(*options):
+    text = lowered.compile(*options).as_text()
+    return text[text.index("\\n"):]
+lhs = "xla_gpu_enable_latency_hiding_scheduler"
+as_run = program()
+print(as_run == program({lhs: False}), as_run == program({lhs: True}))
+"""
+
+
+def test_the_initializer_compiles_without_the_latency_hiding_scheduler():
+    """With the launchers' XLA_FLAGS (the latency-hiding scheduler on), the initializer
+    compiles as the run compiles it with its own options (train_step.INIT_COMPILER_OPTIONS:
+    the scheduler off), and that program is not the scheduled one."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
+    out = subprocess.run([sys.executable, "-c", _INIT_PROGRAMS], capture_output=True,
+                         text=True, env=env, cwd=th.REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False"]
 
 
 def test_the_threefry_kernel_setting_leaves_an_explicit_environment_alone():

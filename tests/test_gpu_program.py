@@ -1,11 +1,11 @@
-"""The kernel account of a GPU program (`tools.gpu_program`) and the predicted step time
+"""The kernel account of a GPU program (`tools.hlo.gpu_program`) and the predicted step time
 (`tools.step_time`), on HLO written by hand (every number below is counted by hand) and
 on a program XLA compiled for an H200 here, checked against XLA's own cost analysis."""
 import json
 
 import pytest
 
-from t5lite.tools import gpu_program as gp
+from t5lite.tools.hlo import gpu_program as gp
 from t5lite.tools import step_time
 
 HLO = r'''HloModule jit_step_fn, is_scheduled=true

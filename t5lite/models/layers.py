@@ -20,6 +20,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import lora as lora_lib
+from t5lite.models.activations import ACTIVATIONS, activated_product
 from t5lite.models import precision
 from t5lite.models import moe
 
@@ -247,15 +248,6 @@ class Embed(nn.Module):
 
 # ----------------------------------------------------------------------------- mlp
 
-ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-    "linear": lambda x: x,
-}
-
-
 class MLP(nn.Module):
     """wo(act_0(wi_0 x) * act_1(wi_1 x) ...): gated when two activations are given.
     x: [..., embed] -> [..., embed]; hidden [..., mlp]."""
@@ -277,12 +269,11 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        hidden = None
-        for i, act in enumerate(self.activations):
-            name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-            y = self._dense(self.mlp_dim, ("embed", "mlp"), name)(x)
-            y = ACTIVATIONS[act](y)
-            hidden = y if hidden is None else hidden * y
+        names = ["wi"] if len(self.activations) == 1 else [
+            f"wi_{i}" for i in range(len(self.activations))]
+        hidden = activated_product([ACTIVATIONS[a] for a in self.activations],
+                                   [self._dense(self.mlp_dim, ("embed", "mlp"), n)(x)
+                                    for n in names])
         hidden = checkpoint_name(self.layout.constrain(hidden, "mlp"), "mlpwi")
         hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
             hidden, deterministic=self.deterministic)

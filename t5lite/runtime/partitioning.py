@@ -26,7 +26,7 @@ import itertools
 import logging
 import math
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -185,11 +185,13 @@ class Partitioner:
 
     def partition(self, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
                   donate_argnums: Sequence[int] = (),
-                  static_argnames: Sequence[str] = ()) -> "PartitionedFunction":
+                  static_argnames: Sequence[str] = (),
+                  compiler_options: Optional[Dict[str, Any]] = None) -> "PartitionedFunction":
         """`jax.jit(fn, ...)` whose calls (and `lower`) run under this mesh and rules.
         Shardings left None are inferred from the arguments (jit's default)."""
         kwargs = {"donate_argnums": tuple(donate_argnums),
-                  "static_argnames": tuple(static_argnames)}
+                  "static_argnames": tuple(static_argnames),
+                  "compiler_options": compiler_options}
         if in_shardings is not None:
             kwargs["in_shardings"] = in_shardings
         if out_shardings is not None:

@@ -140,6 +140,12 @@ def _microbatch_grads(model, variables, batch, rng, num_microbatches: int, parti
     return loss_sum, sums, grads, new_fp8
 
 
+INIT_COMPILER_OPTIONS = {"xla_gpu_enable_latency_hiding_scheduler": False}
+"""XLA options the state initializer compiles with, over the launchers' XLA_FLAGS: it runs
+once and has no communication to hide, so scheduling it for overlap only costs compile
+time (T5 base for an H200, compiled on a CPU: 3.3 -> 2.8 s). Ignored off GPUs."""
+
+
 def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partitioner, *,
                     learning_rate_fn: Optional[Callable] = None, num_microbatches: int = 1,
                     lengths: Optional[Dict[str, int]] = None,
@@ -198,6 +204,7 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
     train_step = partitioner.partition(
         step_fn, in_shardings=(shardings, partitioner.batch_sharding(2)),
         out_shardings=(shardings, partitioner.replicated()), donate_argnums=(0,))
-    sharded_init = partitioner.partition(init, out_shardings=shardings)
+    sharded_init = partitioner.partition(init, out_shardings=shardings,
+                                         compiler_options=INIT_COMPILER_OPTIONS)
     return StepFunctions(train_step=train_step, state_shardings=shardings,
                          abstract_state=abstract, init=sharded_init)

@@ -31,7 +31,8 @@ import jax
 
 from t5lite.runtime import metrics
 from t5lite.runtime.run import TrainingRun
-from t5lite.tools import gpu_program, gpu_target, step_memory, step_time
+from t5lite.tools import gpu_target, step_memory, step_time
+from t5lite.tools.hlo import gpu_program
 
 
 def _device_stat(key: str) -> List[int]:

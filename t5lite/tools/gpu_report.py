@@ -20,7 +20,9 @@ import gin
 import jax
 
 from t5lite.errors import ConfigError
-from t5lite.tools import benchmarking, gpu_program, gpu_target, step_memory, step_time
+from t5lite.tools import benchmarking, gpu_target, step_memory, step_time
+from t5lite.tools.hlo import gpu_program
+from t5lite.runtime import train_step
 
 TOP_OPS = 12
 
@@ -46,7 +48,8 @@ def compile_init(the_run, autotune_file: Optional[str] = None) -> float:
     """Seconds to lower and compile the run's sharded initializer."""
     t0 = time.perf_counter()
     key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
-    the_run.step_fns.init.lower(key).compile(gpu_target.compiler_options(autotune_file))
+    the_run.step_fns.init.lower(key).compile({**gpu_target.compiler_options(autotune_file),
+                                              **train_step.INIT_COMPILER_OPTIONS})
     return time.perf_counter() - t0
 
 

@@ -29,7 +29,7 @@ import json
 import pathlib
 from typing import Any, Dict, Iterable, List, Mapping
 
-from t5lite.tools.gpu_program import Kernel
+from t5lite.tools.hlo.gpu_program import Kernel
 
 MEMORY_EFFICIENCY = 0.85
 LAUNCH_S = 3e-6

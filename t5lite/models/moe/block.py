@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from t5lite.models.activations import activated_product
 from t5lite.models.moe import routing
 
 Array = jax.Array
@@ -167,14 +168,13 @@ class _ExpertFn:
         self.dropout, self.deterministic = dropout, deterministic
 
     def _hidden(self, matmul, bias_shape) -> Array:
-        hidden = None
-        for (kernel, bias), act in zip(self.wis, self.activations):
+        ys = []
+        for kernel, bias in self.wis:
             y = matmul(jnp.asarray(kernel, self.dtype))
             if bias is not None:
                 y = y + bias_shape(jnp.asarray(bias, self.dtype))
-            y = act(y)
-            hidden = y if hidden is None else hidden * y
-        hidden = checkpoint_name(hidden, "mlpwi")
+            ys.append(y)
+        hidden = checkpoint_name(activated_product(self.activations, ys), "mlpwi")
         return self.dropout(hidden, deterministic=self.deterministic)
 
     def __call__(self, x: Array) -> Array:

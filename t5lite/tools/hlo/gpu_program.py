@@ -11,10 +11,11 @@ library call (cuBLAS, cuDNN), a copy, an unfused reduce or scatter. Parameters, 
 bitcasts and get-tuple-elements move nothing.
 
 What it counts, per kernel:
-- bytes: its operands plus its results, in full (XLA's HloCostAnalysis counts a fusion's
-  parameters the same way, less where a fusion reads a slice of an operand); a library
-  call's scratch buffer (the trailing u8 / s8 result of cuBLAS and cuDNN calls) is not
-  counted. A kernel in a `while` body counts `known_trip_count` times.
+- bytes: its operands plus its results (`kernel_bytes`), as XLA's HloCostAnalysis
+  counts them: an operand read through slices counts the slices, an in-place
+  dynamic-update-slice its update; a library call's scratch buffer (the trailing u8 / s8
+  result of cuBLAS and cuDNN calls) is not counted. A kernel in a `while` body counts
+  `known_trip_count` times.
 - FLOPs: a matmul's 2 * M * N * K (inside a GEMM fusion, or a cuBLAS call from its
   operand shapes and contracting dimensions); cuDNN's fused attention from q / k / v
   ([batch, length, heads, head_dim]): 4 * B * H * Sq * Sk * D forward, 10 * ... for the
@@ -32,10 +33,8 @@ import math
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-               "c128": 16, "s4": 0.5, "u4": 0.5}
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+from t5lite.tools.hlo.kernel_bytes import ARRAY, array_bytes, dims, kernel_bytes  # noqa: F401
+
 _HEADER = re.compile(r"^(ENTRY )?%(\S+) \(.*\{$")
 _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
@@ -46,24 +45,9 @@ _ELEMENTWISE_FREE = {"parameter", "constant", "bitcast", "broadcast", "reshape",
                      "pad", "dynamic-slice", "dynamic-update-slice", "convert", "gather"}
 
 
-def array_bytes(type_text: str, skip_scratch: bool = False) -> int:
-    """Bytes of every array in an HLO type (`bf16[8,512]{1,0}` or a tuple of them);
-    with `skip_scratch`, a tuple's trailing u8 / s8 buffer (a library call's scratch)
-    is left out."""
-    arrays = _ARRAY.findall(type_text)
-    if skip_scratch and type_text.startswith("(") and len(arrays) > 1 \
-            and arrays[-1][0] in ("u8", "s8"):
-        arrays = arrays[:-1]
-    return int(sum(DTYPE_BYTES.get(dt, 4) * math.prod(_dims(dims)) for dt, dims in arrays))
-
-
-def _dims(text: str) -> List[int]:
-    return [int(d) for d in text.split(",") if d]
-
-
 def _shape(type_text: str) -> List[int]:
-    found = _ARRAY.search(type_text)
-    return _dims(found.group(2)) if found else []
+    found = ARRAY.search(type_text)
+    return dims(found.group(2)) if found else []
 
 
 @dataclasses.dataclass
@@ -230,7 +214,7 @@ def _called(inst: Instruction) -> List[str]:
 def _dot_flops(dot: Instruction, types: Mapping[str, str]) -> float:
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", dot.attrs)
     lhs = _shape(types.get(dot.operands[0], "")) if dot.operands else []
-    k = math.prod(lhs[int(d)] for d in _dims(contracting.group(1))) if contracting and lhs else 1
+    k = math.prod(lhs[int(d)] for d in dims(contracting.group(1))) if contracting and lhs else 1
     return 2.0 * math.prod(_shape(dot.type)) * k
 
 
@@ -321,6 +305,11 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
             continue
         if inst.opcode == "custom-call":
             kind, flops = _custom_call(inst, types)
+        elif inst.opcode == "fusion" and _library_call(module, inst):
+            # XLA's dynamic-slice fusion: a cuBLAS call on slices of its operands
+            called = module.computations[(inst.attr("calls") or "").lstrip("%")]
+            kind, flops = _custom_call(_library_call(module, inst),
+                                       {i.name: i.type for i in called})
         elif inst.opcode == "fusion":
             flops, has_dot = _fused_flops(module, (inst.attr("calls") or "").lstrip("%"))
             fusion_kind = inst.attr("kind") or ""
@@ -330,12 +319,22 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
         else:
             kind, flops = inst.opcode, 0.0
         fp8 = kind in ("cublas gemm", "gemm fusion") and _fp8_operands(module, inst, types)
-        moved = array_bytes(inst.type, skip_scratch=inst.opcode == "custom-call") + sum(
-            array_bytes(types.get(o, "")) for o in inst.operands)
+        fused = (module.computations.get((inst.attr("calls") or "").lstrip("%"))
+                 if inst.opcode in ("fusion", "fusion-start") else None)
+        moved = kernel_bytes(inst, [types.get(o, "") for o in inst.operands], fused)
         op_name, frame = _origin(module, inst)
         part = _fusion_part(module, inst) or _part(op_name, module.source(frame))
         out.append(Kernel(inst.name, kind, part, _phase(op_name), op_name, flops, moved,
                           times, fp8))
+
+
+def _library_call(module: Module, inst: Instruction) -> Optional[Instruction]:
+    """The custom call a fusion wraps (kind=kCustom, a library call with its operands
+    sliced), if any."""
+    if inst.attr("kind") != "kCustom":
+        return None
+    called = module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
+    return next((i for i in called if i.opcode == "custom-call"), None)
 
 
 def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
@@ -343,6 +342,9 @@ def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
     ops, with none of its own) the most common among the instructions it fuses."""
     if inst.op_name or inst.opcode != "fusion":
         return inst.op_name, inst.frame
+    library = _library_call(module, inst)
+    if library is not None and library.op_name:  # a GEMM on slices: the GEMM's
+        return library.op_name, library.frame
     inner = [i for i in module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
              if i.op_name]
     if not inner:
