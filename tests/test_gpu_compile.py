@@ -85,13 +85,19 @@ def test_a_large_sort_compiles_without_a_gpu():
     assert "sort(" in lowered.compile(gpu_target.compiler_options()).as_text()
 
 
+def _replicated_h200():
+    """A sharding onto one compile-only H200: abstract arguments made with it compile for
+    that GPU."""
+    devices = gpu_target.gpu_devices("h200")
+    assert devices[0].device_kind == gpu_target.GPUS["h200"]
+    return jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
+                                      jax.sharding.PartitionSpec())
+
+
 @pytest.fixture(scope="module")
 def h200_program():
     """A matmul, a float32 softmax and a reduction, compiled for an H200 here."""
-    devices = gpu_target.gpu_devices("h200")
-    assert devices[0].device_kind == gpu_target.GPUS["h200"]
-    mesh = jax.sharding.Mesh(devices, ("x",))
-    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    spec = _replicated_h200()
     a = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=spec)
     b = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16, sharding=spec)
 
@@ -133,9 +139,7 @@ def test_the_gated_mlps_backward_keeps_only_the_projections_on_a_gpu(act):
     tanh), and moves more bytes; without the backward's barrier XLA merges the
     recomputation back into the forward. For SiLU, XLA already keeps no more."""
     from t5lite.models.activations import ACTIVATIONS, activated_product
-    devices = gpu_target.gpu_devices("h200")
-    spec = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
-                                      jax.sharding.PartitionSpec())
+    spec = _replicated_h200()
     x = jax.ShapeDtypeStruct((2048, 256), jnp.bfloat16, sharding=spec)
     w = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16, sharding=spec)
     acts = [ACTIVATIONS[act], ACTIVATIONS["linear"]]
@@ -170,9 +174,7 @@ def test_a_loop_over_stacked_layers_counts_each_layers_slice_and_update():
     layer's weights, the activation kept for each layer writes its own slice of the
     stack, and the whole program moves about what the unrolled loop does (counted in
     full, each launch would read or write the whole stack)."""
-    devices = gpu_target.gpu_devices("h200")
-    spec = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, ("x",)),
-                                      jax.sharding.PartitionSpec())
+    spec = _replicated_h200()
     layers, n, m = 8, 512, 2048
     ws = jax.ShapeDtypeStruct((layers, n, n), jnp.bfloat16, sharding=spec)
     x = jax.ShapeDtypeStruct((m, n), jnp.bfloat16, sharding=spec)
@@ -301,28 +303,22 @@ def test_info_gpu_mistakes_are_one_line(args, words):
         assert word in lines[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_init_h200():
-    """The tiny T5's state initializer, lowered for an H200."""
+def test_the_initializer_draws_with_jax_threefry_gpu_kernel():
+    """Random bits on a GPU come from jax's threefry CUDA kernel (set by the partitioner):
+    the initializer's program calls it instead of unrolling the hash into its fusions,
+    which is what made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
     parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"],
                       [], [], placeholders=parsing.RUN_PLACEHOLDERS)
     model = parsing.resolve_macro("MODEL", origin="test")
     the_run = benchmarking.step_run(model, devices=gpu_target.gpu_devices("h200"),
                                     optimizer=benchmarking.run_optimizer()[0])
     assert jax.config.jax_threefry_gpu_kernel_lowering  # set as the run's mesh was made
-    return the_run.step_fns.init.lower(jax.ShapeDtypeStruct((2,), jnp.uint32))
-
-
-def test_the_initializer_draws_with_jax_threefry_gpu_kernel(tiny_init_h200):
-    """Random bits on a GPU come from jax's threefry CUDA kernel (set by the partitioner):
-    the initializer's program calls it instead of unrolling the hash into its fusions,
-    which is what made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
-    text = tiny_init_h200.compile(gpu_target.compiler_options()).as_text()
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    text = the_run.step_fns.init.lower(key).compile(gpu_target.compiler_options()).as_text()
     assert 'custom_call_target="cu_threefry2x32' in text
 
 
 _INIT_PROGRAMS = """
-import sys
 from t5lite.tools import gpu_target
 gpu_target.use_cpu_platform()
 import jax, jax.numpy as jnp

@@ -20,9 +20,9 @@ import gin
 import jax
 
 from t5lite.errors import ConfigError
+from t5lite.runtime import train_step
 from t5lite.tools import benchmarking, gpu_target, step_memory, step_time
 from t5lite.tools.hlo import gpu_program
-from t5lite.runtime import train_step
 
 TOP_OPS = 12
 

@@ -3,12 +3,13 @@ the projections.
 
 `activated_product((act_0, act_1), (y_0, y_1))` is act_0(y_0) * act_1(y_1) (T5 v1.1's
 gated GELU, LLaMA's SwiGLU; one function for an ungated MLP). Differentiated as written,
-XLA keeps what the activation computed on the way (tanh-GELU's tanh, SiLU's sigmoid) as
-one more [batch, length, mlp] array written forward and read backward. Here the backward
-pass keeps only y_i, which the projections' own gradients need anyway, and computes the
-activations again inside the kernel that forms the gradients: for T5 large compiled for
-an H200 that is 2 x 92 MB less traffic per encoder layer (docs/performance.md). The
-values are the same functions'; the gradients are autodiff's of the same expression.
+XLA keeps what tanh-GELU computed on the way (its tanh) as one more [batch, length, mlp]
+array written forward and read backward (SiLU's sigmoid it already recomputes). Here
+the backward pass keeps only y_i, which the projections' own gradients need anyway, and
+computes the activations again inside the kernel that forms the gradients: for T5 large
+compiled for an H200 that is 2 x 92 MB less traffic per encoder layer
+(docs/performance.md). The values are the same functions'; the gradients are autodiff's
+of the same expression.
 """
 from __future__ import annotations
 

@@ -303,13 +303,12 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
             for called in _called(inst):
                 _walk(module, called, inner, out)
             continue
+        fused = _fused(module, inst) if inst.opcode in ("fusion", "fusion-start") else []
+        library = _library_call(module, inst)
         if inst.opcode == "custom-call":
             kind, flops = _custom_call(inst, types)
-        elif inst.opcode == "fusion" and _library_call(module, inst):
-            # XLA's dynamic-slice fusion: a cuBLAS call on slices of its operands
-            called = module.computations[(inst.attr("calls") or "").lstrip("%")]
-            kind, flops = _custom_call(_library_call(module, inst),
-                                       {i.name: i.type for i in called})
+        elif library is not None:  # XLA's dynamic-slice fusion: cuBLAS on operand slices
+            kind, flops = _custom_call(library, {i.name: i.type for i in fused})
         elif inst.opcode == "fusion":
             flops, has_dot = _fused_flops(module, (inst.attr("calls") or "").lstrip("%"))
             fusion_kind = inst.attr("kind") or ""
@@ -319,8 +318,6 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
         else:
             kind, flops = inst.opcode, 0.0
         fp8 = kind in ("cublas gemm", "gemm fusion") and _fp8_operands(module, inst, types)
-        fused = (module.computations.get((inst.attr("calls") or "").lstrip("%"))
-                 if inst.opcode in ("fusion", "fusion-start") else None)
         moved = kernel_bytes(inst, [types.get(o, "") for o in inst.operands], fused)
         op_name, frame = _origin(module, inst)
         part = _fusion_part(module, inst) or _part(op_name, module.source(frame))
@@ -328,13 +325,17 @@ def _walk(module: Module, name: str, times: int, out: List[Kernel]) -> None:
                           times, fp8))
 
 
+def _fused(module: Module, inst: Instruction) -> List[Instruction]:
+    """The computation a fusion calls ([] for anything else)."""
+    return module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
+
+
 def _library_call(module: Module, inst: Instruction) -> Optional[Instruction]:
     """The custom call a fusion wraps (kind=kCustom, a library call with its operands
     sliced), if any."""
     if inst.attr("kind") != "kCustom":
         return None
-    called = module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
-    return next((i for i in called if i.opcode == "custom-call"), None)
+    return next((i for i in _fused(module, inst) if i.opcode == "custom-call"), None)
 
 
 def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
@@ -345,8 +346,7 @@ def _origin(module: Module, inst: Instruction) -> Tuple[str, Optional[int]]:
     library = _library_call(module, inst)
     if library is not None and library.op_name:  # a GEMM on slices: the GEMM's
         return library.op_name, library.frame
-    inner = [i for i in module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
-             if i.op_name]
+    inner = [i for i in _fused(module, inst) if i.op_name]
     if not inner:
         return "", None
     name, _ = collections.Counter(i.op_name for i in inner).most_common(1)[0]
@@ -359,7 +359,7 @@ def _fusion_part(module: Module, inst: Instruction) -> Optional[str]:
     after the norm's reduce); None otherwise."""
     if inst.opcode != "fusion":
         return None
-    for i in module.computations.get((inst.attr("calls") or "").lstrip("%"), []):
+    for i in _fused(module, inst):
         if i.frame and _part(i.op_name, module.source(i.frame)) == "optimizer update":
             return "optimizer update"
     return None
@@ -369,7 +369,7 @@ def _fp8_operands(module: Module, inst: Instruction, types: Mapping[str, str]) -
     """Whether a GEMM multiplies FP8 arrays (a cuBLAS call's operands, or the dot's
     inside a GEMM fusion)."""
     if inst.opcode == "fusion":
-        inner = module.computations.get((inst.attr("calls") or "").lstrip("%"), [])
+        inner = _fused(module, inst)
         inner_types = {i.name: i.type for i in inner}
         dots = [i for i in inner if i.opcode == "dot"]
         return any(inner_types.get(o, "").startswith("f8") for d in dots for o in d.operands)
