@@ -18,7 +18,8 @@ from t5lite.models import lora
 from t5lite.models.configs import DecoderConfig
 from t5lite.models.attention import Attention, RelativePositionBias
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
-from t5lite.models.layers import MLP, Dense, Embed, Layout, get_dtype, make_norm, moe_mlp
+from t5lite.models.layers import (MLP, Dense, Embed, Layout, get_dtype, make_norm, moe_mlp,
+                                  residual_add)
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -39,9 +40,11 @@ class DecoderOnlyLayer(nn.Module):
         c = self.cfg
         lay, dtype = Layout(c.transpose_bs), get_dtype(c.dtype)
 
-        def dropout(y):
-            return nn.Dropout(c.dropout_rate, broadcast_dims=(lay.length_axis,))(
+        def residual(x, y):
+            y = nn.Dropout(c.dropout_rate, broadcast_dims=(lay.length_axis,))(
                 y, deterministic=self.deterministic)
+            apart = not self.deterministic and c.dropout_rate == 0
+            return lay.constrain(residual_add(x, y, apart), "activation_embed")
 
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
         bias = None
@@ -62,7 +65,7 @@ class DecoderOnlyLayer(nn.Module):
             rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
             decode=self.decode, lora=lora.spec(c), name="self_attention")(
                 h, h, bias, mask, positions, positions)
-        x = lay.constrain(x + dropout(h), "activation_embed")
+        x = residual(x, h)
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_mlp_layer_norm")(x)
         if self.moe:
             h = lay.to_internal(moe_mlp(c, self.deterministic)(lay.to_external(h)))
@@ -70,7 +73,7 @@ class DecoderOnlyLayer(nn.Module):
             h = MLP(mlp_dim=c.mlp_dim, activations=c.mlp_activations, layout=lay, dtype=dtype,
                     use_bias=c.use_bias, fp8=fp8_mode(c), dropout_rate=c.dropout_rate,
                     deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
-        x = lay.constrain(x + dropout(h), "activation_embed")
+        x = residual(x, h)
         return (x, None) if self.scanned else x
 
 

@@ -20,7 +20,8 @@ from t5lite.models import lora
 from t5lite.models.configs import T5Config
 from t5lite.models.attention import Attention, RelativePositionBias
 from t5lite.models.masks import attention_mask, decode_mask, make_mask
-from t5lite.models.layers import MLP, Dense, Embed, Layout, RMSNorm, get_dtype, moe_mlp
+from t5lite.models.layers import (MLP, Dense, Embed, Layout, RMSNorm, get_dtype, moe_mlp,
+                                  residual_add)
 from t5lite.models.precision import fp8_mode
 from t5lite.models.stack import run_layers
 
@@ -65,9 +66,11 @@ class _T5Layer(nn.Module):
                    deterministic=self.deterministic, lora=lora.spec(c), name="mlp")(h)
 
     def residual(self, x: Array, y: Array) -> Array:
-        y = nn.Dropout(self.cfg.dropout_rate, broadcast_dims=(self.layout.length_axis,))(
+        rate = self.cfg.dropout_rate
+        y = nn.Dropout(rate, broadcast_dims=(self.layout.length_axis,))(
             y, deterministic=self.deterministic)
-        return self.layout.constrain(x + y, "activation_embed")
+        apart = not self.deterministic and rate == 0
+        return self.layout.constrain(residual_add(x, y, apart), "activation_embed")
 
     def output(self, x: Array):
         return (x, None) if self.scanned else x
