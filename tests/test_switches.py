@@ -346,3 +346,23 @@ def test_rms_norm_gradient_is_autodiffs(dtype):
                                    rtol=tol, atol=tol)
     np.testing.assert_array_equal(np.asarray(rms_norm(x, scale, 1e-6, dtype), np.float32),
                                   np.asarray(plain(x, scale), np.float32))
+
+
+@pytest.mark.parametrize("name,cfg", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_the_residual_add_is_kept_out_of_the_gemm_only_when_training_without_dropout(
+        name, cfg):
+    """`layers.residual_add` with `apart` in every sublayer of a training step whose dropout
+    is off (one optimization barrier a sublayer in the traced loss), and in no other case:
+    with dropout, or without the dropout rng (evaluation). Why: tests/test_gpu_compile.py."""
+    def barriers(c, rng):
+        model = make_model(c)
+        params = model.init(jax.random.PRNGKey(0))
+        jaxpr = jax.make_jaxpr(lambda p: model.loss_fn(p, batch_for(c), rng)[0])(params)
+        return str(jaxpr).count("optimization_barrier")
+
+    sublayers = (2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers
+                 if isinstance(cfg, T5Config) else 2 * cfg.num_layers)
+    rng = jax.random.PRNGKey(1)
+    assert barriers(cfg, rng) == sublayers
+    assert barriers(dataclasses.replace(cfg, dropout_rate=0.1), rng) == 0
+    assert barriers(cfg, None) == 0
