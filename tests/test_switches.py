@@ -351,9 +351,10 @@ def test_rms_norm_gradient_is_autodiffs(dtype):
 @pytest.mark.parametrize("name,cfg", CASES[:2], ids=[c[0] for c in CASES[:2]])
 def test_the_residual_add_is_kept_out_of_the_gemm_only_when_training_without_dropout(
         name, cfg):
-    """`layers.residual_add` with `apart` in every sublayer of a training step whose dropout
-    is off (one optimization barrier a sublayer in the traced loss), and in no other case:
-    with dropout, or without the dropout rng (evaluation). Why: tests/test_gpu_compile.py."""
+    """`layers.residual_add` keeps the add apart in every sublayer of a training step whose
+    dropout is off (one optimization barrier a sublayer in the traced loss), and in no
+    other case: with dropout, or without the dropout rng (evaluation). Why:
+    tests/test_gpu_compile.py."""
     def barriers(c, rng):
         model = make_model(c)
         params = model.init(jax.random.PRNGKey(0))

@@ -43,8 +43,8 @@ class DecoderOnlyLayer(nn.Module):
         def residual(x, y):
             y = nn.Dropout(c.dropout_rate, broadcast_dims=(lay.length_axis,))(
                 y, deterministic=self.deterministic)
-            apart = not self.deterministic and c.dropout_rate == 0
-            return lay.constrain(residual_add(x, y, apart), "activation_embed")
+            return lay.constrain(residual_add(x, y, c.dropout_rate, self.deterministic),
+                                 "activation_embed")
 
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
         bias = None

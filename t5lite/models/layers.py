@@ -179,17 +179,19 @@ def _rms_norm_bwd(epsilon, dtype, res, dy):
 rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
-def residual_add(x: Array, y: Array, apart: bool) -> Array:
-    """The residual stream x [..., embed] plus a sublayer's output y [..., embed], which
-    its last GEMM made. `apart`: a training step whose dropout is off (see below).
+def residual_add(x: Array, y: Array, dropout_rate: float, deterministic: bool) -> Array:
+    """The residual stream x [..., embed] plus a sublayer's output y [..., embed] (its last
+    GEMM's, after the sublayer's dropout of `dropout_rate`, off when `deterministic`).
 
     Plainly, XLA on a GPU folds the add into that GEMM (cuBLAS's C operand, written in
     place); in a training step x is also kept for the backward pass (the next norm's
     input), so XLA first copies x: one copy of the residual stream a sublayer. With y
     behind an optimization barrier the add moves into the next norm's reduction instead,
     the GEMM reads no C and nothing is copied (T5 large, batch 32, H200: 120 copies, 2.2
-    GB a step less). Not `apart` without a backward pass (there the in-place add is
-    free) or with dropout between the GEMM and the add (its kernel does the add)."""
+    GB a step less). Only in a training step whose dropout is off: not without a
+    backward pass (`deterministic`: there the in-place add is free) nor with dropout
+    between the GEMM and the add (its kernel does the add)."""
+    apart = not deterministic and dropout_rate == 0
     return x + (jax.lax.optimization_barrier(y) if apart else y)
 
 

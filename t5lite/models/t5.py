@@ -69,8 +69,8 @@ class _T5Layer(nn.Module):
         rate = self.cfg.dropout_rate
         y = nn.Dropout(rate, broadcast_dims=(self.layout.length_axis,))(
             y, deterministic=self.deterministic)
-        apart = not self.deterministic and rate == 0
-        return self.layout.constrain(residual_add(x, y, apart), "activation_embed")
+        return self.layout.constrain(residual_add(x, y, rate, self.deterministic),
+                                     "activation_embed")
 
     def output(self, x: Array):
         return (x, None) if self.scanned else x
