@@ -199,6 +199,37 @@ def test_the_residual_stream_is_not_copied_around_the_gemms_on_a_gpu():
     assert ours_bytes < plain_bytes - 3 * 2048 * 512 * 2, (ours_bytes, plain_bytes)
 
 
+def test_gemms_reading_one_input_add_their_gradients_in_place_on_a_gpu():
+    """Six GEMMs that read one [batch, length, embed] input, differentiated and compiled
+    for an H200. Plainly, XLA folds the gradient sum into a GEMM (cuBLAS's C operand) only
+    where the add's partial sum is not already such a GEMM's result, and adds the rest in
+    kernels of their own; with `layers.gemm_input_views` every GEMM but one adds in place,
+    no add kernel is left and fewer bytes move."""
+    from t5lite.models.layers import gemm_input_views
+    spec = _replicated_h200()
+    n = 6
+    x = jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16, sharding=spec)
+    w = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16, sharding=spec)
+
+    def program(views):
+        def loss(x, ws):
+            h = jnp.tanh(x)
+            reads = gemm_input_views(h, n) if views else (h,) * n
+            return sum(jnp.sum(jnp.square(jnp.tanh(r @ w).astype(jnp.float32)))
+                       for r, w in zip(reads, ws))
+        text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, [w] * n).compile(
+            gpu_target.compiler_options()).as_text()
+        entry = text[text.index("\nENTRY "):]
+        in_place = len(re.findall(r"__cublas\$lt\$matmul.*output_to_operand_aliasing", entry))
+        adds = len(re.findall(r" = bf16\[2048,512\]\S* fusion\(.*calls=%wrapped_add", entry))
+        return in_place, adds, gpu_program.totals(gpu_program.program_kernels(text))["bytes"]
+
+    (ours, ours_adds, ours_bytes), (plain, plain_adds, plain_bytes) = program(True), program(False)
+    assert (ours, ours_adds) == (n - 1, 0), (ours, ours_adds)
+    assert plain < n - 1 and plain_adds > 0, (plain, plain_adds)
+    assert ours_bytes < plain_bytes - 2 * 2048 * 512 * 2, (ours_bytes, plain_bytes)
+
+
 def test_a_loop_over_stacked_layers_counts_each_layers_slice_and_update():
     """A scan over stacked weights [layers, n, n] compiled for an H200: each layer's
     GEMM (XLA's dynamic-slice fusion around cuBLAS) counts its FLOPs and reads one

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5lite.models import layers as model_layers
 from t5lite.models import layouts
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
@@ -113,6 +114,37 @@ def test_fused_gqa_layout_puts_query_groups_first():
     np.testing.assert_array_equal(fused[:, 1, 1], q[:, 3])
     np.testing.assert_array_equal(fused[:, 2], k)
     np.testing.assert_array_equal(fused[:, 3], v)
+
+
+@pytest.mark.parametrize("name,cfg", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_gemms_that_read_one_input_read_a_chain_of_views_of_it(name, cfg, monkeypatch):
+    """Each self-attention's q / k / v projections read three views of the norm's output
+    (two taps), and T5's decoder layers, unrolled, read the encoder output as one chain of
+    two views a layer (2 * layers - 1 taps): `layers.gemm_input_views` (why:
+    tests/test_gpu_compile.py). The loss and the gradients are those of plain reads."""
+    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    batch = batch_for(cfg)
+
+    def loss(p):
+        return make_model(cfg).loss_fn(p, batch)[0]
+
+    def taps():  # a new function each time: jax caches a function's traces
+        return str(jax.make_jaxpr(lambda p: loss(p))(params)).count("bwd=_gradient_tap_bwd")
+
+    if isinstance(cfg, T5Config):
+        expected = 2 * (cfg.num_encoder_layers + cfg.num_decoder_layers) \
+            + 2 * cfg.num_decoder_layers - 1
+    else:
+        expected = 2 * cfg.num_layers
+    assert taps() == expected
+    value, grads = jax.value_and_grad(lambda p: loss(p))(params)
+    monkeypatch.setattr(model_layers, "_gradient_tap", lambda x: x)
+    assert taps() == 0
+    plain_value, plain_grads = jax.value_and_grad(lambda p: loss(p))(params)
+    np.testing.assert_array_equal(value, plain_value)
+    # the gradients' sums are added in another order: float32 rounding apart
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5),
+                           grads, plain_grads)
 
 
 def _remat_cases():

@@ -18,7 +18,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import te_backend
-from t5lite.models.layers import Dense, Layout
+from t5lite.models.layers import Dense, Layout, gemm_input_views
 from t5lite.models.lora import LoraSpec
 from t5lite.models.masks import NEG_INF, MaskIds, as_dense
 
@@ -101,7 +101,8 @@ class Attention(nn.Module):
     """Multi-head / grouped-query dot-product attention.
 
     x_q: [batch, q_length, embed] (or [q_length, batch, embed] in the SB layout);
-    x_kv: same with kv_length; bias: float32 [1|batch, heads, q, k] or None;
+    x_kv: same with kv_length, or a pair of views of it (`layers.gemm_input_views`) for
+    the key and the value projections; bias: float32 [1|batch, heads, q, k] or None;
     mask: bool [batch, 1, q, k], `MaskIds` or None. Returns the same layout as x_q.
     `logits_dtype`: the einsum path's scores, bias and softmax (float32, or bfloat16 as
     T5X's GPU runs computed them).
@@ -153,7 +154,7 @@ class Attention(nn.Module):
                      lora=spec, lora_adapters=adapters if spec else 0,
                      deterministic=self.deterministic, name=name)
 
-    def _project(self, x_q: Array, x_kv: Optional[Array]):
+    def _project(self, x_q: Array, x_kv):
         """q [.., heads, kv], k / v [.., kv_heads, kv]; k, v are None when x_kv is None
         (a cross-attention reading its cache)."""
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -165,6 +166,12 @@ class Attention(nn.Module):
             q = jnp.swapaxes(y[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
             q = q.reshape(q.shape[:-3] + (h, d))
             return q, y[..., group, :, :], y[..., group + 1, :, :]
+        if x_kv is x_q:  # self-attention: three GEMMs read one input
+            x_q, x_k, x_v = gemm_input_views(x_q, 3)
+        elif isinstance(x_kv, tuple):
+            x_k, x_v = x_kv
+        elif x_kv is not None:
+            x_k, x_v = gemm_input_views(x_kv, 2)
         q = self._dense((h, d), ("embed", "heads", "kv"), "query",
                         init_scale=self.query_init_scale)(x_q)
         q = checkpoint_name(q, "query_proj")
@@ -172,11 +179,11 @@ class Attention(nn.Module):
             return q, None, None
         if self.fuse_qkv:  # cross-attention: one kernel for k and v
             y = self._dense((2, hkv, d), ("embed", "stack", "heads", "kv"), "kv", target="key",
-                            adapters=2)(x_kv)
+                            adapters=2)(x_k)
             y = checkpoint_name(y, "kv_proj")
             return q, y[..., 0, :, :], y[..., 1, :, :]
-        k = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "key")(x_kv), "key_proj")
-        v = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "value")(x_kv),
+        k = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "key")(x_k), "key_proj")
+        v = checkpoint_name(self._dense((hkv, d), ("embed", "heads", "kv"), "value")(x_v),
                             "value_proj")
         return q, k, v
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 
+from t5lite.models.layers import gemm_input_views
 from t5lite.models.precision import FP8_COLLECTION
 
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj")
@@ -50,7 +51,8 @@ class _Block(nn.Module):
 def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[Any], *,
                scan: bool, remat: str,
                per_layer: Optional[Callable[[int], Dict[str, Any]]] = None,
-               period: int = 1, **layer_kwargs) -> jax.Array:
+               period: int = 1, gemm_reads: Optional[Dict[int, int]] = None,
+               **layer_kwargs) -> jax.Array:
     """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
     `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
     method of the parent module. Layers take a `scanned` attribute and return
@@ -59,8 +61,17 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
     statistics layers sow ("intermediates"). `per_layer(i)`: attributes that differ
     between layers (a mixture-of-experts layer among dense ones), repeating every
     `period` layers: a scan then repeats a block of `period` layers (`layers/block_{j}`
-    holds layers j, j + period, ...; `period` must divide `num_layers`)."""
+    holds layers j, j + period, ...; `period` must divide `num_layers`).
+
+    `gemm_reads` {k: m}: args[k] is read by m GEMMs in every layer (T5's encoder output,
+    by each cross-attention's key and value projections). Each layer then gets a tuple of
+    m views of it instead; unrolled, the views of all layers are one chain of
+    `layers.gemm_input_views`, so that on a GPU the gradients of every layer add up in
+    place in their GEMMs (a scan adds them in its loop)."""
     per_layer = per_layer or (lambda i: {})
+    gemm_reads = gemm_reads or {}
+    if scan:
+        args = [(a,) * gemm_reads[k] if k in gemm_reads else a for k, a in enumerate(args)]
     policy = remat_policy(remat)
     if scan and period > 1:
         block = functools.partial(
@@ -76,8 +87,11 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
         x, _ = _scan(cls, num_layers, args)(scanned=True, name="layers", **per_layer(0),
                                              **layer_kwargs)(x, *args)
         return x
+    views = {k: gemm_input_views(args[k], m * num_layers) for k, m in gemm_reads.items()}
     for i in range(num_layers):
-        x = cls(name=f"layers_{i}", **per_layer(i), **layer_kwargs)(x, *args)
+        layer_args = [views[k][i * gemm_reads[k]:(i + 1) * gemm_reads[k]] if k in views else a
+                      for k, a in enumerate(args)]
+        x = cls(name=f"layers_{i}", **per_layer(i), **layer_kwargs)(x, *layer_args)
     return x
 
 

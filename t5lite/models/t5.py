@@ -10,7 +10,7 @@ Transformers).
 """
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -90,16 +90,19 @@ class EncoderLayer(_T5Layer):
 
 class DecoderLayer(_T5Layer):
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, bias: Array, self_mask: Array,
+    def __call__(self, x: Array, encoded: Tuple[Array, Array], bias: Array, self_mask: Array,
                  cross_mask: Array, positions: Optional[Array] = None):
-        """x [batch, dec_length, embed]; encoded [batch, enc_length, embed] (or SB);
-        positions (decoding only) [batch, dec_length] (or SB): where x's tokens sit."""
+        """x [batch, dec_length, embed]; encoded: the encoder output [batch, enc_length,
+        embed] (or SB) twice, the views the key and the value projections read
+        (`run_layers`' gemm_reads); positions (decoding only) [batch, dec_length] (or SB):
+        where x's tokens sit."""
         h = self.norm("pre_self_attention_layer_norm")(x)
         attention = self.attention("self_attention", False, causal=True)
         x = self.residual(x, attention(h, h, bias, self_mask, positions))
         h = self.norm("pre_cross_attention_layer_norm")(x)
         x = self.residual(
-            x, self.attention("encoder_decoder_attention", True)(h, encoded, None, cross_mask))
+            x, self.attention("encoder_decoder_attention", True)(h, tuple(encoded), None,
+                                                                  cross_mask))
         h = self.norm("pre_mlp_layer_norm")(x)
         return self.output(self.residual(x, self.mlp(h)))
 
@@ -180,7 +183,7 @@ class Decoder(nn.Module):
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
                        (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
-                       period=c.layer_period,
+                       period=c.layer_period, gemm_reads={0: 2},
                        cfg=c, deterministic=deterministic, decode=decode)
         x = RMSNorm(c.layer_norm_epsilon, get_dtype(c.dtype), name="decoder_norm")(x)
         x = _dropout(c, x, deterministic)
