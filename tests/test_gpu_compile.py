@@ -230,6 +230,39 @@ def test_gemms_reading_one_input_add_their_gradients_in_place_on_a_gpu():
     assert ours_bytes < plain_bytes - 2 * 2048 * 512 * 2, (ours_bytes, plain_bytes)
 
 
+def test_the_losss_backward_is_one_pass_over_the_logits_on_a_gpu():
+    """The weighted cross entropy of [tokens, vocab] bf16 logits (as the logits GEMM
+    writes them), differentiated and compiled for an H200: with the gradient written out
+    (`losses.cross_entropy_with_logits`) no scatter is left and the program moves a third
+    of what autodiff of the gather makes (a zeroed float32 [tokens, vocab] array, the
+    scatter into it, and their reads)."""
+    from t5lite.models import losses
+    spec = _replicated_h200()
+    tokens, vocab = 2048, 8192
+    logits = jax.ShapeDtypeStruct((tokens, vocab), jnp.bfloat16, sharding=spec)
+    targets = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=spec)
+
+    def as_written(logits, targets):
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        return lse - jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0], lse
+
+    def program(loss_fn):
+        def loss(logits, targets):
+            tok, _ = loss_fn(logits.astype(jnp.float32), targets)
+            return jnp.sum(tok)
+        text = jax.jit(jax.grad(loss)).lower(logits, targets).compile(
+            gpu_target.compiler_options()).as_text()
+        entry = text[text.index("\nENTRY "):]
+        return "scatter" in entry, gpu_program.totals(gpu_program.program_kernels(text))["bytes"]
+
+    (ours_scatter, ours_bytes) = program(losses.cross_entropy_with_logits)
+    (plain_scatter, plain_bytes) = program(as_written)
+    assert plain_scatter and not ours_scatter
+    array = tokens * vocab * 2  # the bf16 logits
+    # the forward's reductions, then one read of the logits and one write of their gradient
+    assert ours_bytes < 4.5 * array and plain_bytes > 2.5 * ours_bytes, (ours_bytes, plain_bytes)
+
+
 def test_a_loop_over_stacked_layers_counts_each_layers_slice_and_update():
     """A scan over stacked weights [layers, n, n] compiled for an H200: each layer's
     GEMM (XLA's dynamic-slice fusion around cuBLAS) counts its FLOPs and reads one

@@ -29,6 +29,44 @@ def test_label_smoothing_by_hand():
     np.testing.assert_allclose(loss[0, 0], 0.16320827, rtol=1e-5)
 
 
+def _loss_as_written(logits, targets, weights, z_loss, label_smoothing):
+    """The weighted loss and z-loss differentiated by autodiff: log-softmax and a one-hot
+    smoothed target, the formula of `cross_entropy_with_logits`' docstring."""
+    vocab = logits.shape[-1]
+    low = label_smoothing / (vocab - 1)
+    soft = jax.nn.one_hot(targets, vocab) * (1.0 - label_smoothing - low) + low
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    entropy = -jnp.sum(jnp.where(soft > 0, soft * jnp.log(soft), 0.0), axis=-1)
+    z = z_loss * lse ** 2
+    tok = -jnp.sum(soft * jax.nn.log_softmax(logits), axis=-1) + z - entropy
+    return jnp.sum(tok * weights) + 0.5 * jnp.sum(z * weights)
+
+
+@pytest.mark.parametrize("z_loss,label_smoothing", [(0.0, 0.0), (1e-4, 0.0), (0.0, 0.1),
+                                                    (1e-2, 0.2)])
+def test_the_written_out_gradient_is_autodiffs(z_loss, label_smoothing):
+    """`cross_entropy_with_logits`' gradient (written out; both outputs, weighted, the
+    z-loss part given its own weight) equals autodiff's of the formula as written."""
+    rng = np.random.RandomState(0)
+    logits = jnp.asarray(rng.normal(size=(2, 5, 11)) * 3, jnp.float32)
+    targets = jnp.asarray(rng.randint(0, 11, size=(2, 5)), jnp.int32)
+    weights = jnp.asarray(rng.uniform(size=(2, 5)), jnp.float32)
+
+    def ours(logits):
+        tok, z = losses.cross_entropy_with_logits(logits, targets, z_loss, label_smoothing)
+        return jnp.sum(tok * weights) + 0.5 * jnp.sum(z * weights)
+
+    value, grad = jax.value_and_grad(ours)(logits)
+    ref_value, ref_grad = jax.value_and_grad(_loss_as_written)(logits, targets, weights, z_loss,
+                                                               label_smoothing)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-6, rtol=1e-5)
+    # bfloat16 logits get a bfloat16 gradient, the same to its rounding
+    grad16 = jax.grad(ours)(logits.astype(jnp.bfloat16))
+    assert grad16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(grad16.astype(jnp.float32), ref_grad, atol=2e-2)
+
+
 @pytest.mark.parametrize("factor,expected", [
     (None, 0.40760596 * 3),  # token sum over the three weighted tokens
     (6.0, 0.40760596 * 3 / 6.0),
