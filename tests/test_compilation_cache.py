@@ -130,10 +130,16 @@ def test_a_second_run_loads_the_programs_the_first_saved(warm, tmp_path):
                     f"--gin.COMPILATION_CACHE_DIR='{cache}'")
     _assert_ok(second)
     assert f"compilation cache: {cache} (COMPILATION_CACHE_DIR; " in second.stderr
-    for program in ("init", "step_fn"):
+    # a program gets its own line when it took a second or more (cc.LOG_SECONDS): each
+    # that had one when compiled has one when loaded (the step always; the tiny
+    # initializer's compile is near a second, on either side of it from run to run)
+    named = [p for p in ("init", "step_fn")
+             if re.search(rf"compilation cache: jit\({p}\) compiled in", first.stderr)]
+    assert "step_fn" in named
+    for program in named:
         assert re.search(rf"compilation cache: jit\({program}\) loaded in [\d.]+ s",
                          second.stderr), th.describe(second)
-    assert _summary(second)[0] >= 2 and _summary(second)[2] == 0
+    assert _summary(second)[0] >= 2 and _summary(second)[1:] == (0, 0)
     assert not (tmp_path / "unused").exists()
 
 
