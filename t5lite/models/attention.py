@@ -170,8 +170,8 @@ class Attention(nn.Module):
             x_q, x_k, x_v = gemm_input_views(x_q, 3)
         elif isinstance(x_kv, tuple):
             x_k, x_v = x_kv
-        elif x_kv is not None:
-            x_k, x_v = gemm_input_views(x_kv, 2)
+        else:  # two readers: XLA adds their gradients in place as they are
+            x_k = x_v = x_kv
         q = self._dense((h, d), ("embed", "heads", "kv"), "query",
                         init_scale=self.query_init_scale)(x_q)
         q = checkpoint_name(q, "query_proj")
