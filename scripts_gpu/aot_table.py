@@ -5,7 +5,9 @@ docs/performance.md, "Compiled for a GPU on this machine".
 
     python scripts_gpu/aot_table.py OUT_DIR [NAME_PATTERN ...]   # rows named, else all
 
-Each row is a shipped recipe at one GPU's batch, as shipped or with the switches named;
+Each row is a shipped recipe at one GPU's batch, as shipped or with the switches named
+(the decoder-only recipes: packed sequences of their length, LLaMA-2 7B over 8 GPUs with
+its FSDP mesh and the batch global);
 "2026-11-26" rows pin the settings the recipes had when the first H200 numbers were
 measured, and the launchers' XLA flags of then (OLD_XLA). The reports (compile times, memory, kernels by part and kind, the predicted
 step) go to OUT_DIR/NAME.json; rows already there are read, not compiled again.
@@ -55,6 +57,22 @@ for name, switches in {"bf16_scores": ["ATTENTION_LOGITS_DTYPE='bfloat16'"],
     ROWS.append((f"small_b128_h200+{name}", "h200", RECIPES["small"][0], 128, OLD + switches,
                  OLD_XLA))
 
+EINSUM = ["ATTENTION_IMPL='xla'", "ATTENTION_MASK='dense'"]
+"""The decoder-only recipes' attention before they set cuDNN's (2026-11-28)."""
+DECODER_ONLY = {  # name: (recipe, global batch, devices, sequence length); packed batches
+    "gpt126m_b8": ("configs/gpt126m_pile_pretrain.gin", 8, 1, 2048),
+    "llama2_7b_b8_fsdp8": ("configs/llama2_7b_pile_pretrain.gin", 8, 8, 4096),
+}
+SHAPES = {}  # name -> (task feature lengths, packed, devices) where not T5's one-GPU rows
+for model, (recipe, batch, devices, length) in DECODER_ONLY.items():
+    for gpu in ("h200", "h100"):
+        for suffix, bindings in (("", []), ("+einsum", EINSUM)):
+            if suffix and gpu == "h100":
+                continue
+            name = f"{model}_{gpu}{suffix}"
+            ROWS.append((name, gpu, recipe, batch, bindings, SHIPPED_XLA))
+            SHAPES[name] = ({"targets": length}, True, devices)
+
 
 def compile_row(out_dir, name, gpu, recipe, batch, bindings, options):
     path = os.path.join(out_dir, f"{name}.json")
@@ -85,8 +103,9 @@ def _row(out_dir, name):
                       placeholders=parsing.RUN_PLACEHOLDERS)
     model = parsing.resolve_macro("MODEL", origin=recipe)
     optimizer, _ = benchmarking.run_optimizer()
-    lengths = {"inputs": 512, "targets": 128}
-    report = gpu_report.gpu_step_report(model, optimizer, gpu, batch, lengths)
+    lengths, pack, devices = SHAPES.get(name, ({"inputs": 512, "targets": 128}, False, 1))
+    report = gpu_report.gpu_step_report(model, optimizer, gpu, batch, lengths, pack=pack,
+                                        devices=gpu_target.gpu_devices(gpu, devices))
     report.pop("kernels")
     report.update(name=name, gin_file=recipe, bindings=bindings,
                   xla_options=dict(gpu_target.LAUNCHER_OPTIONS),

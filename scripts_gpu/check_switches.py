@@ -4,6 +4,8 @@ native FP8 and the layouts compute the function the CPU tests pin down.
 
     python scripts_gpu/check_switches.py --gin_file=configs/models/t5_1_1/large.gin \
       --variants=float32,cudnn,dot_product,fp8 --batch=8 --json_out=$OUT/switches.json
+    python scripts_gpu/check_switches.py --gin_file=configs/models/gpt/126m.gin --packed \
+      --variants=float32,cudnn_lengths --seq_length=2048   # the decoder-only recipes' attention
 
 Prints a line as each variant is measured, then one row per variant (relative L2 error,
 its tolerance, verdict), and writes the report as JSON. Exit status 1 when a variant is
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--inputs_length", type=int, default=512)
     parser.add_argument("--targets_length", type=int, default=128)
     parser.add_argument("--seq_length", type=int, default=2048, help="decoder-only length")
+    parser.add_argument("--packed", action="store_true",
+                        help="each row as two packed sequences (segment ids, positions)")
     parser.add_argument("--json_out", help="where to write the report")
     args = flags.parse_flags(parser, argv)
     names = [v for v in args.variants.split(",") if v]
@@ -53,7 +57,7 @@ def main(argv=None) -> int:
 
     report = switch_check.compare_variants(
         model, {n: switch_check.VARIANTS[n] for n in names}, lengths, args.batch,
-        on_row=measured)
+        on_row=measured, packed=args.packed)
     import jax
     report.update(device_kind=jax.devices()[0].device_kind, jax_version=jax.__version__,
                   gin_files=args.gin_file, bindings=args.gin_bindings, batch=args.batch,

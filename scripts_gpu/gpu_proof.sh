@@ -8,7 +8,10 @@
 #   VARIANTS=float32,fp8,te_fp8,te_attention TRAIN_FLAGS="--gin.FP8=True --gin.FP8_BACKEND='te'" \
 #     scripts_gpu/gpu_proof.sh "$OUT/te" configs/models/t5_1_1/large.gin 32 200
 #
-# SWITCH_TIMEOUT_S=N stops the switch check after N seconds (then the resume proof runs);
+# PACKED_MODEL=GIN also checks that model's variants PACKED_VARIANTS (float32,cudnn_lengths)
+# on rows packed as two sequences of PACKED_LENGTH (2048) tokens, after the first check
+# (OUT_DIR/switches_packed.json): the decoder-only recipes' cuDNN attention on packed data.
+# SWITCH_TIMEOUT_S=N stops the switch checks after N seconds (then the resume proof runs);
 # SWITCH_PARALLEL=1 runs it beside the training runs instead of before them (the device's
 # memory split: SWITCH_MEM_FRACTION 0.25, TRAIN_MEM_FRACTION 0.6), for compiles that
 # overlap on the host's cores.
@@ -34,15 +37,29 @@ mkdir -p "$out"
 variants=${VARIANTS:-float32,dot_product,cudnn,fused_qkv,transpose_bs,scan_layers,fp8}
 switch_rc=0
 switches() {
+  local start=$SECONDS rc=0 left=""
   ${SWITCH_TIMEOUT_S:+timeout --foreground -k 10 "$SWITCH_TIMEOUT_S"} \
     python3 scripts_gpu/check_switches.py --gin_file="$model" --variants="$variants" \
     --inputs_length="$inputs" --targets_length="$targets" --seq_length="$targets" \
-    --batch=4 --json_out="$out/switches.json" 2>&1 | tee "$out/switches.log"
+    --batch=4 --json_out="$out/switches.json" 2>&1 | tee "$out/switches.log" || rc=$?
+  [ -n "${PACKED_MODEL:-}" ] || return $rc
+  # the decoder-only recipes' attention on packed rows, in what is left of the time
+  if [ -n "${SWITCH_TIMEOUT_S:-}" ]; then
+    left=$(( SWITCH_TIMEOUT_S - (SECONDS - start) ))
+    [ "$left" -ge 20 ] || { echo "packed switch check skipped: $left s left" \
+      | tee "$out/switches_packed.log"; return $rc; }
+  fi
+  ${left:+timeout --foreground -k 10 "$left"} \
+    python3 scripts_gpu/check_switches.py --gin_file="$PACKED_MODEL" --packed \
+    --variants="${PACKED_VARIANTS:-float32,cudnn_lengths}" --seq_length="${PACKED_LENGTH:-2048}" \
+    --batch=4 --json_out="$out/switches_packed.json" 2>&1 | tee "$out/switches_packed.log" \
+    || rc=$?
+  return $rc
 }
 if [ "${SWITCH_PARALLEL:-0}" = 1 ]; then
   # beside the training runs: two processes share the device's memory
   XLA_PYTHON_CLIENT_MEM_FRACTION=${SWITCH_MEM_FRACTION:-0.25} switches > /dev/null & switch_pid=$!
-  trap 'wait "$switch_pid"; cat "$out/switches.log"' EXIT  # (a training run failed)
+  trap 'wait "$switch_pid"; cat "$out/switches.log" "$out/switches_packed.log" 2>/dev/null' EXIT  # (a training run failed)
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${TRAIN_MEM_FRACTION:-0.6}
 else
   switches || switch_rc=$?
@@ -64,7 +81,7 @@ last_loss() {  # LOG: the loss logged at the last step
 if [ -n "${switch_pid:-}" ]; then
   trap - EXIT
   wait "$switch_pid" || switch_rc=$?
-  cat "$out/switches.log"
+  cat "$out/switches.log" "$out/switches_packed.log" 2>/dev/null
 fi
 resumed=$(last_loss "$out/second_half.log"); whole=$(last_loss "$out/uninterrupted.log")
 resume_rc=0

@@ -42,7 +42,9 @@
 # Overrides (environment; image_smoke.sh runs this on a CPU with the tiny T5):
 #   GRID (grids/priority.json), GRID_HEAD ('large_bf16': run-name patterns), SMALL_MODEL
 #   (configs/models/t5_1_1/small.gin), PROOF_BATCH (32), PROOF_STEPS (20), VARIANTS
-#   (float32,cudnn,cudnn_lengths,fp8,fused_qkv), LARGE_RECIPE (configs/large_pile_pretrain.gin) and
+#   (float32,cudnn,cudnn_lengths,fp8,fused_qkv), PACKED_MODEL (configs/models/gpt/126m.gin;
+#   empty: none) and PACKED_VARIANTS (float32,cudnn_lengths): the same check on rows packed as
+#   two sequences (the decoder-only recipes' attention), LARGE_RECIPE (configs/large_pile_pretrain.gin) and
 #   LARGE_BATCH (32, global) for the profile and the A/B, INPUTS / TARGETS (512 / 128);
 #   DEADLINE_S (450); caps PROOF_S (150; the switch check SWITCH_S, 15 s less), HEAD_S
 #   (240), PROFILE_S (60), AB_S (150); HEAD_MIN_S (150), AB_MIN_S (60); WORK_DIR
@@ -162,6 +164,8 @@ proof() {  # the switch check beside the training runs; it ends 15 s before the 
   local switch_s=$(( PHASE_LIMIT - 15 ))
   [ "$switch_s" -gt "${SWITCH_S:-$switch_s}" ] && switch_s=$SWITCH_S
   SWITCH_PARALLEL=1 SWITCH_TIMEOUT_S=$switch_s VARIANTS=${VARIANTS:-float32,cudnn,cudnn_lengths,fp8,fused_qkv} \
+    PACKED_MODEL=${PACKED_MODEL-configs/models/gpt/126m.gin} \
+    PACKED_VARIANTS=${PACKED_VARIANTS:-float32,cudnn_lengths} \
     bash scripts_gpu/gpu_proof.sh "$work/proof" "$small" "${PROOF_BATCH:-32}" \
     "${PROOF_STEPS:-20}" "$inputs" "$targets"
 }

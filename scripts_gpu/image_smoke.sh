@@ -47,6 +47,7 @@ sys.exit(f'the image lacks these, but this environment has them: {missing}' if m
   step gpu_session env GRID=scripts_gpu/grids/cpu_smoke.json GRID_HEAD=t5_tiny_bf16 \
     SMALL_MODEL=configs/models/t5_1_1/tiny.gin PROOF_BATCH=8 PROOF_STEPS=20 \
     VARIANTS=float32,dot_product,fused_qkv,transpose_bs,scan_layers \
+    PACKED_MODEL=configs/models/gpt/tiny.gin PACKED_VARIANTS=float32,dot_product PACKED_LENGTH=32 \
     LARGE_RECIPE=configs/tiny_pile_pretrain.gin LARGE_BATCH=8 INPUTS=64 TARGETS=16 \
     WORK_DIR="$out/session_work" CACHE_DIR="$out/session_cache" \
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
@@ -65,6 +66,7 @@ jax = importlib.metadata.version("jax")  # the image's, as installed above
 assert f"versions: jax {jax}, jaxlib {jax}" in text, jax
 assert "resume: the resumed run's loss at step 20 equals" in text
 assert re.search(r"^switches .*scan_layers [0-9.e+-]+ ok$", text, re.M)
+assert re.search(r"^packed switches .*dot_product [0-9.e+-]+ ok$", text, re.M)
 grid = re.findall(r"^(t5_tiny_bf16|t5_tiny_bf16\+fused_qkv|llama_tiny) +\d+ +ok ", text, re.M)
 assert len(grid) == 5, grid
 assert re.search(r"^init A/B.*\n  off: init compile .*\n  on: init compile ", text, re.M)

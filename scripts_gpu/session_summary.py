@@ -44,23 +44,30 @@ def _header(work):
     return lines
 
 
-def _proof(work):
-    lines = []
-    switches = _json(f"{work}/proof/switches.json")
+def _switch_line(work, name, title):
+    """One line of a switch check's report (proof/NAME.json), or what its log measured."""
+    switches = _json(f"{work}/proof/{name}.json")
     if switches:
         cells = []
-        for name, row in switches.get("variants", {}).items():
+        for variant, row in switches.get("variants", {}).items():
             if "error" in row:
-                cells.append(f"{name} ERROR ({row['error'][:80]})")
+                cells.append(f"{variant} ERROR ({row['error'][:80]})")
             else:
                 verdict = "" if "ok" not in row else (" ok" if row["ok"] else " TOO FAR")
-                cells.append(f"{name} {row['rel_l2']:.1e}{verdict}")
-        lines.append("switches (rel L2 of logits vs as configured): " + ", ".join(cells))
-    elif os.path.isdir(f"{work}/proof"):  # cut off or failed: the variants measured so far
-        measured = re.findall(r"^measured (.*)$", _read(f"{work}/proof/switches.log") or "",
-                              re.M)
-        lines.append("switches: no report (cut off or failed: proof/switches.log); measured: "
-                     + ("; ".join(measured) or "none"))
+                cells.append(f"{variant} {row['rel_l2']:.1e}{verdict}")
+        return f"{title} (rel L2 of logits vs as configured): " + ", ".join(cells)
+    # cut off or failed: the variants measured so far
+    measured = re.findall(r"^measured (.*)$", _read(f"{work}/proof/{name}.log") or "", re.M)
+    return (f"{title}: no report (cut off or failed: proof/{name}.log); measured: "
+            + ("; ".join(measured) or "none"))
+
+
+def _proof(work):
+    lines = []
+    if os.path.isdir(f"{work}/proof"):
+        lines.append(_switch_line(work, "switches", "switches"))
+        if os.path.exists(f"{work}/proof/switches_packed.log"):
+            lines.append(_switch_line(work, "switches_packed", "packed switches"))
     proof = _read(f"{work}/proof/proof.txt")
     if proof:
         lines += [line for line in proof.splitlines() if line.startswith("resume:")]

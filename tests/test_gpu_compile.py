@@ -16,7 +16,7 @@ import pytest
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
-from t5lite.tools import benchmark, benchmarking, gpu_report, gpu_target, step_time
+from t5lite.tools import benchmark, benchmarking, gpu_report, gpu_target, step_memory, step_time
 from t5lite.tools.hlo import gpu_program
 
 LENGTHS = ["--inputs_length=32", "--targets_length=16"]
@@ -310,13 +310,39 @@ def _report(gin_files, bindings, batch=4, lengths=None):
 
 
 def test_the_decoder_only_step_compiles_for_a_gpu_with_its_parts():
-    r = _report(["configs/models/gpt/tiny.gin", "configs/runs/pretrain.gin"],
-                ["TASK_FEATURE_LENGTHS = {'targets': 32}"], lengths={"targets": 32})
-    parts = {row["group"][0] for row in r["kernels_by_part"]}
+    """GPT tiny as the decoder-only recipes train it (packed sequences, cuDNN's attention
+    with the mask as ids): each layer's attention is one cuDNN call each way, told the
+    mask is causal (so it skips the blocks above the diagonal), its segments a [batch, 1,
+    q, k] bias made once for every layer and head; no [batch, heads, q, k] array."""
+    parsing.parse_gin(["configs/models/gpt/tiny.gin", "configs/runs/pretrain.gin"],
+                      ["TASK_FEATURE_LENGTHS = {'targets': 32}", "ATTENTION_IMPL = 'cudnn'",
+                       "ATTENTION_MASK = 'lengths'"], [], placeholders=parsing.RUN_PLACEHOLDERS)
+    model = parsing.resolve_macro("MODEL", origin="test")
+    layers, heads = model.config.num_layers, model.config.num_heads
+    batch, length = 4, 32
+    the_run = benchmarking.step_run(model, batch_size=batch, devices=gpu_target.gpu_devices(
+        "h200"), task_feature_lengths={"targets": length},
+        optimizer=benchmarking.run_optimizer()[0])
+    compiled = step_memory.compile_train_step(
+        the_run, step_memory.abstract_batch(the_run, {"targets": length}, pack=True),
+        options=gpu_target.compiler_options(None), timings={})
+    text = compiled.as_text()
+    kernels = gpu_program.program_kernels(text)
+    parts = {k.part for k in kernels}
     assert {"attention scores", "attention projections", "MLP", "layer norm",
             "logits and loss"} <= parts, parts
-    assert r["program_flops"] >= r["model_flops"] * 0.95
-    assert r["predicted_step_s"] > 0 and r["memory"]["peak_bytes"] > 0
+    calls = re.findall(r"custom_call_target=\"__cudnn\$fmha(\w+)\".*", text)
+    assert len(calls) == 2 * layers, calls
+    forward = [line for line in text.splitlines() if "__cudnn$fmhaScaleBiasSoftmax\"" in line]
+    assert len(forward) == layers
+    for line in forward:
+        assert '"mask_type":"CAUSAL"' in line.replace(" ", ""), line[:300]
+        assert f"bf16[{batch},1,{length},{length}]" in line  # the bias: one for every head
+    assert f"[{batch},{heads},{length},{length}]" not in text
+    biases = {re.search(r"custom-call\((?:[^,]*, ){3}%([\w.-]+)", line).group(1)
+              for line in forward}
+    assert len(biases) == 1, biases  # made once, read by every layer
+    assert sum(k.flops for k in kernels) >= the_run.flops_per_example * batch * 0.95
 
 
 def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes(info_h200):

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import train_helpers as th
@@ -47,6 +48,28 @@ def test_a_different_function_is_caught():
     row = report["variants"]["wrong"]
     assert row["ok"] is False and row["rel_l2"] > row["tolerance"]
     assert "TOO FAR" in switch_check.format_report(report)
+
+
+def test_packed_rows_are_two_sequences_and_the_attention_keeps_them_apart():
+    """`packed=True` (the GPU check of the decoder-only recipes' cuDNN attention on packed
+    batches): each row two segments with their own positions, the logits those of two
+    sequences (not of the unpacked rows), and the mask as ids, through jax.nn's attention
+    with the causal flag, computes the dense mask's function on them."""
+    batch = {"decoder_target_tokens": np.array([[5, 6, 7, 8, 9, 1, 0, 0]])}
+    got = switch_check.packed_in_two(batch)
+    assert np.asarray(got["decoder_segment_ids"]).tolist() == [[1, 1, 1, 1, 2, 2, 0, 0]]
+    assert np.asarray(got["decoder_positions"]).tolist() == [[0, 1, 2, 3, 0, 1, 0, 0]]
+    gpt = model_lib.DecoderOnlyModel(configs.DecoderConfig(
+        vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, num_layers=2, mlp_dim=64,
+        norm_type="layer", position_embedding="learned", max_length=64, use_bias=True))
+    lengths = {"targets": 16}
+    ids = {"ids": {"attention_impl": "dot_product", "attention_mask": "lengths"}}
+    report = switch_check.compare_variants(gpt, ids, lengths, batch_size=2, packed=True)
+    plain = switch_check.compare_variants(gpt, ids, lengths, batch_size=2)
+    assert report["packed"] and not plain["packed"]
+    assert report["reference"]["loss"] != pytest.approx(plain["reference"]["loss"], abs=1e-4)
+    row = report["variants"]["ids"]
+    assert row["rel_l2"] < 1e-5 and row["argmax_agreement"] == 1.0, row
 
 
 @pytest.mark.slow

@@ -272,11 +272,13 @@ def test_attention_mask_as_lengths_same_logits(reference, impl, packed):
     np.testing.assert_allclose(got[valid], expected[valid], atol=1e-5, rtol=0)
 
 
-def test_attention_mask_as_lengths_same_loss_and_grads():
-    params = make_model(T5_TINY).init(jax.random.PRNGKey(0))
-    batch = t5_batch()
-    cfg2 = dataclasses.replace(T5_TINY, attention_impl="dot_product", attention_mask="lengths")
-    loss, grads = jax.value_and_grad(lambda p: make_model(T5_TINY).loss_fn(p, batch)[0])(params)
+@pytest.mark.parametrize("cfg,packed", [(T5_TINY, False), (GPT_TINY, True)],
+                         ids=["t5_padded", "gpt_packed"])
+def test_attention_mask_as_lengths_same_loss_and_grads(cfg, packed):
+    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    batch = batch_for(cfg, packed)
+    cfg2 = dataclasses.replace(cfg, attention_impl="dot_product", attention_mask="lengths")
+    loss, grads = jax.value_and_grad(lambda p: make_model(cfg).loss_fn(p, batch)[0])(params)
     loss2, grads2 = jax.value_and_grad(lambda p: make_model(cfg2).loss_fn(p, batch)[0])(params)
     np.testing.assert_allclose(loss2, loss, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
@@ -300,7 +302,9 @@ def _jax_nn_calls(monkeypatch, cfg, batch, params):
 def test_attention_mask_as_lengths_reaches_jax_nn_as_lengths(monkeypatch):
     """No boolean mask reaches jax.nn (which would turn it into a [batch, heads, q, k]
     bias) unless the batch is packed: the encoder and cross-attention get lengths, the
-    decoder's self-attention lengths and is_causal."""
+    decoder's self-attention lengths and is_causal. Packed, the mask goes as a boolean
+    [batch, 1, q, k] (one bias for every head) and the self-attention still says it is
+    causal, so cuDNN skips the blocks above the diagonal."""
     cfg = dataclasses.replace(T5_TINY, attention_impl="dot_product", attention_mask="lengths")
     params = make_model(cfg).init(jax.random.PRNGKey(0))
     calls = _jax_nn_calls(monkeypatch, cfg, t5_batch(), params)
@@ -315,6 +319,8 @@ def test_attention_mask_as_lengths_reaches_jax_nn_as_lengths(monkeypatch):
     packed = _jax_nn_calls(monkeypatch, cfg, t5_batch(packed=True), params)
     assert len(packed) == layers
     assert all(c["mask"] is not None and "query_seq_lengths" not in c for c in packed)
+    assert all(np.shape(c["mask"])[1] == 1 for c in packed)
+    assert sum(bool(c.get("is_causal")) for c in packed) == cfg.num_decoder_layers
     dense = _jax_nn_calls(monkeypatch, dataclasses.replace(cfg, attention_mask="dense"),
                           t5_batch(), params)
     assert len(dense) == layers and all(c["mask"] is not None for c in dense)

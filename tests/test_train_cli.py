@@ -365,6 +365,10 @@ BAD_INPUT = {
                               ["ICI_MESH_SHAPE=(3, 1, 1)", "3 devices", "8 are present"]),
     "microbatches_not_dividing": (["--gin.NUM_MICROBATCHES=3"], 1, 1,
                                   ["BATCH_SIZE=8", "NUM_MICROBATCHES=3"]),
+    # the base / large / decoder-only Pile recipes set it: on a CPU, one line, not jax's
+    # "no MLIR translation rule" traceback at the first step
+    "cudnn_on_a_cpu": (["--gin.ATTENTION_IMPL='cudnn'"], 1, 2,
+                       ["ATTENTION_IMPL='cudnn'", "devices are cpu", "ATTENTION_IMPL=\"'xla'\""]),
 }
 
 

@@ -275,16 +275,16 @@ class Attention(nn.Module):
     def _jax_nn_attention(self, q, k, v, bias, mask):
         """`jax.nn.dot_product_attention` ("cudnn": cuDNN flash attention on GPU;
         "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv].
-        A `MaskIds` without packed segments goes as sequence lengths and a causal flag (a
-        boolean mask would become a [batch, heads, q, k] bias inside jax)."""
+        A `MaskIds` goes as its causal flag (cuDNN then skips the blocks above the diagonal)
+        and sequence lengths, or packed as the [batch, 1, q, k] boolean mask (to jax a bias
+        without a gradient, one for every head)."""
         if self.layout.transposed:
             q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
         impl = "cudnn" if self.attention_impl == "cudnn" else None
-        by_ids = {}
+        by_ids = dict(is_causal=mask.causal) if isinstance(mask, MaskIds) else {}
         if isinstance(mask, MaskIds) and not mask.packed:
             q_lengths, k_lengths = mask.lengths()
-            by_ids = dict(is_causal=mask.causal, query_seq_lengths=q_lengths,
-                          key_value_seq_lengths=k_lengths)
+            by_ids.update(query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths)
             mask = None
         out = jax.nn.dot_product_attention(
             q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=as_dense(mask),

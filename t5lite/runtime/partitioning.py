@@ -36,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.data.data_layout import DataLayout
 from t5lite.errors import ConfigError, PartitioningError
+from t5lite.runtime.model_on_mesh import check_model_on_mesh
 
 log = logging.getLogger(__name__)
 
@@ -361,15 +362,11 @@ class MeshSettings:
 
     def partitioner(self, devices: Optional[Sequence[Any]] = None,
                     model: Any = None) -> Partitioner:
-        """The mesh over `devices` (default all) with these rules; with `model`, its
-        tracing context (Transformer Engine's mesh resource) joins the mesh and rules."""
+        """The mesh over `devices` (default all) with these rules; with `model`, checked
+        against the mesh (`check_model_on_mesh`), its tracing context (Transformer
+        Engine's mesh resource) joins the mesh and rules."""
         mesh = make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices)
-        experts = getattr(getattr(model, "config", None), "num_experts", 0)
-        if experts and experts % mesh.shape["expert"]:
-            raise PartitioningError(
-                f"NUM_EXPERTS={experts} does not divide over the mesh's expert axis of "
-                f"{mesh.shape['expert']} devices; make the expert entry of ICI_MESH_SHAPE / "
-                f"DCN_MESH_SHAPE a divisor of {experts}")
+        check_model_on_mesh(model, mesh)
         if model is None:
             return Partitioner(mesh, self.partition_rules)
         axes = {name: name for name in MESH_AXES}

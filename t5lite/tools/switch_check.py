@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5lite.data import synthetic
 from t5lite.models import layouts
@@ -62,13 +63,37 @@ def _variables_for(model, params, variant_model) -> Dict[str, Any]:
     return converted
 
 
+TOKENS = (("encoder", "encoder_input_tokens"), ("decoder", "decoder_target_tokens"))
+
+
+def packed_in_two(batch: Mapping[str, Any]) -> Dict[str, Any]:
+    """The batch with each row read as two packed sequences: the first half of its
+    positions one segment, the rest another, padding none (segment 0), positions counted
+    from each segment's start. The attention's masks of a PACK=True batch, on these
+    tokens: [batch, length] int32 `{encoder,decoder}_segment_ids` and `_positions` added."""
+    out = dict(batch)
+    for prefix, name in TOKENS:
+        if name not in batch:
+            continue
+        tokens = np.asarray(batch[name])
+        index = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+        half = tokens.shape[1] // 2
+        real = tokens > 0
+        out[f"{prefix}_segment_ids"] = jnp.asarray(
+            np.where(real, np.where(index < half, 1, 2), 0), jnp.int32)
+        out[f"{prefix}_positions"] = jnp.asarray(
+            np.where(real, np.where(index < half, index, index - half), 0), jnp.int32)
+    return out
+
+
 def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
                      task_feature_lengths: Mapping[str, int], batch_size: int = 4,
                      seed: int = 0, params: Optional[Dict[str, Any]] = None,
-                     on_row: Optional[Callable[[str, Dict[str, Any]], None]] = None
-                     ) -> Dict[str, Any]:
+                     on_row: Optional[Callable[[str, Dict[str, Any]], None]] = None,
+                     packed: bool = False) -> Dict[str, Any]:
     """Logits of `model` and of each variant (config fields replaced) on one synthetic
-    batch with the same weights (`params`, or a fresh init from `seed`). `on_row(name,
+    batch with the same weights (`params`, or a fresh init from `seed`); `packed`, its
+    rows as two sequences each (`packed_in_two`). `on_row(name,
     row)` is called as each variant is measured (its verdict comes at the end, when the
     float32 variant has set the tolerance), so a caller cut off halfway has what came.
 
@@ -80,6 +105,8 @@ def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
     task = synthetic.SyntheticTask(lengths, model.config.vocab_size,
                                    model.FEATURE_CONVERTER_KIND, seed=seed)
     batch = {k: jnp.asarray(v) for k, v in task.global_batch(0, batch_size).items()}
+    if packed:
+        batch = packed_in_two(batch)
     if params is None:
         params = jax.jit(model.init)(jax.random.PRNGKey(seed))
         params = {"params": params["params"]}
@@ -120,7 +147,7 @@ def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
             row["tolerance"] = MIN_TOLERANCE
         row["ok"] = row["rel_l2"] <= row["tolerance"]
     return {"reference": {"loss": loss_of(model, params),
-                          "config": dataclasses.asdict(model.config)},
+                          "config": dataclasses.asdict(model.config)}, "packed": packed,
             "bf16_error": bf16_error, "variants": results}
 
 
