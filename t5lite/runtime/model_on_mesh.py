@@ -4,16 +4,17 @@ compile-only GPU, `info --gpu`'s, counts as one). Each answer a ConfigError or
 PartitioningError of one line that names the fix."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from jax.sharding import Mesh
 
 from t5lite.errors import ConfigError, PartitioningError
 
 
-def check_model_on_mesh(model: Any, mesh: Mesh) -> None:
+def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) -> None:
     """Raise (one line) when `model` (a wrapper with a `config`, or None) cannot run on
-    `mesh`."""
+    `mesh`; `platform`: what its programs are lowered for when not the devices' own
+    ("cuda" for `info --account`'s, lowered on a CPU and never run)."""
     config = getattr(model, "config", None)
     experts = getattr(config, "num_experts", 0)
     if experts and experts % mesh.shape["expert"]:
@@ -21,9 +22,9 @@ def check_model_on_mesh(model: Any, mesh: Mesh) -> None:
             f"NUM_EXPERTS={experts} does not divide over the mesh's expert axis of "
             f"{mesh.shape['expert']} devices; make the expert entry of ICI_MESH_SHAPE / "
             f"DCN_MESH_SHAPE a divisor of {experts}")
-    platforms = sorted({d.platform for d in mesh.devices.flat})
-    if getattr(config, "attention_impl", None) == "cudnn" and platforms != ["gpu"]:
+    platforms = {platform} if platform else {d.platform for d in mesh.devices.flat}
+    if getattr(config, "attention_impl", None) == "cudnn" and not platforms <= {"gpu", "cuda"}:
         raise ConfigError(
             f"ATTENTION_IMPL='cudnn' is cuDNN's fused attention, which runs on NVIDIA GPUs, "
-            f"and this run's devices are {', '.join(platforms)}: add "
+            f"and this run's devices are {', '.join(sorted(platforms))}: add "
             f"--gin.ATTENTION_IMPL=\"'xla'\" (the same function on any device)")

@@ -360,13 +360,14 @@ class MeshSettings:
         names none (a run's comes from configs/runs/_shared.gin)."""
         return cls(ici_mesh_shape=(-1, 1, 1), dcn_mesh_shape=(1, 1, 1), partition_rules=())
 
-    def partitioner(self, devices: Optional[Sequence[Any]] = None,
-                    model: Any = None) -> Partitioner:
+    def partitioner(self, devices: Optional[Sequence[Any]] = None, model: Any = None,
+                    platform: Optional[str] = None) -> Partitioner:
         """The mesh over `devices` (default all) with these rules; with `model`, checked
-        against the mesh (`check_model_on_mesh`), its tracing context (Transformer
+        against the mesh (`check_model_on_mesh`; `platform` when its programs are lowered
+        for another than the devices'), its tracing context (Transformer
         Engine's mesh resource) joins the mesh and rules."""
         mesh = make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices)
-        check_model_on_mesh(model, mesh)
+        check_model_on_mesh(model, mesh, platform)
         if model is None:
             return Partitioner(mesh, self.partition_rules)
         axes = {name: name for name in MESH_AXES}

@@ -112,14 +112,17 @@ def _log_trainable(model, params) -> None:
 def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
               mesh: Optional[MeshSettings] = None,
               devices: Optional[Sequence[Any]] = None,
-              skip: Optional[SkipSettings] = None) -> TrainingRun:
+              skip: Optional[SkipSettings] = None,
+              platform: Optional[str] = None) -> TrainingRun:
     """Mesh (over `devices`, default all; `mesh` None: every device on the data axis),
     sharded train step and this process's data iterator. `skip` (SKIP_BAD_STEPS...): the
-    optimizer wrapped to skip bad steps (`optim/skipping.py`)."""
+    optimizer wrapped to skip bad steps (`optim/skipping.py`). `platform`: what its
+    programs are lowered for when not the devices' own (they are then never run)."""
     check_positive_int("NUM_MICROBATCHES", num_microbatches)
     if data.pack:  # fail before any compile when the network cannot read packed batches
         model.check_features(("decoder_segment_ids",))
-    partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model)
+    partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model,
+                                                                    platform=platform)
     layout = partitioner.data_layout(data.batch_size, num_microbatches)
     # the optimizer sees the trainable parameters only (with LoRA: the adapters);
     # Adafactor factors by their axis names

@@ -40,11 +40,12 @@ def build_bench_run(gin_files: Sequence[str], bindings: Sequence[str],
 def step_run(model, *, batch_size: Optional[int] = None,
              devices: Optional[Sequence[Any]] = None,
              task_feature_lengths: Optional[Mapping[str, int]] = None,
-             optimizer: Any = None) -> run.TrainingRun:
+             optimizer: Any = None, platform: Optional[str] = None) -> run.TrainingRun:
     """The parsed config's train step (model, optimizer, mesh, batch size, microbatches,
     lengths: the `train` bindings that `build_run` takes; arguments given here win) fed
     random batches of the same shapes: a step's speed and memory do not depend on the
     text, and random batches need no TensorFlow, even for a recipe naming a real task.
+    `platform` ("cuda"): the programs are lowered for it, not run on the devices.
     Raises ConfigError in one line (a batch that does not divide over the mesh, say)."""
     bound = gin.get_bindings("train")
     given = {"batch_size": batch_size, "task_feature_lengths": task_feature_lengths}
@@ -61,7 +62,7 @@ def step_run(model, *, batch_size: Optional[int] = None,
         return run.build_run(model=model, data=data,
                              optimizer=optimizer or bound.get("optimizer") or default_optimizer(),
                              num_microbatches=bound.get("num_microbatches", 1),
-                             mesh=bound.get("mesh"), devices=devices)
+                             mesh=bound.get("mesh"), devices=devices, platform=platform)
     except PartitioningError as e:
         raise ConfigError(str(e)) from None
 

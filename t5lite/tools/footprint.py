@@ -98,8 +98,11 @@ def step_reports(report: Dict[str, Any], model, optimizer, devices, per_device_b
     lengths = report["task_feature_lengths"]
     pack = bool(gin.get_bindings("train").get("pack", False))
     try:
+        # the account alone lowers for CUDA whatever the devices (never run here)
+        platform = "cuda" if account and memory_gib is None else None
         the_run = benchmarking.step_run(model, batch_size=batch, devices=devices,
-                                        task_feature_lengths=lengths, optimizer=optimizer)
+                                        task_feature_lengths=lengths, optimizer=optimizer,
+                                        platform=platform)
         if memory_gib is not None:
             report["step_memory"] = step_memory_report(the_run, lengths, pack,
                                                        int(memory_gib * 2 ** 30))
