@@ -62,6 +62,7 @@ EINSUM = ["ATTENTION_IMPL='xla'", "ATTENTION_MASK='dense'"]
 DECODER_ONLY = {  # name: (recipe, global batch, devices, sequence length); packed batches
     "gpt126m_b8": ("configs/gpt126m_pile_pretrain.gin", 8, 1, 2048),
     "llama2_7b_b8_fsdp8": ("configs/llama2_7b_pile_pretrain.gin", 8, 8, 4096),
+    "glam126m_64e_b8": ("configs/glam126m_64e_pile_pretrain.gin", 8, 1, 2048),
 }
 SHAPES = {}  # name -> (task feature lengths, packed, devices) where not T5's one-GPU rows
 for model, (recipe, batch, devices, length) in DECODER_ONLY.items():
