@@ -1,13 +1,14 @@
 """Checkpoints that prove their bytes (issue 47, part 1): the fingerprint catches every
 changed bit and a swap (against a numpy reference); a tiny T5 run's checkpoint damaged on
-disk in each kind of file (OCDBT data, its manifest, the tree metadata, the data position,
-the fingerprint record, the data iterator's bytes) is found by `info --verify`, skipped
-at the next start with one warning line naming it (the run resumes from the one before),
+disk in each kind of file (OCDBT data that still decodes and a frame that does not, its
+manifest, the tree metadata, the data position, the fingerprint record, the data
+iterator's bytes) is found by `info --verify`, skipped at the next start with one warning line naming it (the run resumes from the one before),
 and refused in one line by INITIAL_CHECKPOINT_PATH, eval / infer's session and convert."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -112,32 +113,84 @@ def run(tmp_path_factory):
     return path
 
 
-def _largest_data_file(step):
-    d = step / "state" / "ocdbt.process_0" / "d"
-    return max((d / n for n in os.listdir(d)), key=lambda f: f.stat().st_size)
-
-
-def _params_chunk(step):
-    """(data file, offset, length) of the largest stored chunk of a parameter (not of
-    the optimizer state), read from the OCDBT b-tree: which data file holds the
-    parameters varies from save to save."""
+def _stored_chunks(step):
+    """(data file, offset, length, array) of each chunk stored in a data file, read from the
+    step's OCDBT b-tree: which data file holds which array varies from save to save."""
     import tensorstore as ts
     state = step / "state"
     kv = ts.KvStore.open({"driver": "file", "path": f"{state}/"}).result()
     root = ts.ocdbt.dump(kv).result()["versions"][0]["root"]["location"]
-    chunks = []
     for entry in ts.ocdbt.dump(kv, root).result()["entries"]:
         where = entry.get("indirect_value", "")
-        if str(entry["key"]).startswith("b'params.params.") and where:
+        if where:
             directory, name, offset, length = where[len("value:"):].split(":")
-            chunks.append((int(length), state / directory.rstrip("/") / name, int(offset)))
-    length, path, offset = max(chunks)
-    return path, offset, length
+            yield (state / directory.rstrip("/") / name, int(offset), int(length),
+                   entry["key"].decode().rsplit("/", 1)[0])
+
+
+def _zstd_blocks(frame: bytes):
+    """(type, start, size) of each block of one zstd frame (RFC 8878, 3.1.1); type 2 is a
+    compressed block, whose middle lies far from every header."""
+    descriptor = frame[4]
+    single = descriptor >> 5 & 1
+    at = 5 + (not single) + (0, 1, 2, 4)[descriptor & 3] + (single, 2, 4, 8)[descriptor >> 6]
+    while at + 3 <= len(frame):
+        header = int.from_bytes(frame[at:at + 3], "little")
+        kind, size = header >> 1 & 3, header >> 3
+        yield kind, at + 3, size
+        at += 3 + (1 if kind == 1 else size)
+        if header & 1:
+            return
+
+
+def _read(step, array):
+    import tensorstore as ts
+    return ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{step}/state/",
+                                                  "path": f"{array}/"}}).result().read().result()
+
+
+def _invert_still_decoding(step, chunks):
+    """Inverts 64 bytes in the middle of a compressed block of the first of `chunks` whose
+    array still decodes afterwards, to other values: damage only a fingerprint can see.
+    Where 64 bytes land decides whether zstd sees them too (a header does; CI once hit one
+    in the middle of a file), so the decoder says which place qualifies."""
+    for path, offset, length, array in chunks:
+        frame = path.read_bytes()[offset:offset + length]
+        blocks = [b for b in _zstd_blocks(frame) if b[0] == 2 and b[2] >= 1024]
+        for _, start, size in sorted(blocks, key=lambda b: abs(2 * b[1] + b[2] - length))[:3]:
+            before, at = _read(step, array), offset + start + size // 2 - 32
+            _invert(path, at)
+            try:
+                if not np.array_equal(_read(step, array).view(np.uint8), before.view(np.uint8)):
+                    return
+            except ValueError:  # zstd saw it
+                pass
+            _invert(path, at)  # inverted twice: as saved
+    raise AssertionError(f"no chunk of {step} still decodes with 64 bytes inverted")
+
+
+def _damage_mid_file(step):
+    """The issue's damage: 64 bytes inverted in the middle of the largest data file, in
+    the chunk nearest that middle that still decodes."""
+    chunks = list(_stored_chunks(step))
+    largest = max({c[0] for c in chunks}, key=lambda f: f.stat().st_size)
+    middle = largest.stat().st_size
+    _invert_still_decoding(step, sorted((c for c in chunks if c[0] == largest),
+                                        key=lambda c: abs(2 * c[1] + c[2] - middle)))
 
 
 def _damage_params(step):
-    path, offset, length = _params_chunk(step)
-    _invert(path, start=offset + length // 2)
+    """The same in the largest chunk of a parameter (not of the optimizer state): what
+    every command reads, where the largest file may hold no parameter."""
+    _invert_still_decoding(step, sorted((c for c in _stored_chunks(step)
+                                         if c[3].startswith("params.params.")),
+                                        key=lambda c: -c[2]))
+
+
+def _break_a_frame(step):
+    """64 bytes inverted at the start of the largest chunk: its zstd frame does not decode."""
+    path, offset, _, _ = max(_stored_chunks(step), key=lambda c: c[2])
+    _invert(path, offset)
 
 
 def _invert(path, start=None, count=64):
@@ -169,7 +222,8 @@ def _change_a_recorded_sum(step):
 
 
 DAMAGE = {  # what is done to checkpoint 4, and what `info --verify` says of it
-    "ocdbt data": (lambda s: _invert(_largest_data_file(s)), "DAMAGED: "),
+    "ocdbt data": (_damage_mid_file, "DAMAGED: "),
+    "ocdbt frame": (_break_a_frame, "DAMAGED: unreadable"),
     "manifest": (lambda s: _invert(s / "state" / "manifest.ocdbt", count=1),
                  "DAMAGED: unreadable"),
     "tree metadata": (_rename_in_tree_metadata, "DAMAGED: unreadable"),
@@ -192,11 +246,11 @@ def test_verify_finds_each_kind_of_damage(run, tmp_path, capsys, kind):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("checkpoint 2: ok (") and len(lines) == 2, lines
     assert lines[1].startswith("checkpoint 4: " + said), lines
-    if kind == "ocdbt data":  # the very bytes of the issue: 64 inverted mid-file
+    if kind == "ocdbt data":  # the issue's bytes: 64 inverted mid-file, still decoding
         assert " recorded " in lines[1] and ", read " in lines[1], lines
 
 
-@pytest.mark.parametrize("kind", ["ocdbt data", "data position"])
+@pytest.mark.parametrize("kind", ["ocdbt data", "ocdbt frame", "data position"])
 def test_a_damaged_checkpoint_is_skipped_at_the_next_start(run, tmp_path, capsys, kind):
     damaged = tmp_path / "run"
     shutil.copytree(run, damaged)
@@ -208,6 +262,9 @@ def test_a_damaged_checkpoint_is_skipped_at_the_next_start(run, tmp_path, capsys
     assert len(warned) == 1 and "start: resume:2 at step 2" in err, err[-3000:]
     if kind == "ocdbt data":
         assert ": recorded " in warned[0] and "(its bytes changed on disk" in warned[0]
+    if kind == "ocdbt frame":  # the array and zstd's own words, not a path or a spec
+        assert re.search(r'Error reading "[a-z_.]+/[0-9.]+": ZSTD_decompressStream\(\) failed: '
+                         r"\w", warned[0]) and "OCDBT database" not in warned[0], warned[0]
     assert th.complete_steps(damaged) == [2, 4, 5]
     assert any(p.name.startswith("4.damaged-") for p in th.checkpoints_dir(damaged).iterdir())
 

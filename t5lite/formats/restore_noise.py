@@ -10,6 +10,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -60,9 +61,11 @@ def failure_output_dropped():
 
 
 def short_reason(e: BaseException) -> str:
-    """The first sentence of an error, on one line (TensorStore appends its whole spec)."""
+    """The first sentence of an error and of its cause, on one line: TensorStore appends its
+    whole spec, and names the checkpoint's directory, which the caller names already."""
     def first(x):
-        return " ".join(str(x).split()).split(". See full TensorStore")[0].split(" [source")[0]
+        text = " ".join(str(x).split()).split(". See full TensorStore")[0].split(" [source")[0]
+        return re.sub(r' in OCDBT database at local file "[^"]*"', "", text)
     text = first(e)
     cause = e.__cause__ or e.__context__
     if cause is not None and first(cause) and first(cause) not in text:
