@@ -203,10 +203,12 @@ def _resume_cmd(tmp_path, vocab, model_dir, steps, *extra):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The run both resume tests must match: RESUME_STEPS steps in one go."""
+    """The run both resume tests must match: RESUME_STEPS steps in one go, saved only at
+    the end (the resumed runs save every 2 steps: saving must not change what trains)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     vocab = vocabulary(tmp_path_factory)
-    proc = th.run(_resume_cmd(tmp / "x", vocab, tmp / "run", RESUME_STEPS))
+    proc = th.run(_resume_cmd(tmp / "x", vocab, tmp / "run", RESUME_STEPS,
+                              f"--gin.CHECKPOINT_PERIOD={RESUME_STEPS}"))
     assert proc.returncode == 0, th.describe(proc)
     return th.load_state(tmp / "run", RESUME_STEPS), vocab
 
