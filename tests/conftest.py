@@ -2,8 +2,10 @@
 
 Set before anything imports jax; subprocesses inherit it. x64 stays off.
 """
+import gc
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -62,3 +64,34 @@ def hf_t5(tmp_path_factory):
     transformers.T5ForConditionalGeneration(cfg).save_pretrained(str(path),
                                                                  safe_serialization=True)
     return path
+
+
+# A command run in this process (train / eval / infer's `main(argv)`) leaves its tf.data
+# pipelines to Python's cycle collector. Collected later, while another test's pipeline
+# runs, TensorFlow removes their functions from its eager context under that pipeline: a
+# test worker once died of it (a segmentation fault in a garbage collection during a LoRA
+# test's first step, a jsonl reader running in a tf.data thread). So a test that ran a
+# command collects them as it ends, when none of its pipelines is running any more.
+_COMMANDS_RUN = [0]
+
+
+def _count_commands():
+    command = sys.modules.get("t5lite.config.command")
+    if command is None or getattr(command.run_model_command, "counted", False):
+        return
+    original = command.run_model_command
+
+    def counted(*args, **kwargs):
+        _COMMANDS_RUN[0] += 1
+        return original(*args, **kwargs)
+    counted.counted = True
+    command.run_model_command = counted
+
+
+@pytest.fixture(autouse=True)
+def _pipelines_collected_after_commands_in_this_process():
+    _count_commands()
+    before = _COMMANDS_RUN[0]
+    yield
+    if _COMMANDS_RUN[0] != before and "tensorflow" in sys.modules:
+        gc.collect()
