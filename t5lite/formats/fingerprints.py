@@ -93,7 +93,7 @@ def _sums(x: jax.Array) -> jax.Array:
 
 _shared_sums = jax.jit(_sums)
 """`_sums` as a function of its own inside the program: traced and lowered once for each
-shape and dtype, not once for each array (a tiny T5's state: 212 arrays, 12 kinds)."""
+shape and dtype, not once for each array (T5 large's state: 2,236 arrays, 14 kinds)."""
 
 
 def checkpoint_fingerprints(arrays):
