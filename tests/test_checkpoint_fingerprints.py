@@ -18,6 +18,7 @@ import pytest
 
 import train_helpers as th
 from t5lite import convert, info, train
+from t5lite.data.files.compressed import ZSTD_MAGIC
 from t5lite.errors import CheckpointDamagedError
 from t5lite.formats import fingerprints
 
@@ -144,8 +145,9 @@ def _stored_chunks(step):
 
 
 def _zstd_blocks(frame: bytes):
-    """(type, start, size) of each block of one zstd frame (RFC 8878, 3.1.1); type 2 is a
-    compressed block, whose middle lies far from every header."""
+    """(type, start, size) of each block of one zstd frame (RFC 8878, 3.1.1; it starts
+    with ZSTD_MAGIC); type 2 is a compressed block, whose middle lies far from every
+    header."""
     descriptor = frame[4]
     single = descriptor >> 5 & 1
     at = 5 + (not single) + (0, 1, 2, 4)[descriptor & 3] + (single, 2, 4, 8)[descriptor >> 6]
@@ -171,9 +173,12 @@ def _invert_still_decoding(step, chunks):
     in the middle of a file), so the decoder says which place qualifies."""
     for path, offset, length, array in chunks:
         frame = path.read_bytes()[offset:offset + length]
+        if not frame.startswith(ZSTD_MAGIC):
+            continue
         blocks = [b for b in _zstd_blocks(frame) if b[0] == 2 and b[2] >= 1024]
+        before = _read(step, array) if blocks else None
         for _, start, size in sorted(blocks, key=lambda b: abs(2 * b[1] + b[2] - length))[:3]:
-            before, at = _read(step, array), offset + start + size // 2 - 32
+            at = offset + start + size // 2 - 32
             _invert(path, at)
             try:
                 if not np.array_equal(_read(step, array).view(np.uint8), before.view(np.uint8)):
@@ -189,9 +194,9 @@ def _damage_mid_file(step):
     the chunk nearest that middle that still decodes."""
     chunks = list(_stored_chunks(step))
     largest = max({c[0] for c in chunks}, key=lambda f: f.stat().st_size)
-    middle = largest.stat().st_size
+    size = largest.stat().st_size  # a chunk's middle, doubled, against the file's size
     _invert_still_decoding(step, sorted((c for c in chunks if c[0] == largest),
-                                        key=lambda c: abs(2 * c[1] + c[2] - middle)))
+                                        key=lambda c: abs(2 * c[1] + c[2] - size)))
 
 
 def _damage_params(step):
