@@ -5,7 +5,8 @@
         [--gin.X=Y] [--inputs_length=512 --targets_length=128 | --seq_length=2048] \\
         [--optimizer=adafactor|adamw] [--memory --devices=8 --per_device_batch=32]
         [--account [--devices=1 --per_device_batch=32]] [--json]
-        [--gpu=h100|h200|TARGET.txtpb [--autotune_results=FILE]] | --verify=MODEL_DIR
+        [--gpu=h100|h200|TARGET.txtpb [--autotune_results=FILE]
+         [--hosts=16 --gpus_per_host=8]] | --verify=MODEL_DIR
 
 Prints the exact parameter count, training model FLOPs (matmuls, fwd + bwd) and the
 bytes of float32 parameters plus the state of the optimizer the config binds (or
@@ -17,8 +18,9 @@ its biggest tensors and the bytes its operations write and read before fusion
 (`t5lite.tools.program_account`; --devices defaults to 1 there: shapes per device).
 With --gpu (the gpu-aot extra) it compiles the step and initializer for that GPU on this
 machine: compile times, memory, kernels by model part and kind, a predicted step time
-(`tools.gpu_report`; --memory then reads that compiled step); with the extra, --memory
-alone compiles for an H100 unless --cpu_compiler. --json: table to stderr, JSON to stdout.
+(`tools.gpu_report`; --memory then reads that compiled step; --hosts: for a cluster, its
+collectives and a communication term); with the extra, --memory alone compiles for an
+H100 unless --cpu_compiler. --json: table to stderr, JSON to stdout.
 """
 from __future__ import annotations
 
@@ -52,9 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                         "device (default: the config's BATCH_SIZE / --devices)")
     parser.add_argument("--device_memory_gib", type=float, help="with --memory: memory "
                         "of one device (default: the GPU's, or 80 as an H100's)")
-    parser.add_argument("--gpu", help="compile for this GPU here (h100, h200 or a target "
-                        "config file): kernels, bytes, memory, predicted step time")
-    parser.add_argument("--autotune_results", help="with --gpu: a GPU session's autotune file")
+    gpu_report.add_flags(parser)  # --gpu, --autotune_results, --hosts, --gpus_per_host
     parser.add_argument("--cpu_compiler", action="store_true", help="--memory on CPUs")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, table on stderr")
     parser.add_argument("--verify", help="MODEL_DIR: check its checkpoints' fingerprints")
@@ -68,9 +68,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.gin_file:
         raise ConfigError("no --gin_file given (e.g. --gin_file=models/t5_1_1/base.gin)")
     if args.devices is None:
-        args.devices = 8 if args.memory else 1
-    gpu = gpu_report.gpu_for(args.gpu, args.memory and not args.cpu_compiler)
-    devices = (gpu_report.devices(gpu, args.devices) if gpu else step_memory.cpu_devices(
+        args.devices = args.gpus_per_host or (8 if args.memory or args.hosts > 1 else 1)
+    gpu = gpu_report.gpu_for(args.gpu, args.memory and not args.cpu_compiler, args.hosts)
+    devices = (gpu_report.devices(gpu, args.devices, args.hosts) if gpu else step_memory.cpu_devices(
         args.devices) if args.memory or args.account else None)
     parsing.parse_gin(args.gin_file, args.gin_bindings, args.gin_search_paths,  # unset run
                       placeholders=parsing.RUN_PLACEHOLDERS)  # macros (REQUIRED) get these

@@ -78,8 +78,10 @@ def first_difference(ckpt: Dict[str, tuple], model: Dict[str, tuple]) -> Optiona
     return None
 
 
-def layout_str(layout: Mapping[str, bool]) -> str:
-    return f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
+def layout_str(layout: Mapping[str, Any]) -> str:
+    runs = layout.get("pipeline_repeats", 1)
+    return (f"fuse_qkv={layout['fuse_qkv']}, scan_layers={layout['scan_layers']}"
+            + (f", pipeline_repeats={runs}" if runs != 1 else ""))
 
 
 def stored_adapters(params: Mapping[str, Any]) -> Optional[Adapters]:

@@ -1,5 +1,5 @@
 """Host parameters made into the model's: converted to its layout (fused / unfused QKV,
-scanned / unscanned layers) on the host, checked against its shapes, cast and placed on
+stacked / unstacked layers, their pipeline repeats) on the host, checked against its shapes, cast and placed on
 its devices as an abstract tree (jax.ShapeDtypeStruct with shardings) describes them.
 What every checkpoint reader (`checkpoint_kinds`) and the upcycling end with.
 """
@@ -16,19 +16,24 @@ from t5lite.errors import CheckpointMismatchError
 from t5lite.formats.checkpoint_trees import first_difference, flat_shapes
 from t5lite.models import layouts
 
-CANONICAL = {"fuse_qkv": False, "scan_layers": False}  # how T5X and Hugging Face store them
+# how T5X and Hugging Face store them
+CANONICAL = {"fuse_qkv": False, "scan_layers": False, "pipeline_repeats": 1}
 
 
-def layout_config(model, layout: Mapping[str, bool]):
-    """`model`'s config with the layout switches of `layout` (a namespace without one)."""
+def layout_config(model, layout: Mapping[str, Any]):
+    """`model`'s config with the layout of `layout` (`layouts.detect_layout`'s keys; a
+    namespace without one). Its `scan_layers` says whether the layers are stacked, so the
+    pipeline's own reason to stack them is dropped (a config, not a run)."""
+    layout = {"pipeline_repeats": 1, **layout}
     if model is not None and dataclasses.is_dataclass(getattr(model, "config", None)):
-        return dataclasses.replace(model.config, **layout)
+        extra = ({"pipeline_microbatches": None}
+                 if hasattr(model.config, "pipeline_microbatches") else {})
+        return dataclasses.replace(model.config, **layout, **extra)
     return types.SimpleNamespace(**layout)
 
 
-def model_layout(model) -> Dict[str, bool]:
-    return {"fuse_qkv": bool(model.config.fuse_qkv),
-            "scan_layers": bool(model.config.scan_layers)}
+def model_layout(model) -> Dict[str, Any]:
+    return layouts.config_layout(model.config)
 
 
 def place(x: np.ndarray, like: Any) -> Any:

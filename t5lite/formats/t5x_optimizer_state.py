@@ -17,7 +17,6 @@ not map, and INITIAL_CHECKPOINT_STATE='params' starts the optimizer fresh.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, Mapping
 
 import jax
@@ -35,7 +34,7 @@ FRESH = "set INITIAL_CHECKPOINT_STATE='params' to start the optimizer fresh at s
 
 
 def _plain(model):
-    return type(model)(dataclasses.replace(model.config, fuse_qkv=False, scan_layers=False))
+    return type(model)(layouts.canonical_config(model.config))
 
 
 def _slots_by_param(param_states: Mapping[str, Any]) -> Dict[str, Dict[str, np.ndarray]]:
@@ -95,7 +94,7 @@ def _plain_moments(param_states, plain, factoring, origin: str):
 def _to_layout(moments, plain, model, factoring):
     """The plain layout's moments in `model`'s layout (fused QKV, scanned layers)."""
     src, dst = plain.config, model.config
-    if (src.fuse_qkv, src.scan_layers) == (dst.fuse_qkv, dst.scan_layers):
+    if layouts.config_layout(src) == layouts.config_layout(dst):
         return moments
     src_plans = adafactor.plan_tree(plain.abstract_variables()["params"],
                                     plain.logical_axes()["params"], **factoring)

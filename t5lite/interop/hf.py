@@ -39,6 +39,7 @@ from t5lite.errors import CheckpointDamagedError
 from t5lite.interop.hf_config import (  # noqa: F401  (read_hf_config, config_from_hf: public API)
     CONFIG_NAME, SUPPORTED_MODEL_TYPES, PathLike, config_from_hf, read_hf_config)
 from t5lite.interop.hf_families import IGNORED, family_of, hf_shape, to_hf, to_ours
+from t5lite.models import layouts
 from t5lite.models.model import BaseModel, model_for_config
 from t5lite.models.param_paths import flatten, unflatten
 
@@ -52,8 +53,6 @@ MAX_HEADER_BYTES = 100_000_000  # safetensors refuses longer headers
 # is left to safetensors to check).
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-# Fields an override may change without touching the parameter layout.
-LAYOUT_FIELDS = ("fuse_qkv", "scan_layers")
 
 
 # --------------------------------------------------------------------------- files
@@ -235,7 +234,7 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
     zero_groups = family.zero_bias_groups(cfg, hf)
     cfg, logits_kernel = family.decide_output_head(cfg, hf, tensors, embed_name)
     cfg = _apply_overrides(cfg, config_overrides)
-    load_cfg = dataclasses.replace(cfg, **{f: False for f in LAYOUT_FIELDS}, fp8=False)
+    load_cfg = layouts.canonical_config(cfg, fp8=False)
 
     shapes = _abstract_shapes(load_cfg)
     flat: Dict[str, np.ndarray] = {}
@@ -276,8 +275,7 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
                              f"config gives {shape} (config override?)")
     variables = {"params": unflatten(flat)}
 
-    if cfg.fuse_qkv or cfg.scan_layers:
-        from t5lite.models import layouts
+    if cfg.fuse_qkv or layouts.stacked(cfg):
         variables = _on_host(layouts.convert_params, variables, load_cfg, cfg)
     model = model_for_config(cfg)
     if cfg.fp8:  # FP8 statistics are not in HF files: start them fresh
@@ -299,9 +297,8 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
     """(HF config dict, HF state dict of float32 numpy arrays) for a t5lite model."""
     cfg = model.config
     tree = variables["params"] if "params" in variables else variables
-    base = dataclasses.replace(cfg, **{f: False for f in LAYOUT_FIELDS})
-    if cfg.fuse_qkv or cfg.scan_layers:
-        from t5lite.models import layouts
+    base = layouts.canonical_config(cfg)
+    if cfg.fuse_qkv or layouts.stacked(cfg):
         tree = _on_host(layouts.convert_params, {"params": tree}, cfg, base)["params"]
     flat = {k: np.asarray(v, dtype=np.float32) for k, v in flatten(tree).items()}
     family = family_of(cfg)

@@ -137,16 +137,19 @@ class BaseModel:
         the config does not scan. So the initializer's program holds each kind of
         parameter's random draw once instead of once per layer (T5 large: 19 draws
         instead of 433), which is what its compile time grew with; and a fresh init is
-        the same under SCAN_LAYERS True and False. Transformer Engine's modules keep
+        the same under SCAN_LAYERS True and False, and under every pipeline setting (a
+        pipeline's repeats are cut from the one stack). Transformer Engine's modules keep
         their own per-layer init, and so does a stack of dense and mixture-of-experts
         layers that no block of MOE_EVERY layers repeats (settings.check refuses its
         scan)."""
         cfg = self.config
         try:
-            stacked_cfg = self._init_config(scan_layers=True, remat_policy="none")
+            stacked_cfg = self._init_config(scan_layers=True, remat_policy="none",
+                                            pipeline_microbatches=None, pipeline_repeats=1)
         except ValueError:  # a stack no block of MOE_EVERY layers repeats
             stacked_cfg = None
-        if cfg.scan_layers or self._uses_te() or stacked_cfg is None:
+        if self._uses_te() or stacked_cfg is None or (
+                layouts.stacked(cfg) and layouts.repeats(cfg) == 1):
             return nn.meta.unbox(self.init_boxed(rng, batch_size, lengths))
         boxed = self.NETWORK(stacked_cfg).init({"params": rng},
                                                **self.dummy_batch(batch_size, lengths))
@@ -247,7 +250,7 @@ class BaseModel:
         spec = decoding.get_decoder(decoder)
         module = type(self.module)(dataclasses.replace(self.config, remat_policy="none"))
         cfg = self.config
-        return spec, module, int(cfg.transpose_bs) + int(cfg.scan_layers)
+        return spec, module, int(cfg.transpose_bs) + layouts.stack_depth(cfg)
 
     @staticmethod
     def _finish(tokens, scores, return_scores: bool):

@@ -56,6 +56,7 @@ from typing import ClassVar, Optional, Tuple
 
 from t5lite.models import lora
 from t5lite.models.moe import settings as moe_settings
+from t5lite.models.pipeline import settings as pipeline_settings
 
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj")
 ATTENTION_IMPLS = ("xla", "dot_product", "cudnn", "te")
@@ -99,12 +100,18 @@ class Switches:
     lora_alpha: float = _switch(16.0, "LORA_ALPHA")
     lora_targets: Tuple[str, ...] = _switch((), "LORA_TARGETS")
     lora_dropout: float = _switch(0.0, "LORA_DROPOUT")
+    # a pipeline over the mesh's stage axis (decoder-only; `t5lite.models.pipeline`): the
+    # microbatches a batch is cut into (None: no pipeline), and the runs of layers each
+    # stage holds (a circular pipeline, Megatron's virtual stages, when over 1)
+    pipeline_microbatches: Optional[int] = _switch(None, "PIPELINE_MICROBATCHES")
+    pipeline_repeats: int = _switch(1, "PIPELINE_REPEATS")
 
     def __post_init__(self):
         if isinstance(self.lora_targets, list):  # gin lists: kept as a (hashable) tuple
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         _check_switches(self)
         lora.check_config(self)
+        pipeline_settings.check(self, pipelines=not hasattr(self, "num_encoder_layers"))
 
 
 def switch_macros() -> dict:

@@ -21,7 +21,7 @@ from t5lite.models.masks import attention_mask, decode_mask, make_mask
 from t5lite.models.layers import (MLP, Dense, Embed, Layout, get_dtype, make_norm, moe_mlp,
                                   residual_add)
 from t5lite.models.precision import fp8_mode
-from t5lite.models.stack import run_layers
+from t5lite.models.stack import run_stack
 
 Array = jax.Array
 
@@ -83,11 +83,12 @@ class DecoderStack(nn.Module):
     @nn.compact
     def __call__(self, x: Array, mask: Array, positions: Array, deterministic: bool,
                  decode: bool = False) -> Array:
-        c = self.cfg
-        x = run_layers(DecoderOnlyLayer, c.num_layers, x, (mask, positions), scan=c.scan_layers,
-                       remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
-                       period=c.layer_period,
-                       cfg=c, deterministic=deterministic, decode=decode)
+        c, lay = self.cfg, Layout(self.cfg.transpose_bs)
+        batch_axis = 1 - lay.length_axis
+        x = run_stack(self, DecoderOnlyLayer, c.num_layers, x, (mask, positions), cfg=c,
+                      x_axis=batch_axis, x_names=lay.names("activation_embed"),
+                      args_axes=(0, batch_axis), deterministic=deterministic, decode=decode,
+                      per_layer=lambda i: {"moe": c.is_moe_layer(i)})
         return make_norm(c.norm_type, c.layer_norm_epsilon, get_dtype(c.dtype), "decoder_norm")(x)
 
 

@@ -289,14 +289,20 @@ class Embed(nn.Module):
             nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
             (self.num_embeddings, self.features), jnp.float32)
 
+    def _table(self) -> Array:
+        """The table as it is read: whole over its embed axis (gathered, as FSDP gathers a
+        kernel). Left to itself, XLA spreads the lookup and the tied logits over a mesh
+        axis the batch leaves idle (a pipeline's stages) and gathers the logits back."""
+        return nn.with_logical_constraint(jnp.asarray(self.embedding, self.dtype),
+                                          (self.axes[0], None))
+
     def __call__(self, ids: Array) -> Array:
         """ids [...] int -> [..., embed]."""
-        return jnp.take(jnp.asarray(self.embedding, self.dtype), ids, axis=0)
+        return jnp.take(self._table(), ids, axis=0)
 
     def attend(self, x: Array) -> Array:
         """x [..., embed] -> [..., vocab]."""
-        return jnp.einsum("...d,vd->...v", jnp.asarray(x, self.dtype),
-                          jnp.asarray(self.embedding, self.dtype))
+        return jnp.einsum("...d,vd->...v", jnp.asarray(x, self.dtype), self._table())
 
 
 # ----------------------------------------------------------------------------- mlp

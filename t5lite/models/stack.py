@@ -1,6 +1,8 @@
-"""Running a stack of identical layers: a Python loop (`layers_0..layers_{n-1}`) or
-`nn.scan` over one `layers` subtree whose parameters gain a leading `layers` axis, each
-optionally rematerialized with a policy chosen by `checkpoint_name` tags.
+"""Running a stack of identical layers: a Python loop (`layers_0..layers_{n-1}`),
+`nn.scan` over one `layers` subtree whose parameters gain a leading `layers` axis
+(`repeats` [runs, layers / runs] with PIPELINE_REPEATS), or a pipeline over the mesh's
+stage axis (`run_stack`: `t5lite.models.pipeline`'s schedule over the stacked layers),
+each layer optionally rematerialized with a policy chosen by `checkpoint_name` tags.
 
 Tags set by the layers: query_proj, key_proj, value_proj, qkv_proj, kv_proj, out_proj,
 mlpwi, mlpwo.
@@ -12,7 +14,10 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
+from t5lite.errors import ConfigError
+from t5lite.models import layouts, moe, pipeline
 from t5lite.models.layers import gemm_input_views
 from t5lite.models.precision import FP8_COLLECTION
 
@@ -52,7 +57,7 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
                scan: bool, remat: str,
                per_layer: Optional[Callable[[int], Dict[str, Any]]] = None,
                period: int = 1, gemm_reads: Optional[Dict[int, int]] = None,
-               **layer_kwargs) -> jax.Array:
+               runs: int = 1, **layer_kwargs) -> jax.Array:
     """Apply `num_layers` instances of `layer_cls(**layer_kwargs)` to x, each called as
     `layer(x, *args)` (args are shared by every layer). Must be called inside a compact
     method of the parent module. Layers take a `scanned` attribute and return
@@ -79,13 +84,13 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
             tuple(tuple(sorted(per_layer(j).items())) for j in range(period)),
             tuple(sorted(layer_kwargs.items())))
         cls = nn.remat(block, policy=policy, prevent_cse=False) if policy else block
-        return _scan(cls, num_layers // period, args)(name="layers")(x, *args)[0]
+        return _scan_runs(cls, num_layers // period, runs, args)()(x, *args)[0]
     cls = layer_cls
     if policy is not None:
         cls = nn.remat(layer_cls, policy=policy, prevent_cse=not scan)
     if scan:
-        x, _ = _scan(cls, num_layers, args)(scanned=True, name="layers", **per_layer(0),
-                                             **layer_kwargs)(x, *args)
+        x, _ = _scan_runs(cls, num_layers, runs, args)(scanned=True, **per_layer(0),
+                                                        **layer_kwargs)(x, *args)
         return x
     views = {k: gemm_input_views(args[k], m * num_layers) for k, m in gemm_reads.items()}
     for i in range(num_layers):
@@ -95,12 +100,96 @@ def run_layers(layer_cls: type, num_layers: int, x: jax.Array, args: Sequence[An
     return x
 
 
-def _scan(cls, length: int, args: Sequence[Any]):
+def _scan(cls, length: int, args: Sequence[Any], axis: str = "layers"):
     return nn.scan(
         cls,
         variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * len(args),
         length=length,
-        metadata_params={nn.PARTITION_NAME: "layers"},
+        metadata_params={nn.PARTITION_NAME: axis},
     )
+
+
+def _scan_runs(cls, length: int, runs: int, args: Sequence[Any]):
+    """A scan over `length` (`layers`), or `runs` scans of length / runs (`repeats`)."""
+    if runs == 1:
+        return functools.partial(_scan(cls, length, args), name="layers")
+    return functools.partial(_scan(_scan(cls, length // runs, args), runs, args,
+                                   "pipeline_repeats"), name="repeats")
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+class _Chunk(nn.Module):
+    """`num_layers` consecutive layers of a stack, run as `run_layers` runs them: one
+    pipeline stage's chunk, applied to the stacked parameters' slice it holds."""
+
+    layer_cls: Any
+    num_layers: int
+    scan: bool
+    remat: str
+    attrs: Tuple[Tuple[Tuple[str, Any], ...], ...]  # per_layer(i), i < num_layers
+    period: int
+    kwargs: Tuple[Tuple[str, Any], ...]
+
+    @nn.compact
+    def __call__(self, x, *args):
+        return run_layers(self.layer_cls, self.num_layers, x, args, scan=self.scan,
+                          remat=self.remat, per_layer=lambda i: dict(self.attrs[i]),
+                          period=self.period, **dict(self.kwargs))
+
+
+def run_stack(parent: nn.Module, layer_cls: type, num_layers: int, x: jax.Array,
+              args: Sequence[Any], *, cfg, x_axis: int, x_names: Tuple[str, ...],
+              args_axes: Sequence[Optional[int]], deterministic: bool, decode: bool,
+              per_layer: Callable[[int], Dict[str, Any]], **layer_kwargs) -> jax.Array:
+    """`run_layers` for `parent`'s stack (called in its compact method), as a pipeline
+    when `cfg` sets PIPELINE_MICROBATCHES and the mesh has stages: the stacked layers'
+    parameters (read from `parent`'s variables) cut into a chunk per stage and repeat,
+    `pipeline.run` over them. Initializing, decoding, or on a mesh without stages, the
+    layers of a pipelined config run scanned (the same parameters). x's batch sits at
+    `x_axis` (logical names `x_names`), each arg's at `args_axes[i]` (None: shared).
+    The routers' statistics (a mixture of experts) are sown by `parent` as `moe_<stat>`,
+    one value per MoE layer in layer order, the mean over the microbatches."""
+    kw = dict(remat=cfg.remat_policy, per_layer=per_layer, period=cfg.layer_period,
+              deterministic=deterministic, decode=decode, cfg=cfg, **layer_kwargs)
+    if not layouts.stacked(cfg):
+        return run_layers(layer_cls, num_layers, x, args, scan=False, **kw)
+    runs, (stages, stage_axes) = layouts.repeats(cfg), pipeline.mesh_stages()
+    if parent.is_initializing() or decode or stages == 1:
+        return run_layers(layer_cls, num_layers, x, args, scan=True, runs=runs, **kw)
+    batch = x.shape[x_axis]
+    problem = pipeline.problem_on_mesh(cfg, stages) or pipeline.problem_with_batch(
+        cfg.pipeline_microbatches, batch, 1)
+    if problem:  # where a run's own checks did not come first (a library caller)
+        raise ConfigError(problem)
+    stored = parent.variables["params"]["repeats" if runs > 1 else "layers"]
+    per_chunk = num_layers // (stages * runs)
+    chunks = jax.tree.map(lambda a: a.reshape(
+        (runs, stages, per_chunk // cfg.layer_period) + a.shape[2 if runs > 1 else 1:]), stored)
+    chunk = _Chunk(layer_cls, per_chunk, cfg.scan_layers, cfg.remat_policy,
+                   tuple(tuple(sorted(per_layer(i).items())) for i in range(per_chunk)),
+                   cfg.layer_period, tuple(sorted(dict(
+                       deterministic=deterministic, decode=False, cfg=cfg,
+                       **layer_kwargs).items())), parent=None)
+
+    def stage_fn(params, x_mb, args_mb, key):
+        tree = {"layers": params}
+        if not cfg.scan_layers:
+            tree = layouts.unscan_layers({"decoder": tree}, cfg.layer_period)["decoder"]
+        y, state = chunk.apply({"params": tree}, x_mb, *args_mb,
+                               rngs={} if key is None else {"dropout": key},
+                               mutable=[moe.STATS_COLLECTION])
+        return y, moe.layer_stats(state.get(moe.STATS_COLLECTION, {}))
+
+    key = None if deterministic else parent.make_rng("dropout")
+    y, stats = pipeline.run(stage_fn, chunks, x, args, stages=stages,
+                            microbatches=cfg.pipeline_microbatches, repeats=runs,
+                            stage_axes=stage_axes, x_axis=x_axis, x_names=x_names,
+                            args_axes=args_axes, key=key)
+    for name, value in stats.items():  # [chunks, the chunk's MoE layers (x experts)]
+        parent.sow(moe.STATS_COLLECTION, f"moe_{name}",
+                   jnp.reshape(value, (-1,)) / cfg.pipeline_microbatches)
+    return y

@@ -1,6 +1,7 @@
 """Whether a model can run on a mesh's devices, asked before anything is traced: its
-experts divide the mesh's expert axis, and cuDNN's attention has GPUs to run on (a
-compile-only GPU, `info --gpu`'s, counts as one). Each answer a ConfigError or
+experts divide the mesh's expert axis, its layers split into the mesh's pipeline stages
+(and its batch into the pipeline's microbatches), and cuDNN's attention has GPUs to run
+on (a compile-only GPU, `info --gpu`'s, counts as one). Each answer a ConfigError or
 PartitioningError of one line that names the fix."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Optional
 from jax.sharding import Mesh
 
 from t5lite.errors import ConfigError, PartitioningError
+from t5lite.models import pipeline
 
 
 def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) -> None:
@@ -22,9 +24,25 @@ def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) 
             f"NUM_EXPERTS={experts} does not divide over the mesh's expert axis of "
             f"{mesh.shape['expert']} devices; make the expert entry of ICI_MESH_SHAPE / "
             f"DCN_MESH_SHAPE a divisor of {experts}")
+    problem = pipeline.problem_on_mesh(config, mesh.shape["stage"]) if config else None
+    if problem:
+        raise PartitioningError(problem)
     platforms = {platform} if platform else {d.platform for d in mesh.devices.flat}
     if getattr(config, "attention_impl", None) == "cudnn" and not platforms <= {"gpu", "cuda"}:
         raise ConfigError(
             f"ATTENTION_IMPL='cudnn' is cuDNN's fused attention, which runs on NVIDIA GPUs, "
             f"and this run's devices are {', '.join(sorted(platforms))}: add "
             f"--gin.ATTENTION_IMPL=\"'xla'\" (the same function on any device)")
+
+
+def check_batch_on_mesh(model: Any, mesh: Mesh, batch: int, data_shards: int) -> None:
+    """PartitioningError (one line) when a batch of `batch` examples (one gradient-
+    accumulation microbatch) does not cut into the pipeline's microbatches, each divided
+    over the `data_shards`; nothing to check without stages."""
+    if mesh.shape["stage"] == 1:
+        return
+    problem = pipeline.problem_with_batch(
+        getattr(getattr(model, "config", None), "pipeline_microbatches", None), batch,
+        data_shards)
+    if problem:
+        raise PartitioningError(problem)

@@ -1,4 +1,4 @@
-"""The partitioner shared by every model family: a (data, fsdp, tensor, expert) device mesh, the
+"""The partitioner shared by every model family: the device mesh (`t5lite.runtime.mesh`), the
 logical-axis rules that map the models' axis names onto it, shardings for parameters,
 optimizer and FP8 state and batches, host-slice -> global-array batches, jitted functions
 that run under the mesh and rules (`Partitioner.partition`), and process 0's decisions
@@ -9,7 +9,7 @@ Models never name a mesh axis; they tag parameters and activations with logical 
 `layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert,
 embed -> fsdp+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText; an expert
 kernel's embed fsdp alone), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
-the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
+a stacked layer axis `layers` and the pipeline's `stage` slots -> stage, the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
 activation_partitioning_dims=2 splits it over tensor) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
@@ -31,18 +31,15 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from t5lite.data.data_layout import DataLayout
 from t5lite.errors import ConfigError, PartitioningError
+from t5lite.runtime.mesh import BATCH_AXES, MESH_AXES, is_mesh_axes, make_mesh, valid_shape
 from t5lite.runtime.model_on_mesh import check_model_on_mesh
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
-# the batch is split over the expert axis too: outside the experts it is data parallel
-BATCH_AXES = ("data", "fsdp", "expert")
 
 # Order matters: an earlier rule claims its mesh axes first (so an activation's `embed`
 # does not take `fsdp` once its `batch` has it).
@@ -61,77 +58,14 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("kv", None),
     ("length", None),
-    ("layers", None),
+    ("layers", "stage"),  # stacked layers: each pipeline stage holds its own
+    ("stage", "stage"),  # the pipeline's per-stage slots of activations
+    ("pipeline_repeats", None),
     ("stack", None),
     ("relpos_buckets", None),
     ("abspos_buckets", None),
     ("lora_rank", None),
 )
-
-
-# ----------------------------------------------------------------------------- mesh
-
-
-def _fill(shape: Sequence[int], total: int, what: str) -> Tuple[int, ...]:
-    shape = tuple(int(s) for s in shape)
-    if len(shape) == len(MESH_AXES) - 1:  # (data, fsdp, tensor): no expert axis
-        shape = shape + (1,)
-    if len(shape) != len(MESH_AXES):
-        raise PartitioningError(f"{what} must have {len(MESH_AXES)} entries {MESH_AXES}, "
-                                f"got {shape}")
-    if shape.count(-1) > 1:
-        raise PartitioningError(f"{what}={shape} has more than one -1")
-    known = math.prod(s for s in shape if s != -1)
-    if -1 in shape:
-        if total % known:
-            raise PartitioningError(f"{what}={shape}: {total} devices do not divide by {known}")
-        shape = tuple(total // known if s == -1 else s for s in shape)
-    return shape
-
-
-def _as_given(shape: Tuple[int, ...], given: Sequence[int]) -> Tuple[int, ...]:
-    """A filled shape as the user wrote it: three entries when they gave three."""
-    return shape[:len(given)] if len(given) < len(shape) else shape
-
-
-def make_mesh(ici_mesh_shape: Sequence[int] = (-1, 1, 1),
-              dcn_mesh_shape: Sequence[int] = (1, 1, 1),
-              devices: Optional[Sequence[Any]] = None) -> Mesh:
-    """Mesh over (data, fsdp, tensor, expert); a shape of three entries leaves the expert
-    axis 1. `ici_mesh_shape` lays out the devices within one
-    host (or slice), `dcn_mesh_shape` the hosts; the full mesh is their product. One -1
-    entry in each fills the remaining devices."""
-    devices = list(devices if devices is not None else jax.devices())
-    n = len(devices)
-    dcn = _fill(dcn_mesh_shape, jax.process_count(), "DCN_MESH_SHAPE")
-    n_dcn = math.prod(dcn)
-    if n % n_dcn:
-        raise PartitioningError(f"DCN_MESH_SHAPE={_as_given(dcn, dcn_mesh_shape)} does not "
-                                f"divide the {n} devices")
-    ici = _fill(ici_mesh_shape, n // n_dcn, "ICI_MESH_SHAPE")
-    if math.prod(ici) * n_dcn != n:
-        raise PartitioningError(
-            f"mesh ICI_MESH_SHAPE={_as_given(ici, ici_mesh_shape)} x "
-            f"DCN_MESH_SHAPE={_as_given(dcn, dcn_mesh_shape)} has "
-            f"{math.prod(ici) * n_dcn} devices but {n} are present; make the product of "
-            f"the two shapes equal the device count (a -1 entry fills the rest)")
-    if n_dcn == 1:
-        try:
-            arr = mesh_utils.create_device_mesh(ici, devices)
-        except (ValueError, NotImplementedError, AssertionError):
-            arr = np.array(devices).reshape(ici)
-    else:
-        try:
-            arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
-                                                       process_is_granule=True)
-        except (ValueError, NotImplementedError, AssertionError, AttributeError):
-            # group by process: each process's devices form one ICI block
-            by_proc = sorted(devices, key=lambda d: (d.process_index, d.id))
-            blocks = np.array(by_proc).reshape(dcn + ici)
-            k = len(MESH_AXES)
-            arr = blocks.transpose([a for i in range(k) for a in (i, k + i)]).reshape(
-                tuple(a * b for a, b in zip(dcn, ici)))
-    return Mesh(arr, MESH_AXES)
 
 
 # ----------------------------------------------------------------------------- shardings
@@ -165,11 +99,14 @@ class Partitioner:
 
     @property
     def rules(self) -> Tuple[Tuple[str, Any], ...]:
-        """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp)."""
+        """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp; no
+        stage axis: nothing maps to it, so specs name no axis of one device)."""
         no_experts = self.mesh.shape.get("expert", 1) == 1
+        no_stages = self.mesh.shape.get("stage", 1) == 1
         return tuple((name, tuple(m) if isinstance(m, list) else m)
                      for name, m in self.extra_rules) + tuple(
-            (name, "fsdp" if no_experts and m == ("fsdp", "expert") else m)
+            (name, "fsdp" if no_experts and m == ("fsdp", "expert") else
+             None if no_stages and m == "stage" else m)
             for name, m in DEFAULT_RULES)
 
     @contextlib.contextmanager
@@ -327,9 +264,9 @@ class PartitionedFunction:
 @dataclasses.dataclass(frozen=True)
 class MeshSettings:
     """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor,
-    expert) (three entries: no expert axis)
-    (one -1 entry in each fills the devices), and PARTITION_RULES, extra
-    (logical name, mesh axes) rules tried before `DEFAULT_RULES`."""
+    expert, stage) (three or four entries: the axes left out are 1; one -1 entry in each
+    fills the devices), and PARTITION_RULES, extra (logical name, mesh axes) rules tried
+    before `DEFAULT_RULES`."""
 
     ici_mesh_shape: Sequence[int]
     dcn_mesh_shape: Sequence[int]
@@ -338,18 +275,15 @@ class MeshSettings:
     def __post_init__(self):
         for name, shape in (("ICI_MESH_SHAPE", self.ici_mesh_shape),
                             ("DCN_MESH_SHAPE", self.dcn_mesh_shape)):
-            if not isinstance(shape, (list, tuple)) or len(shape) not in (
-                    len(MESH_AXES) - 1, len(MESH_AXES)) or any(
-                    isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
-                    for s in shape):
-                raise ConfigError(f"{name} must be {len(MESH_AXES)} whole numbers "
-                                  f"{list(MESH_AXES)} (or the first three, no expert axis), "
-                                  f"each >= 1 or one -1 (the rest of the devices), e.g. "
-                                  f"[-1, 1, 1]; got {shape!r}")
+            if not valid_shape(shape):
+                raise ConfigError(f"{name} must be 3 to {len(MESH_AXES)} whole numbers "
+                                  f"{list(MESH_AXES)} (the axes left out are 1), each >= 1 "
+                                  f"or one -1 (the rest of the devices), e.g. [-1, 1, 1]; "
+                                  f"got {shape!r}")
         rules = self.partition_rules
         if not isinstance(rules, (list, tuple)) or any(
                 not isinstance(r, (list, tuple)) or len(r) != 2 or not isinstance(r[0], str)
-                or not _is_mesh_axes(r[1]) for r in rules):
+                or not is_mesh_axes(r[1]) for r in rules):
             raise ConfigError(f"PARTITION_RULES must be a list of (logical axis, mesh axes) "
                               f"pairs, the mesh axes None, one of {list(MESH_AXES)} or a tuple "
                               f"of them, e.g. [('embed', 'fsdp')]; got {rules!r}")
@@ -373,12 +307,6 @@ class MeshSettings:
         axes = {name: name for name in MESH_AXES}
         return Partitioner(mesh, self.partition_rules,
                            model_context=lambda: model.tracing_context(axes))
-
-
-def _is_mesh_axes(axes) -> bool:
-    if axes is None or axes in MESH_AXES:
-        return True
-    return isinstance(axes, (list, tuple)) and all(a in MESH_AXES for a in axes)
 
 
 def _derived_spec(shape, param_shape, param_spec: P) -> P:

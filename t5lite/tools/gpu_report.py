@@ -21,8 +21,9 @@ import jax
 
 from t5lite.errors import ConfigError
 from t5lite.runtime import train_step
-from t5lite.tools import benchmarking, gpu_target, step_memory, step_time
-from t5lite.tools.hlo import gpu_program
+from t5lite.models import pipeline
+from t5lite.tools import benchmarking, comm_time, gpu_target, step_memory, step_time
+from t5lite.tools.hlo import collectives, gpu_program
 
 TOP_OPS = 12
 
@@ -69,11 +70,25 @@ def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
     compiled = step_memory.compile_train_step(
         the_run, step_memory.abstract_batch(the_run, task_feature_lengths, pack),
         options=gpu_target.compiler_options(autotune_file), timings=times)
-    kernels = gpu_program.program_kernels(compiled.as_text())
+    text = compiled.as_text()
+    kernels = gpu_program.program_kernels(text)
     facts = gpu_facts(gpu)
     memory = step_memory.compiled_memory(compiled)
+    mesh = the_run.partitioner.mesh
+    hosts_of = [d.process_index for d in mesh.devices.flat]
+    rows = comm_time.collective_rows(collectives.program_collectives(text), dict(mesh.shape),
+                                     hosts_of, facts["device_kind"])
+    cfg = model.config
     report = {
-        "gpu": gpu, **facts, "devices": len(devices), "batch_size": batch_size,
+        "gpu": gpu, **facts, "devices": len(devices), "hosts": len(set(hosts_of)),
+        "mesh": dict(mesh.shape), "batch_size": batch_size,
+        "num_microbatches": _microbatches(),
+        "pipeline": {"stages": mesh.shape["stage"],
+                     "microbatches": getattr(cfg, "pipeline_microbatches", None),
+                     "repeats": getattr(cfg, "pipeline_repeats", 1),
+                     "bubble": pipeline.bubble_fraction(
+                         mesh.shape["stage"], getattr(cfg, "pipeline_microbatches", 0) or 1,
+                         getattr(cfg, "pipeline_repeats", 1))},
         "task_feature_lengths": dict(task_feature_lengths), "pack": pack,
         "autotune_file": autotune_file, "step_lower_s": times["lower_s"],
         "step_compile_s": times["compile_s"],
@@ -91,11 +106,20 @@ def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
                          limit=TOP_OPS),
     }
     report["predicted_seq_per_s"] = batch_size / report["predicted_step_s"]
+    report["collectives"] = rows
+    report.update(comm_time.summary(rows))
+    report["predicted_step_with_comm_s"] = report["predicted_step_s"] + report["predicted_comm_s"]
+    report["predicted_step_overlapped_s"] = max(report["predicted_step_s"],
+                                                report["predicted_comm_s"])
     if device_bytes is not None:
         report["step_memory"] = step_memory.memory_report(the_run.partitioner.mesh, batch_size,
                                                           memory, device_bytes)
     report["kernels"] = kernels
     return report
+
+
+def _microbatches() -> int:
+    return int(gin.get_bindings("train").get("num_microbatches", 1) or 1)
 
 
 def _rows(kernels: List[gpu_program.Kernel], facts, key, limit: Optional[int] = None):
@@ -140,10 +164,34 @@ def format_gpu_report(r: Mapping[str, Any]) -> str:
     lines += [_row(" / ".join(row["group"]), row, 40) for row in r["kernels_by_part"]]
     lines.append("  by kind")
     lines += [_row(row["group"][0], row, 40) for row in r["kernels_by_kind"]]
+    if r.get("collectives"):
+        lines += _collective_lines(r)
     lines.append("  the ops that move the most (layers merged)")
     lines += [_row(f"{row['group'][0][-60:]} [{row['group'][1]}]", row, 40, wide=True)
               for row in r["top_ops"]]
     return "\n".join(lines)
+
+
+def _collective_lines(r: Mapping[str, Any]) -> List[str]:
+    mesh = " ".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "one device"
+    pipe = r["pipeline"]
+    lines = [f"  communication  {r['devices']} devices on {r['hosts']} host(s), mesh {mesh}"
+             + (f"; pipeline {pipe['stages']} stages x {pipe['microbatches']} microbatches"
+                f" x {pipe['repeats']} repeat(s), bubble {pipe['bubble']:.1%}"
+                if pipe["stages"] > 1 else ""),
+             f"    predicted (uncalibrated) {1e3 * r['predicted_comm_s']:,.1f} ms a step: "
+             f"within hosts {r['within_hosts_bytes'] / 1e9:,.2f} GB sent a device "
+             f"({1e3 * r['within_hosts_s']:,.1f} ms), across hosts "
+             f"{r['across_hosts_bytes'] / 1e9:,.2f} GB ({1e3 * r['across_hosts_s']:,.1f} ms); "
+             f"step {1e3 * r['predicted_step_overlapped_s']:,.1f} to "
+             f"{1e3 * r['predicted_step_with_comm_s']:,.1f} ms (all overlapped .. none)",
+             "    kind                 mesh axes          hosts   launches   GB a device  pred ms"]
+    for row in r["collectives"]:
+        lines.append(f"    {row['kind']:<20} {','.join(row['mesh_axes']) or '-':<18} "
+                     f"{'across' if row['across_hosts'] else 'within':<7} "
+                     f"{row['launches']:>8,} {row['bytes'] / 1e9:>12,.3f} "
+                     f"{1e3 * row['predicted_s']:>8,.2f}")
+    return lines
 
 
 def _row(label: str, row: Mapping[str, Any], width: int, wide: bool = False) -> str:
@@ -156,10 +204,22 @@ def _row(label: str, row: Mapping[str, Any], width: int, wide: bool = False) -> 
 # ---------------------------------------------------------------------------------------
 # `python -m t5lite.info --gpu` / `--memory`
 # ---------------------------------------------------------------------------------------
-def gpu_for(gpu: Optional[str], memory: bool) -> Optional[str]:
+def add_flags(parser) -> None:
+    """`info`'s flags that compile for a GPU, or for a cluster of them."""
+    parser.add_argument("--gpu", help="compile for this GPU here (h100, h200 or a target "
+                        "config file): kernels, bytes, memory, predicted step time")
+    parser.add_argument("--autotune_results", help="with --gpu: a GPU session's autotune file")
+    parser.add_argument("--hosts", type=int, default=1, help="with --gpu: a cluster of this "
+                        "many hosts (DCN_MESH_SHAPE lays them out)")
+    parser.add_argument("--gpus_per_host", type=int, help="with --hosts: GPUs a host (8)")
+
+
+def gpu_for(gpu: Optional[str], memory: bool, hosts: int = 1) -> Optional[str]:
     """The GPU info compiles for: --gpu, else an H100 for --memory where the gpu-aot extra
     is installed (a GPU's memory plan is not a CPU's), else None (simulated CPUs). Makes
-    jax run on the CPU when a GPU is compiled for."""
+    jax run on the CPU when a GPU is compiled for. `hosts` > 1 (a cluster) needs --gpu."""
+    if hosts > 1 and gpu is None:
+        raise ConfigError("--hosts compiles for a GPU cluster: give --gpu=h100 (or h200)")
     if gpu is None and memory and gpu_target.available():
         gpu = "h100"
     if gpu is not None:
@@ -168,11 +228,12 @@ def gpu_for(gpu: Optional[str], memory: bool) -> Optional[str]:
     return gpu
 
 
-def devices(gpu: str, count: int):
-    """`count` compile-only devices of `gpu` on one host."""
-    if count < 1:
-        raise ConfigError(f"--devices must be >= 1, got {count}")
-    return gpu_target.gpu_devices(gpu, count)
+def devices(gpu: str, count: int, hosts: int = 1):
+    """`count` compile-only devices of `gpu` on each of `hosts` hosts."""
+    if count < 1 or hosts < 1:
+        raise ConfigError(f"--devices / --gpus_per_host and --hosts must be >= 1, got "
+                          f"{count} and {hosts}")
+    return gpu_target.gpu_devices(gpu, count, hosts)
 
 
 def memory_gib(gpu: Optional[str]) -> float:

@@ -117,15 +117,16 @@ def local_target_config() -> Optional[str]:
         return None
 
 
-def gpu_devices(gpu: str, count: int = 1) -> List[Any]:
-    """`count` compile-only devices of `gpu` (one host). JAX must run on the CPU
-    (JAX_PLATFORMS=cpu, which `use_cpu_platform` sets before jax starts)."""
+def gpu_devices(gpu: str, count: int = 1, hosts: int = 1) -> List[Any]:
+    """`count` compile-only devices of `gpu` on each of `hosts` hosts (a cluster: device
+    i's process_index is its host). JAX must run on the CPU (JAX_PLATFORMS=cpu, which
+    `use_cpu_platform` sets before jax starts)."""
     spec = target_config(gpu)
     _plugin_library()
     from jax.experimental import topologies
     try:
         topology = topologies.get_topology_desc(platform="cuda", target_config=spec,
-                                                topology=f"1x1x{count}")
+                                                topology=f"1x{hosts}x{count}")
     except Exception as e:  # noqa: BLE001 - the plugin's errors have no common type
         raise ConfigError(f"jax could not make a compile-only {gpu} topology: "
                           f"{str(e).splitlines()[0]} (is jax-cuda13-plugin jax's own "

@@ -109,9 +109,10 @@ def check(cfg) -> None:
                          "FP8_BACKEND='native' (the experts then run in ACTIVATION_DTYPE)")
     stacks = [getattr(cfg, n) for n in ("num_layers", "num_encoder_layers",
                                         "num_decoder_layers") if hasattr(cfg, n)]
-    if cfg.scan_layers and (cfg.moe_first >= cfg.moe_every
-                            or any(n % cfg.moe_every for n in stacks)):
-        raise ValueError(f"SCAN_LAYERS=True repeats a block of MOE_EVERY={cfg.moe_every} "
+    stacked = cfg.scan_layers or getattr(cfg, "pipeline_microbatches", None)
+    if stacked and (cfg.moe_first >= cfg.moe_every or any(n % cfg.moe_every for n in stacks)):
+        how = "SCAN_LAYERS=True" if cfg.scan_layers else "a pipeline (PIPELINE_MICROBATCHES)"
+        raise ValueError(f"{how} repeats a block of MOE_EVERY={cfg.moe_every} "
                          f"layers, which must divide the stack's {stacks} layers and hold "
                          f"the first sparse one (MOE_FIRST={cfg.moe_first}): use "
                          f"SCAN_LAYERS=False, or a MOE_EVERY / MOE_FIRST that do")

@@ -74,7 +74,7 @@ def restore_upcycled(path, model, abstract_params: Mapping[str, Any],
     `fresh()`: the run's initialized parameters (the routers come from them)."""
     check(model)
     cfg = model.config
-    plain = dataclasses.replace(cfg, fuse_qkv=False, scan_layers=False)
+    plain = layouts.canonical_config(cfg)
     dense_model = type(model)(dataclasses.replace(plain, num_experts=0))
     host = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                         dense_model.abstract_variables()["params"])
@@ -89,6 +89,5 @@ def restore_upcycled(path, model, abstract_params: Mapping[str, Any],
     log.info("upcycled %s: each sparse layer's %d experts copies of its dense MLP, the "
              "routers fresh", path, cfg.num_experts)
     return placement.convert_and_place(
-        params, model, {"fuse_qkv": False, "scan_layers": False},
-        {"fuse_qkv": bool(cfg.fuse_qkv), "scan_layers": bool(cfg.scan_layers)},
+        params, model, layouts.config_layout(plain), layouts.config_layout(cfg),
         abstract_params, lambda diff: f"upcycling {path}: {diff}")

@@ -1,5 +1,8 @@
-"""Parameter-layout conversions between the fused/unfused QKV and scanned/unscanned
-switches, so that one set of weights runs under every switch setting.
+"""Parameter layouts: how the layout switches (FUSE_QKV, SCAN_LAYERS, the pipeline's
+PIPELINE_MICROBATCHES and PIPELINE_REPEATS) lay out one set of weights, and the
+conversions between them, so that one set of weights runs under every switch setting.
+Pure functions on trees (needs nothing of t5lite): read by the models, the restore
+(`formats/`) and the converters alike.
 
 Layouts (see `t5lite.models.configs` for the full tree):
 
@@ -11,7 +14,12 @@ Layouts (see `t5lite.models.configs` for the full tree):
 - unscanned: `layers_0 .. layers_{n-1}` under each stack; scanned: one `layers` subtree,
   every leaf with a leading `layers` axis; scanned in blocks of p layers (dense and
   mixture-of-experts layers in turn, `layer_period`): `layers/block_{j}` for j < p, its
-  leaves' leading axis the blocks (layer b * p + j at index b).
+  leaves' leading axis the blocks (layer b * p + j at index b). A pipelined config
+  (PIPELINE_MICROBATCHES set) stores its layers stacked too, whatever SCAN_LAYERS says
+  (`stacked`): its stages each hold a slice of the stacked axis.
+- repeated (PIPELINE_REPEATS r > 1, stacked): one `repeats` subtree instead of `layers`,
+  every leaf [r, n / r, ...]: the stacked axis cut into r runs of consecutive layers (a
+  circular pipeline's stage s holds run i's s-th slice, for every i).
 - LoRA adapters (`t5lite.models.lora`) follow: a fused kernel's `lora_a` [embed, 3 (or
   2), r] holds one adapter per projection, its `lora_b` fuses like the kernel.
 
@@ -19,12 +27,11 @@ Conversions are pure functions on the variables dict `{"params": ..., [FP8 colle
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, Mapping
 
 import jax.numpy as jnp
-
-from t5lite.models.precision import FP8_COLLECTION
 
 Tree = Dict[str, Any]
 _LAYER = re.compile(r"^layers_(\d+)$")
@@ -187,24 +194,78 @@ def _period(cfg) -> int:
     return getattr(cfg, "layer_period", 1)
 
 
+def stacked(cfg) -> bool:
+    """Whether a config stores its stacks' layers stacked (SCAN_LAYERS, or a pipeline)."""
+    return bool(cfg.scan_layers or getattr(cfg, "pipeline_microbatches", None))
+
+
+def repeats(cfg) -> int:
+    """The runs a config's stacked layers are cut into (1: a plain `layers` subtree)."""
+    return int(getattr(cfg, "pipeline_repeats", 1) or 1) if stacked(cfg) else 1
+
+
+def stack_depth(cfg) -> int:
+    """The leading axes the stacking gives every per-layer variable (a KV cache too)."""
+    return 0 if not stacked(cfg) else 1 if repeats(cfg) == 1 else 2
+
+
+def canonical_config(cfg, **changes):
+    """`cfg` in the layout T5X and Hugging Face store weights in: unfused, unstacked (no
+    pipeline, whose layers are stacked); `changes` besides."""
+    fields = {"fuse_qkv": False, "scan_layers": False}
+    if hasattr(cfg, "pipeline_microbatches"):
+        fields.update(pipeline_microbatches=None, pipeline_repeats=1)
+    return dataclasses.replace(cfg, **fields, **changes)
+
+
+def _map_stacks(tree: Tree, src: str, dst: str, fn) -> Tree:
+    out = {}
+    for name, sub in tree.items():
+        if isinstance(sub, Mapping) and name in _STACKS and src in sub:
+            rest = {k: v for k, v in sub.items() if k != src}
+            sub = {**rest, dst: _map_leaves(sub[src], fn)}
+        out[name] = sub
+    return out
+
+
+def _map_leaves(tree, fn):
+    if isinstance(tree, Mapping):
+        return {k: _map_leaves(v, fn) for k, v in tree.items()}
+    return fn(tree)
+
+
+def split_repeats(tree: Tree, runs: int) -> Tree:
+    """A stack's `layers` [n, ...] -> `repeats` [runs, n / runs, ...]."""
+    return _map_stacks(tree, "layers", "repeats", lambda a: jnp.reshape(
+        a, (runs, a.shape[0] // runs) + tuple(a.shape[1:])))
+
+
+def join_repeats(tree: Tree) -> Tree:
+    """Inverse of `split_repeats` (a tree without `repeats` comes back as it is)."""
+    return _map_stacks(tree, "repeats", "layers", lambda a: jnp.reshape(
+        a, (a.shape[0] * a.shape[1],) + tuple(a.shape[2:])))
+
+
 # ----------------------------------------------------------------------------- both
 
 
 def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
-    """Convert a variables dict from `src_cfg`'s layout to `dst_cfg`'s (fuse_qkv and
-    scan_layers). The FP8 collection, if any, follows the scan conversion; it is dropped
-    when the QKV fusion changes (its per-matmul statistics no longer apply; the model
-    re-initializes it)."""
+    """Convert a variables dict from `src_cfg`'s layout to `dst_cfg`'s (fuse_qkv,
+    stacked, repeats). Another collection (the FP8 state), if any, follows the stacking;
+    it is dropped when the QKV fusion changes (its per-matmul statistics no longer apply;
+    the model re-initializes it)."""
     out = {}
     for collection, tree in variables.items():
-        if src_cfg.scan_layers:
-            tree = unscan_layers(tree, _period(src_cfg))
+        if stacked(src_cfg):
+            tree = unscan_layers(join_repeats(tree), _period(src_cfg))
         if collection == "params" and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
             tree = fuse_qkv(tree) if dst_cfg.fuse_qkv else unfuse_qkv(tree)
-        elif collection == FP8_COLLECTION and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
+        elif src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
             continue
-        if dst_cfg.scan_layers:
+        if stacked(dst_cfg):
             tree = scan_layers(tree, _period(dst_cfg))
+            if repeats(dst_cfg) > 1:
+                tree = split_repeats(tree, repeats(dst_cfg))
         out[collection] = tree
     return out
 
@@ -212,28 +273,39 @@ def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
 # ----------------------------------------------------------------------------- detection
 
 
-def detect_layout(params: Mapping[str, Any]) -> Dict[str, bool]:
-    """The layout switches a parameter tree was built with, read from its structure:
-    `{"fuse_qkv": ..., "scan_layers": ...}`.
+def detect_layout(params: Mapping[str, Any]) -> Dict[str, Any]:
+    """The layout a parameter tree was built with, read from its structure:
+    `{"fuse_qkv": ..., "scan_layers": ..., "pipeline_repeats": ...}` (scan_layers: the
+    layers stacked, by SCAN_LAYERS or a pipeline; pipeline_repeats: the runs they are cut
+    into).
 
     `params` is a variables dict `{"params": ...}` or the bare params tree; its leaves may
-    be arrays, jax.ShapeDtypeStruct or checkpoint metadata (only the keys are read).
-    fuse_qkv: an attention subtree holds `qkv` or `kv`; scan_layers: a stack
-    (`encoder` / `decoder`) holds one `layers` subtree. A tree with neither (no attention
-    or no stacks) reads as False for both."""
+    be arrays, jax.ShapeDtypeStruct or checkpoint metadata (the keys are read, and a
+    `repeats` leaf's leading size). fuse_qkv: an attention subtree holds `qkv` or `kv`;
+    stacked: a stack (`encoder` / `decoder`) holds one `layers` or `repeats` subtree. A
+    tree with neither (no attention or no stacks) reads as False for both."""
     tree = params.get("params", params) if isinstance(params, Mapping) else params
     fused = scanned = False
+    runs = 1
 
     def visit(node: Mapping[str, Any], name: str) -> None:
-        nonlocal fused, scanned
+        nonlocal fused, scanned, runs
         if name.endswith("attention") and ("qkv" in node or "kv" in node):
             fused = True
         if name in _STACKS and isinstance(node.get("layers"), Mapping):
             scanned = True
+        if name in _STACKS and isinstance(node.get("repeats"), Mapping):
+            scanned, runs = True, _num_layers(node["repeats"])
         for key, sub in node.items():
             if isinstance(sub, Mapping):
                 visit(sub, str(key))
 
     if isinstance(tree, Mapping):
         visit(tree, "")
-    return {"fuse_qkv": fused, "scan_layers": scanned}
+    return {"fuse_qkv": fused, "scan_layers": scanned, "pipeline_repeats": runs}
+
+
+def config_layout(cfg) -> Dict[str, Any]:
+    """The layout a config's parameters have, as `detect_layout` reads it."""
+    return {"fuse_qkv": bool(cfg.fuse_qkv), "scan_layers": stacked(cfg),
+            "pipeline_repeats": repeats(cfg)}
