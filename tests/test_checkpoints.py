@@ -308,13 +308,17 @@ def test_finetune_converts_layout(tmp_path, t5_abstract, direction):
 
 def test_detect_layout(t5_abstract):
     _, abs_vars, _, abs_fused = t5_abstract
-    assert layouts.detect_layout(abs_vars) == {"fuse_qkv": False, "scan_layers": False}
-    assert layouts.detect_layout(abs_fused) == {"fuse_qkv": True, "scan_layers": True}
-    assert layouts.detect_layout(abs_fused["params"]) == {"fuse_qkv": True, "scan_layers": True}
+    def layout(fused, stacked, runs=1):
+        return {"fuse_qkv": fused, "scan_layers": stacked, "pipeline_repeats": runs}
+    assert layouts.detect_layout(abs_vars) == layout(False, False)
+    assert layouts.detect_layout(abs_fused) == layout(True, True)
+    assert layouts.detect_layout(abs_fused["params"]) == layout(True, True)
     only_scan = layouts.scan_layers(random_variables(abs_vars)["params"])
-    assert layouts.detect_layout(only_scan) == {"fuse_qkv": False, "scan_layers": True}
-    assert layouts.detect_layout({"params": {"dense": {"kernel": 0}}}) == {
-        "fuse_qkv": False, "scan_layers": False}
+    assert layouts.detect_layout(only_scan) == layout(False, True)
+    runs = layouts.split_repeats(only_scan, 2)  # a circular pipeline's 2 runs of layers
+    assert "repeats" in runs["encoder"] and "layers" not in runs["encoder"]
+    assert layouts.detect_layout(runs) == layout(False, True, 2)
+    assert layouts.detect_layout({"params": {"dense": {"kernel": 0}}}) == layout(False, False)
 
 
 def test_finetune_errors(tmp_path, t5_abstract):

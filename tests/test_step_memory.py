@@ -160,7 +160,7 @@ def test_info_memory_on_simulated_devices():
     assert proc.returncode == 0, proc.stderr
     mem = json.loads(proc.stdout)["step_memory"]
     assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1,
-                                                   "expert": 1}
+                                                   "expert": 1, "stage": 1}
     assert mem["per_device_batch"] == 2 and mem["batch_size"] == 8
     assert mem["peak_bytes"] == (mem["argument_bytes"] + mem["output_bytes"]
                                  - mem["alias_bytes"] + mem["temp_bytes"] + mem["code_bytes"])

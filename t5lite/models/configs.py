@@ -111,7 +111,6 @@ class Switches:
             object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         _check_switches(self)
         lora.check_config(self)
-        pipeline_settings.check(self, pipelines=not hasattr(self, "num_encoder_layers"))
 
 
 def switch_macros() -> dict:
@@ -127,6 +126,7 @@ class MoeSettings(Switches, moe_settings.MoeFields):
     def __post_init__(self):
         super().__post_init__()
         moe_settings.check(self)
+        pipeline_settings.check(self, pipelines=not hasattr(self, "num_encoder_layers"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,8 @@ t5lite keeps the heads apart ([embed, heads, kv]) and may stack layers ('layers'
 q/k/v ('stack') into one leaf. A `FactoringPlan` per leaf, read from its logical axis
 names, restores T5X's view:
 
-    batch  'layers', 'stack' axes: each slice is one T5X parameter (statistics per slice);
+    batch  'layers', 'pipeline_repeats' (a circular pipeline's runs of layers), 'stack'
+           axes: each slice is one T5X parameter (statistics per slice);
            'expert' too: each expert's kernel factored alone, as T5X's MoE rules do
     joined adjacent 'heads' and 'kv' axes count as one dimension (T5X's joined_kv)
 
@@ -41,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-BATCH_AXES = ("layers", "stack", "expert")  # T5X MoE: the expert axis is a batch axis too
+# T5X MoE: the expert axis is a batch axis too
+BATCH_AXES = ("layers", "pipeline_repeats", "stack", "expert")
 JOINED_AXES = ("heads", "kv")
 
 

@@ -1,0 +1,132 @@
+"""Pipelined runs through `python -m t5lite.train` on 8 CPU devices: a tiny GPT of 8 layers
+on [stage=4, fsdp=2] (a circular pipeline: 2 repeats) trains with the unpipelined run's
+loss curve; its checkpoint resumes on stage=1 and stage=2, and one saved on stage=1
+resumes on stage=4, each to the uninterrupted run's parameters. Bad pipeline settings are
+one `error:` line each.
+
+The runs share one process (`train.main`, as the command runs it), so the imports are paid
+once; each still compiles its own step."""
+import json
+import sys
+
+import numpy as np
+
+import train_helpers as th
+
+GPT8 = ["--gin.DecoderConfig.num_layers=8", "--gin.DecoderConfig.vocab_size=256",
+        "--gin.ACTIVATION_DTYPE='float32'", "--gin.TASK_FEATURE_LENGTHS={'targets': 16}",
+        "--gin.BATCH_SIZE=16", "--gin.LOG_PERIOD=1", "--gin.CHECKPOINT_PERIOD=2",
+        "--gin.SCAN_LAYERS=True"]
+PIPELINED = ["--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=2"]
+# Parameters after 4 Adafactor steps, relative to each array's largest value (measured:
+# 3e-5). Not the key projection's bias: softmax does not see it, so its gradient is
+# rounding noise, which Adafactor's normalized update turns into steps either way.
+PARAM_RTOL = 1e-4
+NOISE_ONLY = "['self_attention']['key']['bias']"
+STAGES = {1: "--gin.ICI_MESH_SHAPE=[1, 8, 1]", 2: "--gin.ICI_MESH_SHAPE=[1, 4, 1, 1, 2]",
+          4: "--gin.ICI_MESH_SHAPE=[1, 2, 1, 1, 4]"}
+
+_RUNS = r"""
+import contextlib, io, json, shutil, sys
+from pathlib import Path
+from t5lite import train
+from t5lite.config import command
+from t5lite.errors import ConfigError
+for op in json.loads(sys.argv[1]):
+    if op[0] == "copy":  # a run's MODEL_DIR as it stood at step `keep`
+        _, src, dst, keep = op
+        shutil.copytree(src, dst)
+        for step in Path(dst, "checkpoints").iterdir():
+            if step.name.isdigit() and int(step.name) > keep:
+                shutil.rmtree(step)
+        continue
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = train.main(op[1])
+        except ConfigError as e:  # what command.run_main makes of it
+            print(f"error: {command.one_line(e)}", file=sys.stderr)
+            status = 2
+        except BaseException as e:
+            status = f"{type(e).__name__}: {e}"
+    print(json.dumps([op[2], status, err.getvalue()[-3000:]]), flush=True)
+"""
+
+
+def _run_all(ops):
+    proc = th.run([sys.executable, "-c", _RUNS, json.dumps(ops)], devices=8, cwd=th.REPO,
+                  timeout=900)
+    assert proc.returncode == 0, th.describe(proc)
+    return {name: (status, err) for name, status, err in
+            (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))}
+
+
+def _train(name, model_dir, steps, stages, *extra):
+    argv = th.train_command(model_dir, *GPT8, STAGES[stages], *extra, model="gpt",
+                            steps=steps)[3:]
+    return ["train", argv, name]
+
+
+def _params(model_dir, step):
+    """The parameters of checkpoint `step`, the stacked layers as one [layers] axis."""
+    from t5lite.models import layouts
+    params = th.load_state(model_dir, step)["params"]["params"]
+    return th.flat(layouts.join_repeats(params))
+
+
+def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
+    d = {k: tmp_path / k for k in ("plain", "piped", "on1", "on2", "back")}
+    ops = [_train("plain", d["plain"], 4, 1),
+           _train("piped", d["piped"], 4, 4, *PIPELINED),
+           ["copy", str(d["piped"]), str(d["on1"]), 2],
+           _train("on1", d["on1"], 3, 1, *PIPELINED),      # saved on stage=4, on to step 3
+           ["copy", str(d["piped"]), str(d["on2"]), 2],
+           _train("on2", d["on2"], 4, 2, *PIPELINED),
+           ["copy", str(d["on1"]), str(d["back"]), 3],
+           _train("back", d["back"], 4, 4, *PIPELINED)]    # saved on stage=1, on stage=4
+    results = _run_all(ops)
+    assert all(status == 0 for status, _ in results.values()), results
+    plain = [v for _, v in th.scalars(d["plain"])["loss"]]
+    piped = [v for _, v in th.scalars(d["piped"])["loss"]]
+    assert len(plain) == 4
+    np.testing.assert_allclose(piped, plain, rtol=1e-5)  # the same loss curve
+    reference = _params(d["plain"], 4)
+    for name in ("piped", "on2", "back"):
+        assert th.complete_steps(d[name])[-1] == 4, name
+        got = _params(d[name], 4)
+        assert got.keys() == reference.keys()
+        worst = {key: float(np.abs(got[key] - value).max() / np.abs(value).max())
+                 for key, value in reference.items() if not key.endswith(NOISE_ONLY)}
+        assert max(worst.values()) < PARAM_RTOL, (name, worst)
+
+
+def test_bad_pipeline_settings_are_one_line(tmp_path):
+    cases = {
+        "layers": ("12 layers do not split into 4 stages x 2 repeat(s)",
+                   [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=2",
+                    "--gin.DecoderConfig.num_layers=12"]),
+        "repeats": ("PIPELINE_REPEATS=3 must divide the 8 layers",
+                    [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=3"]),
+        "few": ("PIPELINE_MICROBATCHES=2 is fewer than the 4 pipeline stages",
+                [STAGES[4], "--gin.PIPELINE_MICROBATCHES=2"]),
+        "unset": ("set PIPELINE_MICROBATCHES", [STAGES[4]]),
+        "batch": ("does not divide into PIPELINE_MICROBATCHES=8",
+                  [STAGES[4], "--gin.PIPELINE_MICROBATCHES=8", "--gin.BATCH_SIZE=12"]),
+        "mesh": ("has 6 devices but 8 are present", ["--gin.ICI_MESH_SHAPE=[1, 2, 1, 1, 3]"]),
+        "t5": ("does not run as a pipeline", [STAGES[4]]),
+    }
+    ops = []
+    for name, (_, extra) in cases.items():
+        model = "t5" if name == "t5" else "gpt"
+        flags = [f for f in GPT8 if model == "gpt" or "DecoderConfig" not in f and
+                 "TASK_FEATURE" not in f]
+        argv = th.train_command(tmp_path / name, *flags, *extra, model=model, steps=2)[3:]
+        ops.append(["train", argv, name])
+    results = _run_all(ops)
+    assert results.keys() == cases.keys()
+    for name, (needle, _) in cases.items():
+        status, err = results[name]
+        lines = th.error_lines(err)
+        assert status in (1, 2) and len(lines) == 1 and "Traceback" not in err, (name, err)
+        assert needle in lines[0], (name, lines[0])
+        assert not (tmp_path / name / "checkpoints").exists(), name
