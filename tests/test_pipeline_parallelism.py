@@ -146,9 +146,12 @@ def test_each_stage_holds_its_own_layers_and_passes_activations_on(references):
              and collectives.group_axes(c.groups, mesh) == ("stage",)]
     iterations = 4 * 2 + 4 - 1  # M R + S - 1: one move forward and one backward each
     assert sum(c.count for c in moves) >= 2 * iterations, [(c.op_name, c.count) for c in moves]
+    # across stages only activations are gathered, once a step (the batch's share of each
+    # stage, outside the pipeline, into every microbatch), never a layer in the loop
     gathers = [c for c in found if c.kind == "all-gather"
-               and "stage" in collectives.group_axes(c.groups, mesh) and "decoder" in c.op_name]
-    assert not gathers, [(c.op_name, c.bytes) for c in gathers]
+               and "stage" in collectives.group_axes(c.groups, mesh)]
+    assert all(c.count == 1 and "_Chunk" not in c.op_name for c in gathers), \
+        [(c.op_name, c.bytes, c.count) for c in gathers]
 
 
 def test_the_bubble_and_the_settings_checks():

@@ -56,6 +56,15 @@ class Layout:
         return nn.with_logical_constraint(x, self.names(*rest))
 
 
+def splits_evenly(size: int, name: str) -> bool:
+    """Whether an axis of `size` divides over the mesh axes its logical `name` maps to
+    under the current mesh and rules (a parameter's spec leaves it whole otherwise)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = nn.logical_to_mesh_axes((name,))[0] if not mesh.empty else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return size % int(np.prod([mesh.shape[a] for a in axes])) == 0
+
+
 def get_dtype(name: str):
     return {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float16": jnp.float16}[name]
 
@@ -291,10 +300,11 @@ class Embed(nn.Module):
 
     def _table(self) -> Array:
         """The table as it is read: whole over its embed axis (gathered, as FSDP gathers a
-        kernel). Left to itself, XLA spreads the lookup and the tied logits over a mesh
-        axis the batch leaves idle (a pipeline's stages) and gathers the logits back."""
-        return nn.with_logical_constraint(jnp.asarray(self.embedding, self.dtype),
-                                          (self.axes[0], None))
+        kernel), its rows split as its own sharding splits them. Left to itself, XLA
+        spreads the lookup and the tied logits over a mesh axis the batch leaves idle (a
+        pipeline's stages) and gathers the logits back."""
+        rows = self.axes[0] if splits_evenly(self.num_embeddings, self.axes[0]) else None
+        return nn.with_logical_constraint(jnp.asarray(self.embedding, self.dtype), (rows, None))
 
     def __call__(self, ids: Array) -> Array:
         """ids [...] int -> [..., embed]."""

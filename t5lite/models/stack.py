@@ -152,7 +152,10 @@ def run_stack(parent: nn.Module, layer_cls: type, num_layers: int, x: jax.Array,
     layers of a pipelined config run scanned (the same parameters). x's batch sits at
     `x_axis` (logical names `x_names`), each arg's at `args_axes[i]` (None: shared).
     The routers' statistics (a mixture of experts) are sown by `parent` as `moe_<stat>`,
-    one value per MoE layer in layer order, the mean over the microbatches."""
+    one value per MoE layer in layer order, the mean over the microbatches. REMAT_POLICY
+    applies to each stage's chunk as a whole: 'full' keeps only a stage's input for each
+    iteration of the schedule and recomputes its layers in the backward pass (otherwise
+    every layer's input of every iteration is kept: GPipe's memory)."""
     kw = dict(remat=cfg.remat_policy, per_layer=per_layer, period=cfg.layer_period,
               deterministic=deterministic, decode=decode, cfg=cfg, **layer_kwargs)
     if not layouts.stacked(cfg):
@@ -169,7 +172,7 @@ def run_stack(parent: nn.Module, layer_cls: type, num_layers: int, x: jax.Array,
     per_chunk = num_layers // (stages * runs)
     chunks = jax.tree.map(lambda a: a.reshape(
         (runs, stages, per_chunk // cfg.layer_period) + a.shape[2 if runs > 1 else 1:]), stored)
-    chunk = _Chunk(layer_cls, per_chunk, cfg.scan_layers, cfg.remat_policy,
+    chunk = _Chunk(layer_cls, per_chunk, cfg.scan_layers, "none",
                    tuple(tuple(sorted(per_layer(i).items())) for i in range(per_chunk)),
                    cfg.layer_period, tuple(sorted(dict(
                        deterministic=deterministic, decode=False, cfg=cfg,
@@ -184,6 +187,9 @@ def run_stack(parent: nn.Module, layer_cls: type, num_layers: int, x: jax.Array,
                                mutable=[moe.STATS_COLLECTION])
         return y, moe.layer_stats(state.get(moe.STATS_COLLECTION, {}))
 
+    policy = remat_policy(cfg.remat_policy)
+    if policy is not None:  # the policy applies to a stage's whole chunk, as to one layer
+        stage_fn = jax.checkpoint(stage_fn, policy=policy, prevent_cse=False)
     key = None if deterministic else parent.make_rng("dropout")
     y, stats = pipeline.run(stage_fn, chunks, x, args, stages=stages,
                             microbatches=cfg.pipeline_microbatches, repeats=runs,

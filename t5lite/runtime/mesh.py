@@ -28,9 +28,10 @@ from jax.sharding import Mesh
 from t5lite.errors import PartitioningError
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert", "stage")
-# the batch is split over the expert axis too: outside the experts it is data parallel.
-# Not over stage: every stage reads the same rows (the pipeline cuts them into microbatches)
-BATCH_AXES = ("data", "fsdp", "expert")
+# the batch is split over the expert axis too: outside the experts it is data parallel;
+# and over the stage axis: outside the pipeline (embeddings, logits, loss) each stage
+# takes its share of the rows; inside, every stage sees the whole microbatch
+BATCH_AXES = ("data", "fsdp", "expert", "stage")
 SHORTEST_SHAPE = 3  # (data, fsdp, tensor)
 
 

@@ -35,14 +35,15 @@ def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) 
             f"--gin.ATTENTION_IMPL=\"'xla'\" (the same function on any device)")
 
 
-def check_batch_on_mesh(model: Any, mesh: Mesh, batch: int, data_shards: int) -> None:
+def check_batch_on_mesh(model: Any, mesh: Mesh, batch: int) -> None:
     """PartitioningError (one line) when a batch of `batch` examples (one gradient-
     accumulation microbatch) does not cut into the pipeline's microbatches, each divided
-    over the `data_shards`; nothing to check without stages."""
+    over the data shards within a stage (data x fsdp x expert); nothing to check without
+    stages."""
     if mesh.shape["stage"] == 1:
         return
     problem = pipeline.problem_with_batch(
         getattr(getattr(model, "config", None), "pipeline_microbatches", None), batch,
-        data_shards)
+        mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"])
     if problem:
         raise PartitioningError(problem)

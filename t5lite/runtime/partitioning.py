@@ -6,7 +6,8 @@ shared with every process.
 
 Models never name a mesh axis; they tag parameters and activations with logical names
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
-`layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert,
+`layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert
++stage (inside a pipeline's stages the stage axis is theirs: `models/pipeline`),
 embed -> fsdp+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText; an expert
 kernel's embed fsdp alone), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
 a stacked layer axis `layers` and the pipeline's `stage` slots -> stage, the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
@@ -102,12 +103,24 @@ class Partitioner:
         """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp; no
         stage axis: nothing maps to it, so specs name no axis of one device)."""
         no_experts = self.mesh.shape.get("expert", 1) == 1
-        no_stages = self.mesh.shape.get("stage", 1) == 1
         return tuple((name, tuple(m) if isinstance(m, list) else m)
                      for name, m in self.extra_rules) + tuple(
-            (name, "fsdp" if no_experts and m == ("fsdp", "expert") else
-             None if no_stages and m == "stage" else m)
+            (name, self._without_unit_stage(
+                "fsdp" if no_experts and m == ("fsdp", "expert") else m))
             for name, m in DEFAULT_RULES)
+
+    def _without_unit_stage(self, axes):
+        """`axes` less a stage axis of one device (specs then name no axis of size 1)."""
+        if self.mesh.shape.get("stage", 1) > 1 or axes is None:
+            return axes
+        if isinstance(axes, str):
+            return None if axes == "stage" else axes
+        return tuple(a for a in axes if a != "stage")
+
+    @property
+    def batch_axes(self) -> Tuple[str, ...]:
+        """The mesh axes the batch is split over (`BATCH_AXES`, less a stage axis of one)."""
+        return self._without_unit_stage(BATCH_AXES)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
@@ -192,14 +205,14 @@ class Partitioner:
 
     # -- batches -------------------------------------------------------------------
     def batch_spec(self, ndim: int = 2) -> P:
-        return P(BATCH_AXES, *([None] * (ndim - 1)))
+        return P(self.batch_axes, *([None] * (ndim - 1)))
 
     def batch_sharding(self, ndim: int = 2) -> NamedSharding:
         return self.sharding(self.batch_spec(ndim))
 
     @property
     def data_shards(self) -> int:
-        return self.axis_size(BATCH_AXES)
+        return self.axis_size(self.batch_axes)
 
     def data_layout(self, global_batch_size: int, num_microbatches: int = 1) -> DataLayout:
         """The rows of each global batch this process must supply, as its data shard
@@ -217,8 +230,8 @@ class Partitioner:
             raise PartitioningError(
                 f"batch of {per} examples (BATCH_SIZE={global_batch_size} / NUM_MICROBATCHES="
                 f"{num_microbatches}) does not divide over {self.data_shards} data shards "
-                f"(mesh data x fsdp x expert = {self.mesh.shape['data']} x "
-                f"{self.mesh.shape['fsdp']} x {self.mesh.shape['expert']}); "
+                f"(mesh {' x '.join(self.batch_axes)} = "
+                f"{' x '.join(str(self.mesh.shape[a]) for a in self.batch_axes)}); "
                 f"use a multiple of {self.data_shards}")
         sharding = self.batch_sharding(1)
         index_map = sharding.addressable_devices_indices_map((global_batch_size,))

@@ -125,8 +125,7 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
     partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model,
                                                                     platform=platform)
     layout = partitioner.data_layout(data.batch_size, num_microbatches)
-    check_batch_on_mesh(model, partitioner.mesh, data.batch_size // num_microbatches,
-                        partitioner.data_shards)
+    check_batch_on_mesh(model, partitioner.mesh, data.batch_size // num_microbatches)
     # the optimizer sees the trainable parameters only (with LoRA: the adapters);
     # Adafactor factors by their axis names
     tx = optimizer.transformation(model.split_trainable(model.logical_axes()["params"])[0])

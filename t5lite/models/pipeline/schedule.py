@@ -47,14 +47,16 @@ def mesh_stages() -> Tuple[int, Tuple[str, ...]]:
 
 
 def _split(a: jax.Array, axis: int, parts: int) -> jax.Array:
-    """[..., B, ...] (B at `axis`) -> [parts, ..., B / parts, ...]."""
-    a = a.reshape(a.shape[:axis] + (parts, a.shape[axis] // parts) + a.shape[axis + 1:])
-    return jnp.moveaxis(a, axis, 0)
+    """[..., B, ...] (B at `axis`) -> [parts, ..., B / parts, ...]: microbatch m holds rows
+    m, m + parts, m + 2 parts, ... so that each device's rows of a batch sharded over the
+    batch axes split into its rows of every microbatch (no rows move between devices)."""
+    a = a.reshape(a.shape[:axis] + (a.shape[axis] // parts, parts) + a.shape[axis + 1:])
+    return jnp.moveaxis(a, axis + 1, 0)
 
 
 def _merge(a: jax.Array, axis: int) -> jax.Array:
     """Inverse of `_split`."""
-    a = jnp.moveaxis(a, 0, axis)
+    a = jnp.moveaxis(a, 0, axis + 1)
     return a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2:])
 
 
@@ -92,7 +94,26 @@ def run(stage_fn: Callable, params: Any, x: jax.Array, args: Sequence[Any], *,
 
     y is like x; stats' leaves gain a leading chunk axis [repeats * stages] (chunk order)
     and are summed over the microbatches."""
-    S, M, R = stages, microbatches, repeats
+    with nn.logical_axis_rules(_within_stages(nn.get_logical_axis_rules(), stage_axes)):
+        y, stats = _run(stage_fn, params, x, args, S=stages, M=microbatches, R=repeats,
+                        stage_axes=stage_axes, x_axis=x_axis, x_names=x_names,
+                        args_axes=args_axes, key=key)
+    return nn.with_logical_constraint(y, x_names), stats  # the batch as outside
+
+
+def _within_stages(rules, stage_axes: Tuple[str, ...]):
+    """The logical-axis rules within the stages: the stage axes are the pipeline's (its
+    `stage` slots') alone, so no other logical axis (the batch, outside the pipeline)
+    maps to them."""
+    def drop(axes):
+        if axes is None or isinstance(axes, str):
+            return None if axes in stage_axes else axes
+        kept = tuple(a for a in axes if a not in stage_axes)
+        return kept or None
+    return tuple((name, axes if name == STAGE else drop(axes)) for name, axes in rules)
+
+
+def _run(stage_fn, params, x, args, *, S, M, R, stage_axes, x_axis, x_names, args_axes, key):
     total = M * R
     xs = _split(x, x_axis, M)
     mb_args = [arg if ax is None else jax.tree.map(lambda a, ax=ax: _split(a, ax, M), arg)
@@ -149,6 +170,6 @@ def run(stage_fn: Callable, params: Any, x: jax.Array, args: Sequence[Any], *,
 
     (store, _, acc), _ = jax.lax.scan(iteration, (store, shift, acc),
                                       jnp.arange(total + S - 1))
-    y = nn.with_logical_constraint(_merge(store[0], x_axis), x_names)  # on every stage
+    y = nn.with_logical_constraint(_merge(store[0], x_axis), x_names)
     stats = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1).reshape((R * S,) + a.shape[2:]), acc)
     return y, stats

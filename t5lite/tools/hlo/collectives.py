@@ -114,10 +114,10 @@ def _kind(inst: Instruction, module: Module) -> Tuple[str, Instruction]:
 def _bytes(kind: str, inst: Instruction, carrier: Instruction, group: int) -> int:
     arrays = _arrays(carrier.type if carrier is not inst else inst.type)
     if inst.opcode.endswith("-start") and inst.type.startswith("(") and len(arrays) > 1:
-        if kind == "all-gather":
-            arrays = arrays[len(arrays) // 2:]           # (operands..., results...)
-        elif kind == "collective-permute":
+        if kind == "collective-permute":
             arrays = arrays[:1]                           # (operand, result, u32, u32)
+        elif kind != "all-reduce":
+            arrays = arrays[len(arrays) // 2:]           # (operands..., results...)
     total = sum(arrays)
     return total * group if kind == "reduce-scatter" else total
 
