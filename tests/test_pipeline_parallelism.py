@@ -1,8 +1,9 @@
 """Pipeline parallelism (the mesh's `stage` axis, `t5lite.models.pipeline`) on 8 CPU
 devices, float32: a pipelined step of GPT, LLaMA and GLaM (mixture of experts in the
-stages) on [stage=4, fsdp=2] gives the unpipelined [fsdp=8] step's loss, gradients and
-parameters, with 4 and 8 pipeline microbatches, repeats 1 and 2 (circular), SCAN_LAYERS on
-and off, gradient accumulation on top, a remat policy and LoRA; each device holds its
+stages) on [stage=4, fsdp=2] (and [stage=4, tensor=2], [stage=4, expert=2]) gives the
+unpipelined [fsdp=8] step's loss, gradients and parameters, with 4 and 8 pipeline
+microbatches, repeats 1 and 2 (circular), SCAN_LAYERS on and off, gradient accumulation
+on top, a remat policy, TRANSPOSE_BS and LoRA; each device holds its
 stage's layers only and the compiled program moves activations between stages by
 collective permutes, never another stage's layers.
 
@@ -80,25 +81,29 @@ def references():
     return get
 
 
-CASES = [  # model, pipeline microbatches, repeats, SCAN_LAYERS, NUM_MICROBATCHES, extra
-    ("gpt", 4, 1, True, 1, {}),
-    ("gpt", 8, 2, False, 1, {"remat_policy": "full"}),
-    ("llama", 4, 2, True, 2, {}),
-    ("llama", 8, 1, False, 1, {"lora_rank": 2, "lora_targets": ("query", "value", "wo")}),
-    ("glam", 4, 2, False, 2, {}),
-    ("glam", 8, 1, True, 1, {}),
+TENSOR = (1, 1, 2, 1, 4)  # tensor parallelism within each of 4 stages
+EXPERT = (1, 1, 1, 2, 4)  # the experts split over 2 devices within each of 4 stages
+CASES = [  # model, pipeline microbatches, repeats, SCAN_LAYERS, NUM_MICROBATCHES, mesh, extra
+    ("gpt", 4, 1, True, 1, PIPELINED, {"transpose_bs": True}),
+    ("gpt", 8, 2, False, 1, TENSOR, {"remat_policy": "full"}),
+    ("llama", 4, 2, True, 2, PIPELINED, {}),
+    ("llama", 8, 1, False, 1, PIPELINED, {"lora_rank": 2,
+                                          "lora_targets": ("query", "value", "wo")}),
+    ("glam", 4, 2, False, 2, EXPERT, {}),
+    ("glam", 8, 1, True, 1, PIPELINED, {}),
 ]
 
 
-@pytest.mark.parametrize("name,micro,repeats,scan,accumulate,extra", CASES,
+@pytest.mark.parametrize("name,micro,repeats,scan,accumulate,mesh,extra", CASES,
                          ids=[f"{c[0]}-m{c[1]}-r{c[2]}-{'scan' if c[3] else 'loop'}-acc{c[4]}"
-                              f"{'-' + '-'.join(c[5]) if c[5] else ''}" for c in CASES])
+                              f"-{'x'.join(map(str, c[5]))}"
+                              f"{'-' + '-'.join(c[6]) if c[6] else ''}" for c in CASES])
 def test_a_pipelined_step_is_the_unpipelined_step(references, name, micro, repeats, scan,
-                                                  accumulate, extra):
+                                                  accumulate, mesh, extra):
     lora = {k: v for k, v in extra.items() if k.startswith("lora")}
     ref = references(name, **lora)
     run = _step(_model(name, pipeline_microbatches=micro, pipeline_repeats=repeats,
-                       scan_layers=scan, **extra), PIPELINED, num_microbatches=accumulate)
+                       scan_layers=scan, **extra), mesh, num_microbatches=accumulate)
     np.testing.assert_allclose(run["metrics"]["loss"], ref["metrics"]["loss"], rtol=LOSS_RTOL)
     # GLaM's routers: their means over the microbatches, but expert_load (max / mean
     # tokens an expert), which is each microbatch's, averaged, as NUM_MICROBATCHES has it
@@ -169,3 +174,40 @@ def test_the_bubble_and_the_settings_checks():
         dataclasses.replace(cfg, pipeline_microbatches=None), 2)
     assert "does not divide into PIPELINE_MICROBATCHES=4" in pipeline.problem_with_batch(4, 6, 1)
     assert "multiple of 8" in pipeline.problem_with_batch(4, 12, 2)
+
+
+def test_packed_batches_do_not_reach_cudnn_in_a_pipeline():
+    """Checked before anything is traced (a GPU run: on CPUs cuDNN is refused sooner)."""
+    import types
+    from t5lite.errors import ConfigError
+    from t5lite.runtime.model_on_mesh import check_batches_on_mesh
+    cfg = dataclasses.replace(_model("gpt", pipeline_microbatches=4).config,
+                              attention_impl="cudnn", dtype="bfloat16")
+    mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 2, "expert": 1, "stage": 4})
+    model = types.SimpleNamespace(config=cfg)
+    with pytest.raises(ConfigError, match="PACK=True with ATTENTION_IMPL='cudnn'"):
+        check_batches_on_mesh(model, mesh, 16, pack=True)
+    check_batches_on_mesh(model, mesh, 16, pack=False)  # cuDNN takes sequence lengths
+    with pytest.raises(partitioning.PartitioningError, match="multiple of 8"):
+        check_batches_on_mesh(model, mesh, 12, pack=False)
+
+
+def test_microbatches_are_cut_where_the_rows_lie():
+    """Microbatch (s, k) takes, from each data shard d, sub-block k of block (d, s): the
+    rows stage s holds outside the pipeline; and the cut is undone exactly."""
+    from t5lite.models.pipeline import buffers
+    d, s, k, rows = 2, 4, 3, 5  # data shards, stages, microbatches a stage, rows a shard
+    batch = np.arange(d * s * k * rows * 2).reshape(d * s * k * rows, 2)  # [B, 2]
+    cut = np.asarray(buffers.to_microbatches(batch, 0, s, k, d))
+    assert cut.shape == (s, k, d * rows, 2)
+    block = rows * k  # rows of one device's block (d, s): block index d * s_count + s
+    for si in range(s):
+        for ki in range(k):
+            for di in range(d):
+                start = (di * s + si) * block + ki * rows
+                np.testing.assert_array_equal(cut[si, ki, di * rows:(di + 1) * rows],
+                                              batch[start:start + rows])
+    np.testing.assert_array_equal(buffers.from_microbatches(cut, 0, d), batch)
+    seq = np.arange(2 * 24 * 3).reshape(2, 24, 3)  # the batch on axis 1 (TRANSPOSE_BS)
+    np.testing.assert_array_equal(
+        buffers.from_microbatches(buffers.to_microbatches(seq, 1, 4, 3, 2), 1, 2), seq)

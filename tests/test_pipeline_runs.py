@@ -110,10 +110,14 @@ def test_bad_pipeline_settings_are_one_line(tmp_path):
         "few": ("PIPELINE_MICROBATCHES=2 is fewer than the 4 pipeline stages",
                 [STAGES[4], "--gin.PIPELINE_MICROBATCHES=2"]),
         "unset": ("set PIPELINE_MICROBATCHES", [STAGES[4]]),
-        "batch": ("does not divide into PIPELINE_MICROBATCHES=8",
-                  [STAGES[4], "--gin.PIPELINE_MICROBATCHES=8", "--gin.BATCH_SIZE=12"]),
+        "batch": ("a pipeline microbatch of 3 examples (24 / PIPELINE_MICROBATCHES=8) does "
+                  "not divide over the 2 data shards",
+                  [STAGES[4], "--gin.PIPELINE_MICROBATCHES=8", "--gin.BATCH_SIZE=24"]),
+        "multiple": ("PIPELINE_MICROBATCHES=6 is not a multiple of the 4 pipeline stages",
+                     [STAGES[4], "--gin.PIPELINE_MICROBATCHES=6", "--gin.BATCH_SIZE=48"]),
         "mesh": ("has 6 devices but 8 are present", ["--gin.ICI_MESH_SHAPE=[1, 2, 1, 1, 3]"]),
         "t5": ("does not run as a pipeline", [STAGES[4]]),
+
     }
     ops = []
     for name, (_, extra) in cases.items():

@@ -187,14 +187,12 @@ def run_stack(parent: nn.Module, layer_cls: type, num_layers: int, x: jax.Array,
                                mutable=[moe.STATS_COLLECTION])
         return y, moe.layer_stats(state.get(moe.STATS_COLLECTION, {}))
 
-    policy = remat_policy(cfg.remat_policy)
-    if policy is not None:  # the policy applies to a stage's whole chunk, as to one layer
-        stage_fn = jax.checkpoint(stage_fn, policy=policy, prevent_cse=False)
     key = None if deterministic else parent.make_rng("dropout")
     y, stats = pipeline.run(stage_fn, chunks, x, args, stages=stages,
                             microbatches=cfg.pipeline_microbatches, repeats=runs,
                             stage_axes=stage_axes, x_axis=x_axis, x_names=x_names,
-                            args_axes=args_axes, key=key)
+                            args_axes=args_axes, key=key,
+                            remat_policy=remat_policy(cfg.remat_policy))
     for name, value in stats.items():  # [chunks, the chunk's MoE layers (x experts)]
         parent.sow(moe.STATS_COLLECTION, f"moe_{name}",
                    jnp.reshape(value, (-1,)) / cfg.pipeline_microbatches)

@@ -35,15 +35,22 @@ def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) 
             f"--gin.ATTENTION_IMPL=\"'xla'\" (the same function on any device)")
 
 
-def check_batch_on_mesh(model: Any, mesh: Mesh, batch: int) -> None:
+def check_batches_on_mesh(model: Any, mesh: Mesh, batch: int, pack: bool) -> None:
     """PartitioningError (one line) when a batch of `batch` examples (one gradient-
     accumulation microbatch) does not cut into the pipeline's microbatches, each divided
-    over the data shards within a stage (data x fsdp x expert); nothing to check without
-    stages."""
+    over the data shards within a stage (data x fsdp x expert); ConfigError when packed
+    batches reach cuDNN's attention in a pipeline (jax 0.12 cannot batch its
+    [batch, 1, q, k] mask over the stages). Nothing to check without stages."""
     if mesh.shape["stage"] == 1:
         return
+    config = getattr(model, "config", None)
     problem = pipeline.problem_with_batch(
-        getattr(getattr(model, "config", None), "pipeline_microbatches", None), batch,
+        getattr(config, "pipeline_microbatches", None), batch,
         mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"])
     if problem:
         raise PartitioningError(problem)
+    if pack and getattr(config, "attention_impl", None) == "cudnn":
+        raise ConfigError("PACK=True with ATTENTION_IMPL='cudnn' does not run in a pipeline "
+                          "(jax's cuDNN attention cannot take the packed rows' mask on every "
+                          "stage at once): set PACK=False (cuDNN then takes sequence "
+                          "lengths), or ATTENTION_IMPL='xla'")

@@ -24,7 +24,7 @@ from t5lite.data.settings import DataSettings
 from t5lite.errors import check_positive_int
 from t5lite.optim import skipping
 from t5lite.runtime import train_step
-from t5lite.runtime.model_on_mesh import check_batch_on_mesh
+from t5lite.runtime.model_on_mesh import check_batches_on_mesh
 from t5lite.runtime.skipped_steps import SkipSettings
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
@@ -125,7 +125,8 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
     partitioner = (mesh or MeshSettings.data_parallel()).partitioner(devices, model=model,
                                                                     platform=platform)
     layout = partitioner.data_layout(data.batch_size, num_microbatches)
-    check_batch_on_mesh(model, partitioner.mesh, data.batch_size // num_microbatches)
+    check_batches_on_mesh(model, partitioner.mesh, data.batch_size // num_microbatches,
+                          data.pack)
     # the optimizer sees the trainable parameters only (with LoRA: the adapters);
     # Adafactor factors by their axis names
     tx = optimizer.transformation(model.split_trainable(model.logical_axes()["params"])[0])

@@ -6,19 +6,27 @@ every backward).
 In iteration t every stage runs at once (a `vmap` over the stage axis, sharded over the
 mesh's `stage` axis, so each device runs its own stage): stage s takes microbatch
 (t - s) mod M through its chunk r S + s, r = (t - s) div M, and its output moves to stage
-s + 1 by a collective permute (the last stage's to stage 0, for the next repeat). Stage 0
-reads microbatch t mod M from a buffer that holds every microbatch: the inputs at first,
-each one's output of the last repeat as it comes round (M >= S: it is back before stage 0
-needs it), and at the end the outputs.
+s + 1 by a collective permute. Stage 0 takes its microbatch from one of two buffers of K =
+M / S microbatches a stage ([S, K, ...], `buffers`), each moving one slot down a stage an
+iteration (column t mod K), so that the slot stage 0 reads is the microbatch it needs:
 
-Memory per device: the buffer (the whole batch's activations at the stack's width,
-[M, microbatch, length, embed] split over the batch axes, on every stage), and for the
-backward pass what each of the M R + S - 1 iterations keeps: its stage's input and what
-the remat policy saves inside its layers, for one microbatch. The bubble: S - 1 of the
-M R + S - 1 iterations a stage computes nothing that is used (`settings.bubble_fraction`).
+- `io`: the inputs, where the batch's rows already lie (stage s's K microbatches, each
+  split over the data shards); the last stage's outputs enter its last slot, and the
+  final repeat's come to rest on the stage whose rows they are (their slots rolled by
+  S - 1), so the batch leaves the pipeline where it entered, no row moved;
+- `circ` (R > 1): each non-final output, sent from the last stage into the slot that
+  reaches stage 0 as its next repeat begins (M >= S: it is back in time).
+
+Memory per device: the two buffers (2 K microbatches, 2 / S of the batch's activations at
+the stack's width) and, for the backward pass, what each of the M R + S - 1 iterations
+keeps: its stage's input and what the remat policy saves inside its chunk, for one
+microbatch (REMAT_POLICY='full': the input alone). The bubble: S - 1 of the M R + S - 1
+iterations a stage computes nothing that is used (`settings.bubble_fraction`). A step's
+transfers between stages, per device and iteration: one microbatch onwards, one down the
+io buffer, and (R > 1) two for the circulation.
 
 Needs nothing of t5lite: jax and flax's logical-axis rules (the `stage` logical axis names
-the mesh axes the stages lie on).
+the mesh axes the stages lie on; the batch's names, those it is split over outside).
 """
 from __future__ import annotations
 
@@ -28,7 +36,8 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+
+from t5lite.models.pipeline import buffers
 
 STAGE = "stage"  # the logical axis of the stages (parameters' stacked `layers` map alike)
 
@@ -46,39 +55,11 @@ def mesh_stages() -> Tuple[int, Tuple[str, ...]]:
     return math.prod(mesh.shape[a] for a in axes), axes
 
 
-def _split(a: jax.Array, axis: int, parts: int) -> jax.Array:
-    """[..., B, ...] (B at `axis`) -> [parts, ..., B / parts, ...]: microbatch m holds rows
-    m, m + parts, m + 2 parts, ... so that each device's rows of a batch sharded over the
-    batch axes split into its rows of every microbatch (no rows move between devices)."""
-    a = a.reshape(a.shape[:axis] + (a.shape[axis] // parts, parts) + a.shape[axis + 1:])
-    return jnp.moveaxis(a, axis + 1, 0)
-
-
-def _merge(a: jax.Array, axis: int) -> jax.Array:
-    """Inverse of `_split`."""
-    a = jnp.moveaxis(a, 0, axis + 1)
-    return a.reshape(a.shape[:axis] + (a.shape[axis] * a.shape[axis + 1],) + a.shape[axis + 2:])
-
-
-def _rotate(a: jax.Array, axes: Tuple[str, ...], stages: int) -> jax.Array:
-    """[stages, ...] sharded over `axes` -> stage s's slice at stage s + 1 (the last's at
-    0): one collective permute."""
-    spec = P(axes if len(axes) > 1 else axes[0])
-    perm = [(i, (i + 1) % stages) for i in range(stages)]
-    shift = jax.shard_map(lambda x: jax.lax.ppermute(x, axes, perm), in_specs=spec,
-                          out_specs=spec, axis_names=set(axes))
-    return shift(a)
-
-
-def _where_stage(cond: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
-    """a where cond [stages] holds, else b; a and b [stages, ...]."""
-    return jnp.where(cond.reshape(cond.shape + (1,) * (a.ndim - 1)), a, b)
-
-
 def run(stage_fn: Callable, params: Any, x: jax.Array, args: Sequence[Any], *,
         stages: int, microbatches: int, repeats: int, stage_axes: Tuple[str, ...],
         x_axis: int, x_names: Tuple[str, ...], args_axes: Sequence[Optional[int]],
-        key: Optional[jax.Array] = None) -> Tuple[jax.Array, Any]:
+        key: Optional[jax.Array] = None, remat_policy: Optional[Callable] = None
+        ) -> Tuple[jax.Array, Any]:
     """x through every chunk of layers, in order, as a pipeline. Returns (y, stats).
 
     stage_fn(chunk_params, x_mb, args_mb, key) -> (y_mb, stats): one chunk's layers on one
@@ -90,14 +71,18 @@ def run(stage_fn: Callable, params: Any, x: jax.Array, args: Sequence[Any], *,
     args: arguments every layer reads, each a tree whose leaves have the batch at
         `args_axes[i]` (None: the same for every microbatch);
     key: dropout's (None: none drawn); chunk c on microbatch m draws from
-        fold_in(fold_in(key, c), m).
+        fold_in(fold_in(key, c), m);
+    remat_policy: a jax.checkpoint policy for each stage's iteration as a whole (None:
+        none): `nothing_saveable` keeps only the stage's input of each iteration.
 
     y is like x; stats' leaves gain a leading chunk axis [repeats * stages] (chunk order)
     and are summed over the microbatches."""
+    shards = _shards(x_names[x_axis], stage_axes)
     with nn.logical_axis_rules(_within_stages(nn.get_logical_axis_rules(), stage_axes)):
         y, stats = _run(stage_fn, params, x, args, S=stages, M=microbatches, R=repeats,
                         stage_axes=stage_axes, x_axis=x_axis, x_names=x_names,
-                        args_axes=args_axes, key=key)
+                        args_axes=args_axes, key=key, remat_policy=remat_policy,
+                        shards=shards)
     return nn.with_logical_constraint(y, x_names), stats  # the batch as outside
 
 
@@ -113,63 +98,79 @@ def _within_stages(rules, stage_axes: Tuple[str, ...]):
     return tuple((name, axes if name == STAGE else drop(axes)) for name, axes in rules)
 
 
-def _run(stage_fn, params, x, args, *, S, M, R, stage_axes, x_axis, x_names, args_axes, key):
-    total = M * R
-    xs = _split(x, x_axis, M)
-    mb_args = [arg if ax is None else jax.tree.map(lambda a, ax=ax: _split(a, ax, M), arg)
-               for arg, ax in zip(args, args_axes)]
+def _shards(name: Optional[str], stage_axes: Tuple[str, ...]) -> int:
+    """The devices a microbatch is split over within a stage: the mesh axes the batch's
+    logical `name` maps to outside the pipeline, less the stage axes."""
+    axes = nn.logical_to_mesh_axes((name,))[0] if name else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    mesh = jax.sharding.get_abstract_mesh()
+    return math.prod(mesh.shape[a] for a in axes if a not in stage_axes)
+
+
+def _run(stage_fn, params, x, args, *, S, M, R, stage_axes, x_axis, x_names, args_axes, key,
+         remat_policy, shards):
+    K, total = M // S, M * R
+    io = nn.with_logical_constraint(buffers.to_microbatches(x, x_axis, S, K, shards),
+                                    (STAGE, None) + x_names)
+    mb_args = [arg if ax is None else jax.tree.map(
+        lambda a, ax=ax: buffers.to_microbatches(a, ax, S, K, shards).reshape(
+            (M,) + a.shape[:ax] + (a.shape[ax] // M,) + a.shape[ax + 1:]), arg)
+        for arg, ax in zip(args, args_axes)]
     ids = jnp.arange(S)
     slot_names = (STAGE,) + x_names
-    store = nn.with_logical_constraint(jnp.broadcast_to(xs, (S,) + xs.shape),
-                                       (STAGE, None) + x_names)
-    shift = nn.with_logical_constraint(jnp.zeros((S,) + xs.shape[1:], x.dtype), slot_names)
+    shift = nn.with_logical_constraint(jnp.zeros((S,) + io.shape[2:], x.dtype), slot_names)
+    circ = jnp.zeros_like(io) if R > 1 else None
+    back_row = -(-(M - S + 1) // K) - 1  # where a circulating output enters: just in time
 
-    def chunk_params(rep):  # [R, S, ...] -> each stage's chunk of this iteration: [S, ...]
-        if R == 1:
-            return jax.tree.map(lambda a: a[0], params)
-        return jax.vmap(lambda p, r: jax.tree.map(lambda a: a[r], p), in_axes=(1, 0),
-                        spmd_axis_name=stage_axes)(params, rep)
-
-    def per_stage(fn_args, mb, rep):
-        """Each stage's chunk, microbatch, arguments and key."""
-        p = chunk_params(rep)
-        a = [arg if ax is None else jax.vmap(
-                lambda m, arg=arg: jax.tree.map(lambda v: v[m], arg))(mb)
+    def one_stage(runs, x_mb, rep, mb, stage_id):
+        """A stage's chunk of this iteration on its microbatch: `runs` [R, ...] its chunks
+        (and the arguments and key, the same for every stage) picked inside, so that
+        what a remat policy keeps of an iteration is its input, never a copy of weights."""
+        p = jax.tree.map(lambda a: a[rep], runs)
+        a = [arg if ax is None else jax.tree.map(lambda v: v[mb], arg)
              for arg, ax in zip(mb_args, args_axes)]
-        k = None if key is None else jax.vmap(
-            lambda m, c: jax.random.fold_in(jax.random.fold_in(key, c), m))(mb, rep * S + ids)
-        return p, a, k
+        k = None if key is None else jax.random.fold_in(
+            jax.random.fold_in(key, rep * S + stage_id), mb)
+        return stage_fn(p, x_mb, a, k)
 
-    stage = jax.vmap(stage_fn, in_axes=(0, 0, [None if ax is None else 0 for ax in args_axes],
-                                        None if key is None else 0),
-                     spmd_axis_name=stage_axes)
-    p0, a0, k0 = per_stage(None, ids * 0, ids * 0)
-    stats_shape = jax.eval_shape(stage, p0, shift, a0, k0)[1]
+    if remat_policy is not None:
+        one_stage = jax.checkpoint(one_stage, policy=remat_policy, prevent_cse=False)
+    # every stage at once: a vmap over the [stages, ...] slots, sharded over the stage axes
+    # (each device runs its own stage; within it the other axes shard as anywhere)
+    stage = jax.vmap(one_stage, in_axes=(1, 0, 0, 0, 0), spmd_axis_name=stage_axes)
+    stats_shape = jax.eval_shape(stage, params, shift, ids * 0, ids * 0, ids)[1]
     acc = jax.tree.map(lambda s: jnp.zeros((S, R) + s.shape[1:], s.dtype), stats_shape)
 
     def iteration(carry, t):
-        store, shift, acc = carry
+        io, circ, shift, acc = carry
+        column = t % K
         done = t - ids  # how many microbatch-repeats each stage has taken before this one
         valid = (done >= 0) & (done < total)
         done = jnp.clip(done, 0, total - 1)
         mb, rep = done % M, done // M
-        stage_in = nn.with_logical_constraint(
-            _where_stage(ids == 0, store[:, t % M], shift), slot_names)
-        p, a, k = per_stage(None, mb, rep)
-        out, stats = stage(p, stage_in, a, k)
-        shift = _rotate(nn.with_logical_constraint(out, slot_names), stage_axes, S)
-        # the last stage's output, now at stage 0, goes back into the buffer
-        last = t - (S - 1)
-        slot = jnp.clip(last, 0, total - 1) % M
-        landed = (ids == 0) & (last >= 0) & (last < total)
-        store = store.at[:, slot].set(_where_stage(landed, shift, store[:, slot]))
+        first = io[:, column] if R == 1 else jnp.where(t < M, io[:, column], circ[:, column])
+        stage_in = nn.with_logical_constraint(buffers.where_stage(ids == 0, first, shift),
+                                              slot_names)
+        out, stats = stage(params, stage_in, rep, mb, ids)
+        out = nn.with_logical_constraint(out, slot_names)
+        shift = buffers.permute(out, stage_axes, S, 1)
+        io = buffers.rotate_column(io, column, out, stage_axes)
+        if R > 1:  # the last stage's output, but for the final repeat's, comes round
+            last = t - (S - 1)
+            goes_round = (last >= 0) & (last < total - M)
+            back = jnp.clip(last, 0, total - 1) % M % K
+            circ = buffers.rotate_column(circ, column, jnp.zeros_like(out), stage_axes)
+            sent = buffers.permute(out, stage_axes, S, back_row - (S - 1))
+            circ = circ.at[:, back].set(buffers.where_stage(
+                (ids == back_row) & goes_round, sent, circ[:, back]))
         acc = jax.tree.map(lambda buf, s: jax.vmap(
             lambda b, v, r, ok: b.at[r].add(jnp.where(ok, v, jnp.zeros_like(v))),
             spmd_axis_name=stage_axes)(buf, s, rep, valid), acc, stats)
-        return (store, shift, acc), None
+        return (io, circ, shift, acc), None
 
-    (store, _, acc), _ = jax.lax.scan(iteration, (store, shift, acc),
+    (io, _, _, acc), _ = jax.lax.scan(iteration, (io, circ, shift, acc),
                                       jnp.arange(total + S - 1))
-    y = nn.with_logical_constraint(_merge(store[0], x_axis), x_names)
+    # microbatch s K + k's final output rests in io[s, (k + S - 1) mod K]
+    y = buffers.from_microbatches(jnp.roll(io, -(S - 1), axis=1), x_axis, shards)
     stats = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1).reshape((R * S,) + a.shape[2:]), acc)
     return y, stats

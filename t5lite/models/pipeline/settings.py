@@ -53,6 +53,10 @@ def problem_on_mesh(cfg, stages: int) -> Optional[str]:
     if micro < stages:
         return (f"PIPELINE_MICROBATCHES={micro} is fewer than the {stages} pipeline stages "
                 f"(every stage would idle): use at least {stages}")
+    if micro % stages:
+        return (f"PIPELINE_MICROBATCHES={micro} is not a multiple of the {stages} pipeline "
+                f"stages (each stage holds as many of them): use "
+                f"{(micro // stages + 1) * stages}")
     runs, period = cfg.pipeline_repeats, getattr(cfg, "layer_period", 1)
     chunks = stages * runs
     if cfg.num_layers % (chunks * period):
@@ -66,6 +70,9 @@ def problem_on_mesh(cfg, stages: int) -> Optional[str]:
     if cfg.attention_impl == "te":
         return (f"{where}, and Transformer Engine's attention does not run through the "
                 f"pipeline: use ATTENTION_IMPL='cudnn'")
+    if cfg.attention_impl == "cudnn" and getattr(cfg, "position_embedding", "") == "relative":
+        return (f"{where}, and jax's cuDNN attention cannot take each stage's relative "
+                f"position bias at once (GLaM's): use ATTENTION_IMPL='xla' in a pipeline")
     return None
 
 
