@@ -137,6 +137,12 @@ def test_every_launcher_prints_its_usage_on_help(script):
     ("example_slurm_pretrain_pile.sub", (),
      {"SLURM_JOB_NUM_NODES": "2", "MODEL_DIR": "/tmp/m", "TP_SIZE": "3"},
      "TP_SIZE=3 does not divide GPUS_PER_NODE=8"),
+    ("example_slurm_pretrain_pile.sub", (),
+     {"SLURM_JOB_NUM_NODES": "6", "MODEL_DIR": "/tmp/m", "PP_SIZE": "4"},
+     "PP_SIZE=4 does not divide the 6 nodes"),
+    ("example_slurm_pretrain_pile.sub", (),
+     {"SLURM_JOB_NUM_NODES": "4", "MODEL_DIR": "/tmp/m", "PP_SIZE": "0"},
+     "PP_SIZE must be a whole number >= 1, got '0'"),
     ("example_slurm_ft_frompile.sub", (), {"SLURM_JOB_NUM_NODES": "1", "MODEL_DIR": "/tmp/m"},
      "PRETRAINED_DIR is not set"),
     ("example_slurm_ft_frompile.sub", (),
@@ -315,7 +321,8 @@ def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path):
             path.read_text(), path.read_text()
     assert th.complete_steps(pretrained) == [2]
     _assert_config(pretrained, BATCH_SIZE="4", TRAIN_STEPS="2", ACTIVATION_DTYPE="'float32'",
-                   ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[2, 1, 1]", CHECKPOINT_PERIOD="2")
+                   ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[2, 1, 1, 1, 1]",
+                   CHECKPOINT_PERIOD="2")
 
     finetuned, job = tmp_path / "mnli", _slurm_job_id()
     proc = _run("example_slurm_ft_frompile.sub", "--gin.CHECKPOINT_PERIOD=2",

@@ -1,7 +1,7 @@
 """Pipelined runs through `python -m t5lite.train` on 8 CPU devices: a tiny GPT of 8 layers
 on [stage=4, fsdp=2] (a circular pipeline: 2 repeats) trains with the unpipelined run's
-loss curve; its checkpoint resumes on stage=1 and stage=2, and one saved on stage=1
-resumes on stage=4, each to the uninterrupted run's parameters. Bad pipeline settings are
+loss curve; its checkpoint resumes on stage=4 bit-exact, on stage=1 and stage=2, and one
+saved on stage=1 resumes on stage=4, each to the uninterrupted run's parameters. Bad pipeline settings are
 one `error:` line each.
 
 The runs share one process (`train.main`, as the command runs it), so the imports are paid
@@ -75,9 +75,11 @@ def _params(model_dir, step):
 
 
 def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
-    d = {k: tmp_path / k for k in ("plain", "piped", "on1", "on2", "back")}
+    d = {k: tmp_path / k for k in ("plain", "piped", "again", "on1", "on2", "back")}
     ops = [_train("plain", d["plain"], 4, 1),
            _train("piped", d["piped"], 4, 4, *PIPELINED),
+           ["copy", str(d["piped"]), str(d["again"]), 2],
+           _train("again", d["again"], 4, 4, *PIPELINED),  # the same stages: bit-exact
            ["copy", str(d["piped"]), str(d["on1"]), 2],
            _train("on1", d["on1"], 3, 1, *PIPELINED),      # saved on stage=4, on to step 3
            ["copy", str(d["piped"]), str(d["on2"]), 2],
@@ -90,6 +92,8 @@ def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
     piped = [v for _, v in th.scalars(d["piped"])["loss"]]
     assert len(plain) == 4
     np.testing.assert_allclose(piped, plain, rtol=1e-5)  # the same loss curve
+    th.assert_trees_equal(th.load_state(d["again"], 4), th.load_state(d["piped"], 4),
+                          "a resume on the same stages")
     reference = _params(d["plain"], 4)
     for name in ("piped", "on2", "back"):
         assert th.complete_steps(d[name])[-1] == 4, name
