@@ -22,24 +22,41 @@ GLAM64B = ["configs/glam64b_64e_pile_pretrain.gin"]
 T5XXL = ["configs/xxl_pile_pretrain.gin"]
 NO_PIPELINE = ["PIPELINE_MICROBATCHES=None", "PIPELINE_REPEATS=1"]
 
-ROWS = [  # name, gin files, hosts, bindings, info flags
-    ("gpt175b_fsdp128", GPT175B, 16, NO_PIPELINE + ["ICI_MESH_SHAPE=[1,8,1]",
-                                                    "DCN_MESH_SHAPE=[1,16,1]"], []),
-    # 16 sequences a device: 96 layers' inputs kept do not fit; 4 accumulation microbatches
-    ("gpt175b_tp8_fsdp16", GPT175B, 16, NO_PIPELINE + ["ICI_MESH_SHAPE=[1,1,8]",
-                                                       "DCN_MESH_SHAPE=[1,16,1]",
-                                                       "NUM_MICROBATCHES=4"], []),
-    ("gpt175b_tp8_pp16", GPT175B, 16, [], []),  # the recipe's layout
-    ("gpt175b_tp8_pp16_circular", GPT175B, 16, ["PIPELINE_MICROBATCHES=32",
-                                                "PIPELINE_REPEATS=2"], []),
-    ("llama70b_fsdp64", LLAMA70B, 8, NO_PIPELINE + ["ICI_MESH_SHAPE=[1,8,1]",
-                                                    "DCN_MESH_SHAPE=[1,8,1]"], []),
-    ("llama70b_tp8_fsdp8", LLAMA70B, 8, NO_PIPELINE + ["ICI_MESH_SHAPE=[1,1,8]",
-                                                       "DCN_MESH_SHAPE=[1,8,1]"], []),
-    ("llama70b_tp8_pp8", LLAMA70B, 8, [], []),  # the recipe's layout
-    ("glam64b_ep64_fsdp8", GLAM64B, 64, NO_PIPELINE + ["ICI_MESH_SHAPE=[1,1,1,8]",
-                                                       "DCN_MESH_SHAPE=[1,8,1,8]"], []),
-    ("glam64b_ep64_pp8", GLAM64B, 64, [], []),  # the recipe's layout
+ROWS = [  # name, gin files, hosts, bindings (each row states its whole layout), info flags
+    # GPT-3 175B on 128 H100s, global batch 256 of 2048 tokens, unpacked in every row (cuDNN's
+    # attention takes lengths; packed rows' masks do not run in a pipeline)
+    ("gpt175b_fsdp128", GPT175B, 16, NO_PIPELINE + [
+        "ICI_MESH_SHAPE=[1,8,1]", "DCN_MESH_SHAPE=[1,16,1]", "NUM_MICROBATCHES=1",
+        "PACK=False"], []),
+    ("gpt175b_tp8_fsdp16", GPT175B, 16, NO_PIPELINE + [  # the recipe's layout
+        "ICI_MESH_SHAPE=[1,1,8]", "DCN_MESH_SHAPE=[1,16,1]", "NUM_MICROBATCHES=4",
+        "PACK=False"], []),
+    ("gpt175b_tp8_pp16", GPT175B, 16, [
+        "PIPELINE_MICROBATCHES=64", "PIPELINE_REPEATS=1", "ICI_MESH_SHAPE=[1,1,8]",
+        "DCN_MESH_SHAPE=[1,1,1,1,16]", "NUM_MICROBATCHES=1", "PACK=False"], []),
+    ("gpt175b_tp8_pp16_circular", GPT175B, 16, [
+        "PIPELINE_MICROBATCHES=32", "PIPELINE_REPEATS=2", "ICI_MESH_SHAPE=[1,1,8]",
+        "DCN_MESH_SHAPE=[1,1,1,1,16]", "NUM_MICROBATCHES=1", "PACK=False"], []),
+    # LLaMA-2 70B on 64 H100s, global batch 128 of 4096 tokens
+    ("llama70b_fsdp64", LLAMA70B, 8, NO_PIPELINE + [
+        "ICI_MESH_SHAPE=[1,8,1]", "DCN_MESH_SHAPE=[1,8,1]", "PACK=True"], []),
+    ("llama70b_tp8_fsdp8", LLAMA70B, 8, NO_PIPELINE + [  # the recipe's layout
+        "ICI_MESH_SHAPE=[1,1,8]", "DCN_MESH_SHAPE=[1,8,1]", "PACK=True"], []),
+    ("llama70b_tp8_pp8", LLAMA70B, 8, [
+        "PIPELINE_MICROBATCHES=32", "PIPELINE_REPEATS=1", "ICI_MESH_SHAPE=[1,1,8]",
+        "DCN_MESH_SHAPE=[1,1,1,1,8]", "PACK=False"], []),
+    # GLaM 64B/64E on 512 GPUs, global batch 1024 of 1024 tokens, packed
+    ("glam64b_ep64_fsdp8", GLAM64B, 64, NO_PIPELINE + [
+        "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,8,1,8]", "PARTITION_RULES=[]"], []),
+    # the default rules shard the dense layers' weights over the expert axis too (FSDP
+    # over the experts): inside a pipeline that gathers them again for every microbatch
+    ("glam64b_ep64_pp8_fsdp_experts", GLAM64B, 64, [
+        "PIPELINE_MICROBATCHES=16", "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,1,1,8,8]",
+        "PARTITION_RULES=[]"], []),
+    ("glam64b_ep64_pp8", GLAM64B, 64, [  # the recipe's layout
+        "PIPELINE_MICROBATCHES=16", "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,1,1,8,8]",
+        "PARTITION_RULES=[('embed', 'fsdp')]"], []),
+    # T5 XXL on 512 GPUs, T5X's global batch 2304 (no pipeline: docs/parallelism.md)
     ("t5xxl_tp8_dp64", T5XXL, 64, ["BATCH_SIZE=2304", "ICI_MESH_SHAPE=[1,1,8]",
                                    "DCN_MESH_SHAPE=[64,1,1]"], []),
     ("t5xxl_tp8_fsdp64", T5XXL, 64, ["BATCH_SIZE=2304", "ICI_MESH_SHAPE=[1,1,8]",

@@ -189,3 +189,18 @@ def test_info_memory_mistakes_are_one_line(args, words):
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     for word in words:
         assert word in lines[0], lines[0]
+
+
+def test_info_memory_of_a_pipeline_per_device():
+    """`info --memory` compiles a pipelined step on its mesh ([stage=4, fsdp=2]) and says
+    what a device needs (the arrays' own shardings are checked in
+    test_pipeline_parallelism)."""
+    common = ["--gin_file=configs/models/gpt/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
+              "--gin.DecoderConfig.num_layers=8", "--seq_length=32", "--memory",
+              "--devices=8", "--per_device_batch=2", "--cpu_compiler", "--json"]
+    piped = _info(*common, "--gin.PIPELINE_MICROBATCHES=4", "--gin.ICI_MESH_SHAPE=[1,2,1,1,4]")
+    assert piped.returncode == 0, piped.stderr
+    mem = json.loads(piped.stdout)["step_memory"]
+    assert mem["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4}
+    assert mem["verdict"].startswith("fits in 80 GiB") and mem["argument_bytes"] > 0
+    assert "stage 4" in piped.stderr

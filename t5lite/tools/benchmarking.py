@@ -97,14 +97,13 @@ def run_optimizer(name: Optional[str] = None) -> Tuple[Any, str]:
 
 
 def global_batch(per_device_batch: Optional[int], devices: int) -> int:
-    """per_device_batch x devices, or the parsed config's BATCH_SIZE when none is given."""
+    """per_device_batch x devices, or the parsed config's BATCH_SIZE when none is given
+    (which the mesh's data shards must divide, not the devices: tensor and pipeline
+    parallel devices share their sequences; the run's data layout checks it)."""
     if per_device_batch is None:
         batch = gin.get_bindings("train").get("batch_size")
         if batch is None:
             raise ConfigError("the config sets no BATCH_SIZE: give --per_device_batch")
-        if batch % devices:
-            raise ConfigError(f"BATCH_SIZE={batch} does not divide over {devices} devices: "
-                              f"give --per_device_batch")
         return batch
     if per_device_batch < 1:
         raise ConfigError(f"--per_device_batch must be >= 1, got {per_device_batch}")

@@ -151,7 +151,7 @@ def format_report(report: Dict[str, Any], source: str = "") -> str:
         where = (f"compile-only {mem['device_kind']}" if mem.get("device_kind")
                  else f"simulated {mem['platform'].upper()}")
         rows += [("train step memory", f"per device, compiled for {mem['devices']} {where} "
-                  f"devices (mesh {mesh}), {mem['per_device_batch']} "
+                  f"devices (mesh {mesh}), {mem['per_device_batch']:g} "
                   f"examples per device"),
                  ("  arguments", _human_bytes(mem["argument_bytes"])),
                  ("  temporaries", _human_bytes(mem["temp_bytes"])),

@@ -151,7 +151,7 @@ def memory_report(mesh, batch_size: int, memory: Optional[StepMemory],
         raise ConfigError("this backend reports no memory analysis for compiled programs")
     device = mesh.devices.flat[0]
     return {"devices": mesh.size, "mesh": dict(mesh.shape), "batch_size": batch_size,
-            "per_device_batch": batch_size // mesh.size, "platform": device.platform,
+            "per_device_batch": batch_size / mesh.size, "platform": device.platform,
             "device_bytes": device_bytes,
             "device_kind": (device.device_kind if gpu_target.is_compile_only_gpu(device)
                             else None),
