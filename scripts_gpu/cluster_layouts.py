@@ -46,14 +46,14 @@ ROWS = [  # name, gin files, hosts, bindings (each row states its whole layout),
         "PIPELINE_MICROBATCHES=32", "PIPELINE_REPEATS=1", "ICI_MESH_SHAPE=[1,1,8]",
         "DCN_MESH_SHAPE=[1,1,1,1,8]", "PACK=False"], []),
     # GLaM 64B/64E on 512 GPUs, global batch 1024 of 1024 tokens, packed
-    ("glam64b_ep64_fsdp8", GLAM64B, 64, NO_PIPELINE + [
+    ("glam64b_ep64_fsdp8", GLAM64B, 64, NO_PIPELINE + [  # the recipe's layout
         "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,8,1,8]", "PARTITION_RULES=[]"], []),
     # the default rules shard the dense layers' weights over the expert axis too (FSDP
     # over the experts): inside a pipeline that gathers them again for every microbatch
     ("glam64b_ep64_pp8_fsdp_experts", GLAM64B, 64, [
         "PIPELINE_MICROBATCHES=16", "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,1,1,8,8]",
         "PARTITION_RULES=[]"], []),
-    ("glam64b_ep64_pp8", GLAM64B, 64, [  # the recipe's layout
+    ("glam64b_ep64_pp8", GLAM64B, 64, [  # the dense layers' weights whole in each stage
         "PIPELINE_MICROBATCHES=16", "ICI_MESH_SHAPE=[1,1,1,8]", "DCN_MESH_SHAPE=[1,1,1,8,8]",
         "PARTITION_RULES=[('embed', 'fsdp')]"], []),
     # T5 XXL on 512 GPUs, T5X's global batch 2304 (no pipeline: docs/parallelism.md)
