@@ -55,7 +55,9 @@ def test_a_pipeline_over_two_hosts_moves_activations_between_them(reports):
                              "bubble": pytest.approx(3 / 7)}
     moves = _rows(r, "collective-permute", ["stage"])
     assert moves and all(m["across_hosts"] for m in moves)  # stage 1 -> 2 crosses hosts
-    assert sum(m["launches"] for m in moves) == 2 * (4 + 4 - 1)  # forward and backward
+    # each of the M + S - 1 iterations: the activations to the next stage and the io
+    # buffer's rotation by one stage; forward and backward
+    assert sum(m["launches"] for m in moves) == 2 * 2 * (4 + 4 - 1)
     # the layers' weights are gathered over fsdp (within a host); over stages, only the
     # activations of the pipeline's input, once a step
     assert any(not g["across_hosts"] for g in _rows(r, "all-gather", ["fsdp"]))

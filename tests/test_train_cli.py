@@ -460,8 +460,9 @@ def test_two_processes_match_one_process(tmp_path):
     logs = [th.read_log(tmp_path / f"p{i}.log") for i in range(2)]
     assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
     assert single.returncode == 0, th.describe(single)
-    assert "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1}; 2 process(es)" in logs[0]
-    assert "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1}; 1 process(es)" in single.stderr
+    mesh = "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 1}"
+    assert f"{mesh}; 2 process(es)" in logs[0]
+    assert f"{mesh}; 1 process(es)" in single.stderr
 
     # only process 0 writes TensorBoard scalars and log lines
     assert len(list((multi_dir / "train").glob("*tfevents*"))) == 1
@@ -567,7 +568,8 @@ def test_resume_onto_another_mesh(tmp_path):
     second = th.run_train(model_dir, "--gin.ICI_MESH_SHAPE=[2,2,2]",
                           "--gin.CHECKPOINT_PERIOD=5", steps=20, devices=8)
     assert second.returncode == 0, th.describe(second)
-    assert ("start: resume:10 at step 10; mesh {'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1}"
+    assert ("start: resume:10 at step 10; mesh {'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1, "
+            "'stage': 1}"
             in second.stderr), th.describe(second)
     assert th.logged_steps(second.stderr) == [15, 20]
     assert th.complete_steps(model_dir) == [15, 20]  # KEEP_CHECKPOINTS = 2
