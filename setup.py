@@ -72,6 +72,7 @@ setup(
         "test": [
             "pytest>=7",
             "pytest-xdist>=3.5",  # the README's test command runs the files on every core
+            "pytest-timeout>=2.2",  # pytest.ini: a test that hangs fails, naming itself
             "torch==2.13.0",
             "transformers>=4.40",
             "safetensors>=0.4",

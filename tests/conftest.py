@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 
 import pytest
 
@@ -88,10 +89,37 @@ def _count_commands():
     command.run_model_command = counted
 
 
+# A data iterator a test leaves open (a failed test's frames keep theirs alive, in
+# sys.last_traceback, until the next failure) keeps tf.data's prefetch threads reading ahead,
+# a Pile reader running Python in one of them, until a garbage collection in some later
+# test destroys it. A worker died once in such a collection (a segmentation fault at a
+# compilation-cache write, the collector running, another test's Pile reader in a tf.data
+# thread). So every iterator a test made is closed as it ends: released then, at a quiet
+# point, by reference counting (tests/test_pipeline.py checks that close() does).
+_ITERATORS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _register_iterators():
+    pipeline = sys.modules.get("t5lite.data.pipeline")
+    if pipeline is None or getattr(pipeline.SeqioIterator.__init__, "registered", False):
+        return
+    original = pipeline.SeqioIterator.__init__
+
+    def registered(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _ITERATORS.add(self)
+    registered.registered = True
+    pipeline.SeqioIterator.__init__ = registered
+
+
 @pytest.fixture(autouse=True)
-def _pipelines_collected_after_commands_in_this_process():
+def _pipelines_released_as_each_test_ends():
     _count_commands()
+    _register_iterators()
     before = _COMMANDS_RUN[0]
     yield
+    for iterator in list(_ITERATORS):
+        iterator.close()
+    _ITERATORS.clear()
     if _COMMANDS_RUN[0] != before and "tensorflow" in sys.modules:
         gc.collect()

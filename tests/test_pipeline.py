@@ -1,6 +1,7 @@
 """t5lite.data.pipeline: SeqIO tasks -> this process's numpy batches; deterministic order,
 disjoint per-process shards, packing, and an exact resume from a saved position."""
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -63,6 +64,12 @@ def test_resume_continues_with_the_next_unseen_batch(pile, spec):
         assert _same(next(resumed), expected[6])
         assert resumed.get_state()["position"] == 7
     assert _same(next(_iterator(spec, start_position=7)), expected[7])
+    # close() releases the tf.data iterators at once (no garbage collection needed: none
+    # is left reading ahead in the background) and a later batch continues the stream
+    tf_iterator = weakref.ref(first._tf_iterators[0])
+    first.close()
+    assert tf_iterator() is None
+    assert _same(next(first), expected[5]) and first.get_state()["position"] == 6
 
 
 def _bytes_as_list(value):

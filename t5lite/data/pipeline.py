@@ -230,6 +230,13 @@ class SeqioIterator:
                 v.astype(np.int32, copy=False)
         return out
 
+    def close(self) -> None:
+        """Stop reading: the tf.data iterators (and the prefetch threads reading ahead for
+        them) are released now, not whenever a garbage collection finds them. The
+        position is kept: a later `__next__` rebuilds the stream and skips the batches
+        already consumed (replay), so it continues where it stopped."""
+        self._iterator = self._tf_iterators = None
+
     # -- state --------------------------------------------------------------------------
     def _stream(self) -> Dict[str, Any]:
         return {"task": self.name, "split": self.split, "seed": self.seed,
