@@ -8,7 +8,7 @@ import pytest
 import train_helpers as th
 
 
-@pytest.mark.parametrize("flag,needles", [
+BAD_SETTINGS = [
     ("--gin.TRAIN_STEPS=2.5", ["TRAIN_STEPS must be a positive integer", "2.5"]),
     ("--gin.TRAIN_STEPS=0", ["TRAIN_STEPS must be a positive integer", "0"]),
     ("--gin.TRAIN_STEPS=-1", ["TRAIN_STEPS must be a positive integer"]),
@@ -27,12 +27,18 @@ import train_helpers as th
     ("--gin.TASK_FEATURE_LENGTHS={'input': 8, 'targets': 8}",
      ["TASK_FEATURE_LENGTHS has the key 'input'", "'inputs' and 'targets'"]),
     ("--gin.TASK_FEATURE_LENGTHS=[8, 8]", ["TASK_FEATURE_LENGTHS must be a dict like"]),
-])
-def test_bad_settings_are_one_line(tmp_path, flag, needles):
-    proc = th.run_train(tmp_path / "run", flag, steps=2)
-    line = th.assert_one_error(proc, *needles)
-    assert proc.returncode == 2, line
-    assert not (tmp_path / "run").exists()
+]
+
+
+def test_bad_settings_are_one_line(tmp_path):
+    """Each case through `train.main` in one interpreter (th.run_mains); the command's own
+    subprocess is test_model_dir_that_is_a_file_is_one_line's, and the CLI tests'."""
+    argvs = [th.train_command(tmp_path / f"run{i}", flag, steps=2)[3:]
+             for i, (flag, _) in enumerate(BAD_SETTINGS)]
+    for i, (proc, (flag, needles)) in enumerate(zip(th.run_mains(argvs), BAD_SETTINGS)):
+        line = th.assert_one_error(proc, *needles)
+        assert proc.returncode == 2, (flag, line)
+        assert not (tmp_path / f"run{i}").exists(), flag
 
 
 def test_model_dir_that_is_a_file_is_one_line(tmp_path):

@@ -372,15 +372,19 @@ BAD_INPUT = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_INPUT))
-def test_bad_input_ends_in_one_error_line(tmp_path, case):
-    flags, devices, status, needles = BAD_INPUT[case]
-    model_dir = tmp_path / "run"
-    proc = th.run_train(model_dir, *flags, steps=4, devices=devices, timeout=240)
-    th.assert_one_error(proc, *needles)
-    assert proc.returncode == status, th.describe(proc)
-    assert not th.complete_steps(model_dir)
-    assert not (model_dir / "train").exists()
+@pytest.mark.parametrize("devices", sorted({case[1] for case in BAD_INPUT.values()}))
+def test_bad_input_ends_in_one_error_line(tmp_path, devices):
+    """The cases of a device count through `train.main` in one interpreter
+    (th.run_mains); the command's own subprocess: the next test's."""
+    cases = sorted(name for name, case in BAD_INPUT.items() if case[1] == devices)
+    argvs = [th.train_command(tmp_path / name, *BAD_INPUT[name][0], steps=4)[3:]
+             for name in cases]
+    for name, proc in zip(cases, th.run_mains(argvs, devices=devices, timeout=240)):
+        flags, _, status, needles = BAD_INPUT[name]
+        th.assert_one_error(proc, *needles)
+        assert proc.returncode == status, (name, th.describe(proc))
+        assert not th.complete_steps(tmp_path / name), name
+        assert not (tmp_path / name / "train").exists(), name
 
 
 def test_missing_initial_checkpoint_ends_in_one_error_line(tmp_path):

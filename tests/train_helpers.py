@@ -131,6 +131,46 @@ def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
                timeout=timeout)
 
 
+# Several runs of one command in one fresh interpreter: each argv through the command's
+# `main` as `python -m` runs it (a ConfigError is `error: ...` and status 2; any other
+# exception its traceback and status 1), with that run's stderr captured. For cases
+# that end before training (bad settings): one interpreter start and import instead of
+# one a case. Each command keeps a real subprocess test of its own.
+_MAINS = r"""
+import contextlib, importlib, io, json, sys, traceback
+from t5lite.config import command
+from t5lite.errors import ConfigError
+main = importlib.import_module(sys.argv[1]).main
+for argv in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = main(argv) or 0
+        except ConfigError as e:
+            print(f"error: {command.one_line(e)}", file=sys.stderr)
+            status = command.EXIT_CONFIG_ERROR
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+        except Exception:
+            traceback.print_exc()
+            status = 1
+    print("RUN " + json.dumps([status, err.getvalue()]), flush=True)
+"""
+
+
+def run_mains(argvs: Sequence[Sequence[str]], devices: int = 1, module: str = "t5lite.train",
+              timeout: float = DEFAULT_TIMEOUT) -> List[subprocess.CompletedProcess]:
+    """Each argv (without `python -m module`) run by `module.main` in one interpreter;
+    a CompletedProcess per argv (its returncode the status the command would exit with,
+    its stderr that run's), so `assert_one_error` reads them as it reads a subprocess."""
+    proc = run([sys.executable, "-c", _MAINS, module, json.dumps([list(a) for a in argvs])],
+               devices=devices, timeout=timeout)
+    runs = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("RUN ")]
+    assert proc.returncode == 0 and len(runs) == len(argvs), describe(proc)
+    return [subprocess.CompletedProcess(argv, status, "", err)
+            for argv, (status, err) in zip(argvs, runs)]
+
+
 # A Python child started through this trampoline has Ctrl-C and SIGHUP at their default
 # dispositions, as a run started from a terminal has them, whatever this test process
 # inherited (`nohup` ignores SIGHUP, a shell's `&` ignores SIGINT; ignored dispositions
