@@ -32,58 +32,40 @@ def _cmd(tmp_path, vocab, *extra):
             f'--gin.PILE_DIR="{_pile(tmp_path)}"', f'--gin.VOCABULARY_PATH="{vocab}"', *extra]
 
 
-def test_pretrains_on_pile_jsonl_and_saves_the_data_position(tmp_path, tmp_path_factory):
-    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path,
-                  extra_env={"PYTHONWARNINGS": "default"})
-    assert proc.returncode == 0, th.describe(proc)
-    assert "Warning" not in proc.stderr, th.describe(proc)  # none, deprecations included
+def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stream(
+        tmp_path, tmp_path_factory):
+    """One run's life on Pile jsonl: trained to step 4 with its data position saved; a
+    resume under another batch size, another vocabulary at the same path, or one data
+    file more each refuses in one line naming both sides (exit 2, nothing saved changes);
+    the unchanged command continues from the saved iterator state; ALLOW_CHANGED_INPUTS=
+    True resumes with changed inputs on purpose, saying so. (Three tests before, each
+    training its own first run.)"""
+    from t5lite.data import vocab_training
+    vocab = tmp_path / "spm.model"
+    shutil.copy(vocabulary(tmp_path_factory), vocab)
+    first = th.run(_cmd(tmp_path, vocab), cwd=tmp_path, extra_env={"PYTHONWARNINGS": "default"})
+    assert first.returncode == 0, th.describe(first)
+    assert "Warning" not in first.stderr, th.describe(first)  # none, deprecations included
     assert th.complete_steps(tmp_path / "run") == [4]
-    data = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
-    assert data["position"] == 4 and data["task"] == "pile_span_corruption"
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
+    assert saved["position"] == 4 and saved["task"] == "pile_span_corruption"
+    assert saved["inputs"]["vocabulary"]["path"] == str(vocab)
+    assert list(saved["inputs"]["files"]) == [str(tmp_path / "pile" / "train" / "00.jsonl")]
     iterator = tmp_path / "run" / "checkpoints" / "4" / "data_iterator"
     assert (iterator / "shard_00000-of-00001.process_00000").stat().st_size > 0
     losses = [v for _, v in th.scalars(tmp_path / "run")["loss_per_token"]]
     assert len(losses) == 2 and all(0 < v < 20 for v in losses)
 
+    # another batch size would leave the stream
+    changed = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6", "--gin.BATCH_SIZE=8"),
+                     cwd=tmp_path)
+    th.assert_one_error(changed, "batch_size 4 -> 8")
+    assert th.complete_steps(tmp_path / "run") == [4]
 
-@pytest.mark.slow
-def test_resume_continues_the_saved_data_stream_and_refuses_a_changed_one(
-        tmp_path, tmp_path_factory):
-    first = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory)), cwd=tmp_path)
-    assert first.returncode == 0, th.describe(first)
-    # resuming under another batch size would leave the stream: one line, nothing lost
-    changed = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.TRAIN_STEPS=6",
-                          "--gin.BATCH_SIZE=8"), cwd=tmp_path)
-    assert changed.returncode != 0
-    lines = [l for l in changed.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1 and "batch_size 4 -> 8" in lines[0], th.describe(changed)
-    assert "Traceback" not in changed.stderr and th.complete_steps(tmp_path / "run") == [4]
-    again = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.TRAIN_STEPS=6"),
-                   cwd=tmp_path)
-    assert again.returncode == 0, th.describe(again)
-    assert "data: continuing at batch 4 from the saved iterator state" in again.stderr
-    assert th.complete_steps(tmp_path / "run")[-1] == 6
-
-
-@pytest.mark.slow
-def test_a_resume_refuses_a_changed_vocabulary_or_data_files_unless_allowed(
-        tmp_path, tmp_path_factory):
-    """The vocabulary file replaced by another at the same path, then a data file added:
-    each resume refuses in one line naming both sides (exit 2, nothing saved changes);
-    ALLOW_CHANGED_INPUTS=True resumes with them on purpose, saying so."""
-    import shutil
-    from t5lite.data import vocab_training
-    vocab = tmp_path / "spm.model"
-    shutil.copy(vocabulary(tmp_path_factory), vocab)
-    first = th.run(_cmd(tmp_path, vocab), cwd=tmp_path)
-    assert first.returncode == 0, th.describe(first)
-    saved = json.loads((tmp_path / "run" / "checkpoints" / "4" / "data" / "metadata").read_text())
-    assert saved["inputs"]["vocabulary"]["path"] == str(vocab)
-    assert list(saved["inputs"]["files"]) == [str(tmp_path / "pile" / "train" / "00.jsonl")]
-
+    # another vocabulary at the same path
     other = demo_corpus.write_text(str(tmp_path / "other.txt"), lines=800, seed=11)
     shutil.copy(vocab, tmp_path / "spm.first")
-    vocab_training.train_vocabulary([other], str(vocab), 300)  # same path, another model
+    vocab_training.train_vocabulary([other], str(vocab), 300)
     swapped = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6"), cwd=tmp_path)
     line = th.assert_one_error(swapped, f"the vocabulary is {vocab} (sha256 ",
                                f"but the checkpoint was trained with {vocab} (sha256 ",
@@ -91,21 +73,32 @@ def test_a_resume_refuses_a_changed_vocabulary_or_data_files_unless_allowed(
     assert swapped.returncode == 2 and th.complete_steps(tmp_path / "run") == [4]
     old, new = re.findall(r"sha256 (\w+)", line)
     assert old != new
+    shutil.copy(tmp_path / "spm.first", vocab)  # the run's vocabulary back
 
-    shutil.copy(tmp_path / "spm.first", vocab)  # the run's vocabulary back, one file more
+    # one data file more
     pile = tmp_path / "pile" / "train"
-    shutil.copy(pile / "00.jsonl", pile / "01.jsonl")
+    shutil.copy(pile / "00.jsonl", tmp_path / "01.jsonl")
+    shutil.copy(tmp_path / "01.jsonl", pile / "01.jsonl")
     added = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6"), cwd=tmp_path)
     th.assert_one_error(added, "data files are not the ones the checkpoint was trained on",
                         f"1 added ({pile / '01.jsonl'})", "ALLOW_CHANGED_INPUTS=True")
     assert th.complete_steps(tmp_path / "run") == [4]
+    (pile / "01.jsonl").unlink()
 
-    allowed = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6",
+    # the unchanged command continues the saved stream
+    again = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=6"), cwd=tmp_path)
+    assert again.returncode == 0, th.describe(again)
+    assert "data: continuing at batch 4 from the saved iterator state" in again.stderr
+    assert th.complete_steps(tmp_path / "run")[-1] == 6
+
+    # changed inputs on purpose
+    shutil.copy(tmp_path / "01.jsonl", pile / "01.jsonl")
+    allowed = th.run(_cmd(tmp_path, vocab, "--gin.TRAIN_STEPS=8",
                           "--gin.ALLOW_CHANGED_INPUTS=True"), cwd=tmp_path)
     assert allowed.returncode == 0, th.describe(allowed)
     assert "ALLOW_CHANGED_INPUTS: resuming with them" in allowed.stderr
-    assert "start: resume:4 at step 4" in allowed.stderr
-    assert th.complete_steps(tmp_path / "run")[-1] == 6
+    assert "start: resume:6 at step 6" in allowed.stderr
+    assert th.complete_steps(tmp_path / "run")[-1] == 8
 
 
 def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory):
