@@ -564,13 +564,14 @@ def test_a_signal_to_one_process_of_two_stops_both_at_the_same_saved_step(tmp_pa
 
 @pytest.mark.slow
 def test_resume_onto_another_mesh(tmp_path):
-    model_dir = tmp_path / "run"
-    first = th.run_train(model_dir, "--gin.ICI_MESH_SHAPE=[8,1,1]", "--gin.CHECKPOINT_PERIOD=5",
-                         steps=10, devices=8)
+    model_dir = tmp_path / "run"  # both runs in one interpreter, one after the other
+    first, second = th.run_mains([
+        th.train_command(model_dir, "--gin.ICI_MESH_SHAPE=[8,1,1]", "--gin.CHECKPOINT_PERIOD=5",
+                         steps=10)[3:],
+        th.train_command(model_dir, "--gin.ICI_MESH_SHAPE=[2,2,2]", "--gin.CHECKPOINT_PERIOD=5",
+                         steps=20)[3:]], devices=8)
     assert first.returncode == 0, th.describe(first)
-    assert th.complete_steps(model_dir) == [5, 10]
-    second = th.run_train(model_dir, "--gin.ICI_MESH_SHAPE=[2,2,2]",
-                          "--gin.CHECKPOINT_PERIOD=5", steps=20, devices=8)
+    assert th.logged_steps(first.stderr) == [5, 10]
     assert second.returncode == 0, th.describe(second)
     assert ("start: resume:10 at step 10; mesh {'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1, "
             "'stage': 1}"

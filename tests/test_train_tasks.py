@@ -219,9 +219,9 @@ def _check_same_as_uninterrupted(model_dir, uninterrupted, proc, resumed_at):
 def test_a_finished_run_extended_to_more_steps_matches_an_uninterrupted_one(
         tmp_path, uninterrupted):
     vocab, model_dir, finished_at = uninterrupted[1], tmp_path / "run", 6
-    first = th.run(_resume_cmd(tmp_path, vocab, model_dir, finished_at))
+    first, more = th.run_mains([_resume_cmd(tmp_path, vocab, model_dir, steps)[3:]
+                                for steps in (finished_at, RESUME_STEPS)])
     assert first.returncode == 0, th.describe(first)
-    more = th.run(_resume_cmd(tmp_path, vocab, model_dir, RESUME_STEPS))
     _check_same_as_uninterrupted(model_dir, uninterrupted, more, finished_at)
 
 
@@ -266,20 +266,17 @@ def test_pretrains_on_text_files_and_resumes_as_if_uninterrupted(tmp_path, tmp_p
     uninterrupted 8-step run's."""
     vocab, files = vocabulary(tmp_path_factory), _text_files(tmp_path)
 
-    def train(name, steps):
-        proc = th.run([th.sys.executable, "-m", "t5lite.train",
-                       "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
-                       '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
-                       f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
-                       f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
-                       "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
-                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}"],
-                      cwd=tmp_path)
+    def argv(name, steps):
+        return ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
+                '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
+                f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
+                f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
+                "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
+                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}"]
+    # the three runs in one interpreter, one after another (th.run_mains)
+    runs = th.run_mains([argv("run", 4), argv("run", 8), argv("whole", 8)])
+    for proc in runs:
         assert proc.returncode == 0, th.describe(proc)
-        return proc
-    train("run", 4)
-    resumed = train("run", 8)
-    assert "start: resume:4 at step 4" in resumed.stderr
-    train("whole", 8)
+    assert "start: resume:4 at step 4" in runs[1].stderr
     th.assert_trees_equal(th.load_state(tmp_path / "run", 8)["params"],
                           th.load_state(tmp_path / "whole", 8)["params"], "params")
