@@ -20,26 +20,28 @@ def _params(model_dir, step):
 
 
 def test_a_drawn_seed_is_kept_and_a_resume_continues_exactly(tmp_path):
-    run_dir = tmp_path / "drawn"
-    first = th.run_train(run_dir, *COMMON, steps=2)
+    run_dir = tmp_path / "drawn"  # runs in pairs, each pair in one interpreter
+    first, resumed = th.run_mains([th.train_command(run_dir, *COMMON, steps=steps)[3:]
+                                   for steps in (2, 4)])
     assert first.returncode == 0, th.describe(first)
     drawn = SEED_LINE.search(first.stderr)
     assert drawn, th.tail(first.stderr)
     seed = int(drawn.group(1))
     assert json.loads((run_dir / "random_seed.json").read_text()) == {"random_seed": seed}
 
-    resumed = th.run_train(run_dir, *COMMON, steps=4)
     assert resumed.returncode == 0, th.describe(resumed)
     assert f"RANDOM_SEED=None: this run's seed is {seed}, drawn at its start" in resumed.stderr
     assert not SEED_LINE.search(resumed.stderr)
 
-    # the same seed given as an integer, uninterrupted: the same parameters, bit for bit
-    given = th.run_train(tmp_path / "given", *COMMON, f"--gin.RANDOM_SEED={seed}", steps=4)
+    # the same seed given as an integer, uninterrupted: the same parameters, bit for bit;
+    # and another seed (the one drawn plus one) trains another run
+    given, other = th.run_mains([
+        th.train_command(tmp_path / "given", *COMMON, f"--gin.RANDOM_SEED={seed}", steps=4)[3:],
+        th.train_command(tmp_path / "other", *COMMON, f"--gin.RANDOM_SEED={seed + 1}",
+                         steps=2)[3:]])
     assert given.returncode == 0, th.describe(given)
     th.assert_trees_equal(_params(run_dir, 4), _params(tmp_path / "given", 4), "parameters")
     assert th.scalars(run_dir)["loss"] == th.scalars(tmp_path / "given")["loss"]
-    # and another seed (the one drawn plus one) trains another run
-    other = th.run_train(tmp_path / "other", *COMMON, f"--gin.RANDOM_SEED={seed + 1}", steps=2)
     assert other.returncode == 0, th.describe(other)
     assert any(not np.array_equal(a, b) for a, b in zip(
         _params(run_dir, 2).values(), _params(tmp_path / "other", 2).values()))
