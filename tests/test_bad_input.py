@@ -130,42 +130,17 @@ WRONG_VALUES = {
     "Z_LOSS": ["'x'", "-1"],
 }
 
-_EVERY_MACRO = r"""
-import contextlib, io, json, shutil, sys
-from t5lite import train
-from t5lite.config import command
-from t5lite.errors import ConfigError
-cases, model_dir, base = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-for macro, value in cases:
-    shutil.rmtree(model_dir, ignore_errors=True)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            status = train.main(base + [f"--gin.{macro}={value}"])
-        except ConfigError as e:  # what command.run_main makes of it
-            print(f"error: {command.one_line(e)}", file=sys.stderr)
-            status = 2
-        except BaseException as e:
-            status = f"{type(e).__name__}: {e}"
-    print(json.dumps([macro, value, status, err.getvalue()]), flush=True)
-"""
-
-
 def test_every_run_macro_wrong_in_type_or_range_is_one_line(tmp_path):
     """All the cases run in one process (`train.main`, as the command runs it): each ends
     with one `error:` line, status 2 (1 for the run errors: no such checkpoint, a batch
     that does not split into the microbatches), and no traceback or stray exception."""
-    import json
-    import sys
     cases = [(m, v) for m, values in WRONG_VALUES.items() for v in values]
-    base = th.train_command(tmp_path / "run", steps=2)[3:]
-    proc = th.run([sys.executable, "-c", _EVERY_MACRO, json.dumps(cases), str(tmp_path / "run"),
-                   json.dumps(base)], cwd=th.REPO)
-    assert proc.returncode == 0, th.describe(proc)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
-    assert len(results) == len(cases)
+    runs = th.run_mains([th.train_command(tmp_path / f"run{i}", f"--gin.{macro}={value}",
+                                          steps=2)[3:]
+                         for i, (macro, value) in enumerate(cases)])
     bad = []
-    for macro, value, status, err in results:
+    for (macro, value), proc in zip(cases, runs):
+        status, err = proc.returncode, proc.stderr
         lines = th.error_lines(err)
         if status not in (1, 2) or len(lines) != 1 or "Traceback" in err or macro not in lines[0] \
                 and macro not in ("INITIAL_CHECKPOINT_PATH", "MIXTURE_OR_TASK_NAME"):

@@ -336,7 +336,7 @@ class SeqioIterator:
                         "afresh and skipping the %d batches consumed", changed, self.position)
             states = None
         self._saved = states if states and self.position else None
-        self._iterator = self._tf_iterators = None
+        self.close()  # the next batch starts from the state set
 
     @staticmethod
     def _check_position(position) -> int:
