@@ -399,30 +399,24 @@ def test_moe_macros_wrong_in_type_or_range_are_one_line(tmp_path):
     """The run macros of a mixture of experts (on the tiny Mixtral), each wrong, and an
     expert count the mesh's expert axis does not divide: one `error:` line each, naming
     the macro, status 2, no traceback (in one process, as test_bad_input's cases)."""
-    import json
-    import sys
     import train_helpers as th
-    from test_bad_input import _EVERY_MACRO
     cases = [(m, v) for m, values in MOE_WRONG.items() for v in values]
-    base = th.train_command(tmp_path / "run", steps=2)[3:]
-    base[0] = "--gin_file=configs/models/mixtral/tiny.gin"
-    base += ["--gin.TASK_FEATURE_LENGTHS={'targets': 16}"]
-    proc = th.run([sys.executable, "-c", _EVERY_MACRO, json.dumps(cases),
-                   str(tmp_path / "run"), json.dumps(base)], cwd=th.REPO)
-    assert proc.returncode == 0, th.describe(proc)
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
-    bad = [(m, v, s, e[-300:]) for m, v, s, e in results
-           if s != 2 or len(th.error_lines(e)) != 1 or "Traceback" in e
-           or m not in th.error_lines(e)[0]]
-    assert len(results) == len(cases) and not bad, bad
+
+    def argv(i, *extra):
+        return th.train_command(tmp_path / f"run{i}", "--gin.TASK_FEATURE_LENGTHS={'targets': 16}",
+                                *extra, model="mixtral", steps=2)[3:]
+
+    runs = th.run_mains([argv(i, f"--gin.{m}={v}") for i, (m, v) in enumerate(cases)])
+    bad = [(m, v, p.returncode, p.stderr[-300:]) for (m, v), p in zip(cases, runs)
+           if p.returncode != 2 or len(th.error_lines(p.stderr)) != 1
+           or "Traceback" in p.stderr or m not in th.error_lines(p.stderr)[0]]
+    assert not bad, bad
     # 6 experts over an expert axis of 4 (8 devices: data 2 x expert 4)
-    proc = th.run([sys.executable, "-c", _EVERY_MACRO, json.dumps([("NUM_EXPERTS", "6")]),
-                   str(tmp_path / "run"), json.dumps(base + ["--gin.ICI_MESH_SHAPE=[2,1,1,4]"])],
-                  cwd=th.REPO, devices=8)
-    (_, _, status, err), = [json.loads(line) for line in proc.stdout.splitlines()
-                            if line.startswith("[")]
-    lines = th.error_lines(err)
-    assert status in (1, 2) and len(lines) == 1 and "Traceback" not in err, err[-500:]
+    proc, = th.run_mains([argv("e", "--gin.NUM_EXPERTS=6", "--gin.ICI_MESH_SHAPE=[2,1,1,4]")],
+                         devices=8)
+    lines = th.error_lines(proc.stderr)
+    assert proc.returncode in (1, 2) and len(lines) == 1 and "Traceback" not in proc.stderr, \
+        proc.stderr[-500:]
     assert "NUM_EXPERTS=6 does not divide over the mesh's expert axis of 4" in lines[0]
 
 

@@ -34,6 +34,7 @@ MODEL_FILES = {
     "t5": "configs/models/t5_1_1/tiny.gin",
     "gpt": "configs/models/gpt/tiny.gin",
     "llama": "configs/models/llama2/tiny.gin",
+    "mixtral": "configs/models/mixtral/tiny.gin",
 }
 SYNTHETIC = "configs/synthetic_pretrain.gin"
 SMALL_FEATURES = "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}"
