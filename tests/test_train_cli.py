@@ -201,7 +201,7 @@ def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
 # ----------------------------------------------------------------------------- 3. SIGTERM
 
 
-SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD = 40, 5
+SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD = 60, 5
 
 
 def _signal_run(tmp_path):
@@ -214,44 +214,90 @@ def _signal_run(tmp_path):
     return model_dir, log, cmd
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,sig", [("SIGTERM", signal.SIGTERM), ("Ctrl-C", signal.SIGINT),
-                                      ("SIGHUP", signal.SIGHUP)])
-def test_sigterm_or_ctrl_c_saves_the_current_step_and_exits_cleanly(tmp_path, name, sig):
-    """SIGTERM (a scheduler's preemption) and a first Ctrl-C: the step is saved, the exit
-    is clean (status 0, no traceback), and the same command resumes from it."""
-    steps, period = SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD
-    model_dir, log, cmd = _signal_run(tmp_path)
+def _interrupted(cmd, log, model_dir, start, until, signals):
+    """Start `cmd` (resuming at `start`, 0: a new run), wait until `until(logged steps,
+    complete steps)` holds, then send `signals` one after another (each once the run
+    printed the line that answers the one before). Returns (exit status, log text)."""
     proc = th.start(cmd, log)
     try:
-        th.wait_for(lambda: th.complete_steps(model_dir), "the first checkpoint", proc=proc,
+        th.wait_for(lambda: until(th.logged_steps(th.read_log(log)),
+                                  th.complete_steps(model_dir)),
+                    f"the point to signal the run resumed at {start}", proc=proc,
                     log_path=log)
-        first = th.complete_steps(model_dir)[0]
-        assert first == period
-        # a couple of steps past it, so that the stop step is not a periodic one
-        th.wait_for(lambda: max(th.logged_steps(th.read_log(log)) or [0]) >= first + 2,
-                    f"step {first + 2}", proc=proc, log_path=log)
-        proc.send_signal(sig)
+        proc.send_signal(signals[0])
+        if len(signals) > 1:
+            th.wait_for(lambda: "Ctrl-C: saving this step" in th.read_log(log),
+                        "the first Ctrl-C's line", proc=proc, log_path=log, poll=0.005)
+            proc.send_signal(signals[1])
         rc = th.finish(proc)
     finally:
         th.kill(proc)
-    text = th.read_log(log)
-    assert rc == 0, th.tail(text)
-    assert "Traceback" not in text and not th.error_lines(text), th.tail(text)
-    assert ("Ctrl-C: saving this step, then exiting" in text) == (name == "Ctrl-C"), text
-    m = re.search(rf"{name}: saved step (\d+); exiting", text)
-    assert m, th.tail(text)
-    stopped = int(m.group(1))
-    assert first < stopped < steps, (first, stopped)
-    assert th.logged_steps(text)[-1] == stopped
-    assert th.complete_steps(model_dir)[-1] == stopped
-    assert th.data_step(model_dir, stopped) == stopped
-    assert int(th.load_state(model_dir, stopped)["step"]) == stopped
+    return rc, th.read_log(log)
+
+
+@pytest.mark.slow
+def test_sigterm_ctrl_c_and_sighup_save_the_current_step_and_the_same_command_resumes(
+        tmp_path):
+    """One run's life under stop signals. SIGTERM (a scheduler's preemption), then on the
+    resumed run a first Ctrl-C, then SIGHUP (its terminal closed): each time the step is
+    saved, the exit is clean (status 0, no traceback), and the same command resumes from
+    it, logging every step after it. Then a second Ctrl-C while the first one's step is
+    being saved: stopped at once (130, one line), every checkpoint saved before it kept
+    and restorable. The same command then finishes the run, its data position at the
+    last step. (Four tests before, each with its own run and resume.)"""
+    steps, period = SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD
+    model_dir, log, cmd = _signal_run(tmp_path)
+    start = 0
+    for i, (name, sig) in enumerate([("SIGTERM", signal.SIGTERM), ("Ctrl-C", signal.SIGINT),
+                                     ("SIGHUP", signal.SIGHUP)]):
+        # a checkpoint committed and a couple of steps past it (the first run: the first
+        # periodic one), so that the stop step is not a periodic one
+        def until(logged, saved, start=start):
+            past = [s for s in saved if s > start]
+            return bool(past) and max(logged or [0]) >= past[0] + 2
+        rc, text = _interrupted(cmd, tmp_path / f"{i}.log", model_dir, start, until, [sig])
+        assert rc == 0, th.tail(text)
+        assert "Traceback" not in text and not th.error_lines(text), th.tail(text)
+        if start:
+            assert f"start: resume:{start} at step {start}" in text, th.tail(text)
+        else:
+            assert th.complete_steps(model_dir)[0] == period
+        assert ("Ctrl-C: saving this step, then exiting" in text) == (name == "Ctrl-C"), text
+        m = re.search(rf"{name}: saved step (\d+); exiting", text)
+        assert m, th.tail(text)
+        stopped = int(m.group(1))
+        # stopped past a periodic checkpoint of this run, before the end
+        periodic = [s for s in th.complete_steps(model_dir) if start < s < stopped]
+        assert periodic and all(s % period == 0 for s in periodic), (start, stopped)
+        assert stopped < steps, (start, stopped)
+        assert th.logged_steps(text) == list(range(start + 1, stopped + 1)), th.tail(text)
+        assert th.complete_steps(model_dir)[-1] == stopped
+        assert th.data_step(model_dir, stopped) == stopped
+        assert int(th.load_state(model_dir, stopped)["step"]) == stopped
+        start = stopped
+
+    # a second Ctrl-C. The next periodic checkpoint saves in the background: wait until it
+    # is committed, so that it is one "saved before" the Ctrl-Cs (a save still in flight
+    # is abandoned by the second Ctrl-C, as docs/checkpoints.md says)
+    periodic = (start // period + 1) * period
+    before = th.complete_steps(model_dir) + [periodic]
+    rc, text = _interrupted(
+        cmd, tmp_path / "twice.log", model_dir, start,
+        lambda logged, saved: periodic in saved and max(logged or [0]) >= periodic + 2,
+        [signal.SIGINT, signal.SIGINT])
+    assert rc == 130, th.tail(text)
+    assert "Traceback" not in text, th.tail(text)
+    assert th.error_lines(text) == ["error: Ctrl-C again: stopped at once, without saving "
+                                    "this step; the checkpoints saved before it are kept"]
+    saved = th.complete_steps(model_dir)
+    assert saved[:len(before)] == before, (saved, before)
+    for step in saved:  # every step that counts as saved restores
+        assert int(th.load_state(model_dir, step)["step"]) == step
 
     again = th.run(cmd)
     assert again.returncode == 0, th.describe(again)
-    assert f"start: resume:{stopped} at step {stopped}" in again.stderr, th.describe(again)
-    assert th.logged_steps(again.stderr) == list(range(stopped + 1, steps + 1))
+    assert f"start: resume:{saved[-1]} at step {saved[-1]}" in again.stderr, th.describe(again)
+    assert th.logged_steps(again.stderr) == list(range(saved[-1] + 1, steps + 1))
     assert th.complete_steps(model_dir)[-1] == steps
     assert th.data_step(model_dir, steps) == steps
 
@@ -272,40 +318,6 @@ def test_a_signal_the_process_ignores_stays_ignored():
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-
-
-def test_a_second_ctrl_c_stops_at_once_and_keeps_the_saved_checkpoints(tmp_path):
-    steps, period = SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD
-    model_dir, log, cmd = _signal_run(tmp_path)
-    proc = th.start(cmd, log)
-    try:
-        th.wait_for(lambda: max(th.logged_steps(th.read_log(log)) or [0]) >= period + 2,
-                    f"step {period + 2}", proc=proc, log_path=log)
-        # the step-`period` checkpoint saves in the background: wait until it is
-        # committed, so that it is one "saved before" the Ctrl-Cs (a save still in
-        # flight is abandoned by the second Ctrl-C, as docs/checkpoints.md says)
-        th.wait_for(lambda: period in th.complete_steps(model_dir),
-                    f"checkpoint {period} committed", proc=proc, log_path=log)
-        proc.send_signal(signal.SIGINT)
-        th.wait_for(lambda: "Ctrl-C: saving this step" in th.read_log(log),
-                    "the first Ctrl-C's line", proc=proc, log_path=log, poll=0.005)
-        proc.send_signal(signal.SIGINT)  # while that step is being finished and saved
-        rc = th.finish(proc)
-    finally:
-        th.kill(proc)
-    text = th.read_log(log)
-    assert rc == 130, th.tail(text)
-    assert "Traceback" not in text, th.tail(text)
-    assert th.error_lines(text) == ["error: Ctrl-C again: stopped at once, without saving "
-                                    "this step; the checkpoints saved before it are kept"]
-    saved = th.complete_steps(model_dir)
-    assert saved and saved[0] == period, saved
-    for step in saved:  # every step that counts as saved restores
-        assert int(th.load_state(model_dir, step)["step"]) == step
-    again = th.run(cmd)
-    assert again.returncode == 0, th.describe(again)
-    assert f"start: resume:{saved[-1]} at step {saved[-1]}" in again.stderr, th.describe(again)
-    assert th.complete_steps(model_dir)[-1] == steps
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line():

@@ -141,8 +141,8 @@ _MAINS = r"""
 import contextlib, importlib, io, json, sys, traceback
 from t5lite.config import command
 from t5lite.errors import ConfigError
-main = importlib.import_module(sys.argv[1]).main
-for argv in json.loads(sys.argv[2]):
+for module, argv in json.loads(sys.argv[1]):
+    main = importlib.import_module(module).main
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
@@ -159,13 +159,20 @@ for argv in json.loads(sys.argv[2]):
 """
 
 
-def run_mains(argvs: Sequence[Sequence[str]], devices: int = 1, module: str = "t5lite.train",
-              timeout: float = DEFAULT_TIMEOUT) -> List[subprocess.CompletedProcess]:
-    """Each argv (without `python -m module`) run by `module.main` in one interpreter;
-    a CompletedProcess per argv (its returncode the status the command would exit with,
-    its stderr that run's), so `assert_one_error` reads them as it reads a subprocess."""
-    proc = run([sys.executable, "-c", _MAINS, module, json.dumps([list(a) for a in argvs])],
-               devices=devices, timeout=timeout)
+def run_mains(argvs: Sequence[Sequence[str]], devices: int = 1,
+              module: Union[str, Sequence[str]] = "t5lite.train",
+              timeout: float = DEFAULT_TIMEOUT, cwd: Optional[PathLike] = None,
+              extra_env: Optional[Mapping[str, str]] = None
+              ) -> List[subprocess.CompletedProcess]:
+    """Each argv (without `python -m module`) run by `module.main` in one interpreter, in
+    order (`module`: one for all, or one per argv: train, then eval, then infer); a
+    CompletedProcess per argv (its returncode the status the command would exit with, its
+    stderr that run's), so `assert_one_error` reads them as it reads a subprocess."""
+    modules = [module] * len(argvs) if isinstance(module, str) else list(module)
+    assert len(modules) == len(argvs), (modules, argvs)
+    proc = run([sys.executable, "-c", _MAINS,
+                json.dumps([[m, list(a)] for m, a in zip(modules, argvs)])],
+               devices=devices, timeout=timeout, cwd=cwd, extra_env=extra_env)
     runs = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("RUN ")]
     assert proc.returncode == 0 and len(runs) == len(argvs), describe(proc)
     return [subprocess.CompletedProcess(argv, status, "", err)
