@@ -102,3 +102,23 @@ def test_every_layer_gets_its_own_draw_at_the_initializers_scale(name, cfg):
         assert np.abs(kernel).max() <= 2.0 / np.sqrt(48) * 1.0001 * 0.87962566103423978 ** -1
     norms = [np.asarray(layer["pre_mlp_layer_norm"]["scale"]) for layer in layers]
     assert all(np.array_equal(n, np.ones(32)) for n in norms)
+
+
+def test_logical_axes_are_traced_once_per_config_and_each_caller_gets_its_own_tree(
+        monkeypatch):
+    """A run asks for its model's axis names several times (optimizer, step, checkpoint):
+    the network is traced for them once per config, and what one caller changes in its
+    tree is not seen by the next."""
+    model, fresh = _model(LLAMA), _model(LLAMA).logical_axes()
+    traced = []
+    original = type(model).init_boxed
+    monkeypatch.setattr(type(model), "init_boxed",
+                        lambda self, *a, **k: traced.append(1) or original(self, *a, **k))
+    first = model.logical_axes()
+    first["params"].clear()
+    second = model.logical_axes()
+    assert len(traced) == 1 and second["params"], second
+    assert second == fresh
+    model.config = dataclasses.replace(LLAMA, num_layers=4)
+    model.logical_axes()
+    assert len(traced) == 2  # another config: traced again

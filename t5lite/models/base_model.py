@@ -167,9 +167,14 @@ class BaseModel:
         return nn.meta.unbox(boxed)
 
     def logical_axes(self) -> Dict[str, Any]:
-        """Tree of logical axis-name tuples (PartitionSpec of names), one per variable."""
-        boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0)))
-        return nn.get_partition_spec(boxed)
+        """Tree of logical axis-name tuples (PartitionSpec of names), one per variable.
+        Traced once per config (a run asks for it several times: its optimizer's plan,
+        the step's shardings, the checkpoint's); each call gets its own dicts."""
+        cached = getattr(self, "_logical_axes", None)
+        if cached is None or cached[0] is not self.config:
+            boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0)))
+            cached = self._logical_axes = (self.config, nn.get_partition_spec(boxed))
+        return _copy_dicts(cached[1])
 
     # -- training -------------------------------------------------------------------
     def split_trainable(self, tree: Mapping[str, Any]) -> Tuple[Any, Dict[str, Any]]:
@@ -325,3 +330,10 @@ class BaseModel:
         """Token lists -> the numpy batch `predict_batch` (no targets) or `score_batch`
         (with targets) reads (`t5lite.models.features`)."""
         raise NotImplementedError
+
+
+def _copy_dicts(tree):
+    """`tree` with every Mapping node copied into a new dict (the leaves shared)."""
+    if isinstance(tree, Mapping):
+        return {k: _copy_dicts(v) for k, v in tree.items()}
+    return tree
