@@ -122,17 +122,9 @@ def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
     common = ("--gin.CHECKPOINT_PERIOD=4", "--gin.KEEP_CHECKPOINTS=None",
               "--gin.ACTIVATION_DTYPE='float32'")
 
-    def one(model_dir, steps, tag):
-        cmd = _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
-                   f"--gin.TRAIN_STEPS={steps}", "--gin.DATA_SHARDS=2", *common)
-        proc = th.start(cmd, tmp_path / f"{tag}.log", devices=1)
-        try:
-            rc = th.finish(proc)
-        finally:
-            th.kill(proc)
-        log = th.read_log(tmp_path / f"{tag}.log")
-        assert rc == 0, th.tail(log)
-        return [log]
+    def one(model_dir, steps):
+        return _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
+                    f"--gin.TRAIN_STEPS={steps}", "--gin.DATA_SHARDS=2", *common)[3:]
 
     def pair(model_dir, steps, tag):
         port, procs = th.free_port(), []
@@ -152,15 +144,19 @@ def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
         assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
         return logs
 
-    one(tmp_path / "whole", 8, "whole")
     pair(tmp_path / "shrunk", 4, "shrunk_first")
     item = tmp_path / "shrunk" / "checkpoints" / "4" / "data_iterator"
     assert sorted(p.name for p in item.glob("shard_*")) == [  # a shard each, with its SHA-256
         "shard_00000-of-00002.process_00000", "shard_00000-of-00002.process_00000.sha256",
         "shard_00001-of-00002.process_00001", "shard_00001-of-00002.process_00001.sha256"]
-    shrunk = one(tmp_path / "shrunk", 8, "shrunk_second")
+    # the two one-process runs (the uninterrupted one, the shrunk one's second half) one
+    # after the other in one interpreter (th.run_mains)
+    ran = th.run_mains([one(tmp_path / "whole", 8), one(tmp_path / "shrunk", 8)],
+                       cwd=tmp_path)
+    for proc in ran:
+        assert proc.returncode == 0, th.describe(proc)
     assert "data: continuing at batch 4 from the saved iterator state of 2 shard(s)" in \
-        shrunk[0], shrunk[0][-3000:]
+        ran[1].stderr, ran[1].stderr[-3000:]
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "4",  # one process's step 4
                     tmp_path / "grown" / "checkpoints" / "4")
     shutil.copy(tmp_path / "whole" / "config.gin", tmp_path / "grown" / "config.gin")
