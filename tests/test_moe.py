@@ -213,10 +213,21 @@ def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=()):
     return jax.device_get(metrics), jax.device_get(state), state
 
 
+_ONE_DEVICE = {}
+
+
+def _one_device_run(routing):
+    """One step of MOE (with `routing`) on one device, run once for the module: the
+    reference of the mesh and microbatch tests and the base of the router-loss test."""
+    if routing not in _ONE_DEVICE:
+        cfg = dataclasses.replace(MOE, routing=routing)
+        _ONE_DEVICE[routing] = (cfg, _run(cfg, (1, 1, 1)))
+    return _ONE_DEVICE[routing]
+
+
 @pytest.fixture(scope="module", params=["capacity", "dropless"])
 def one_device(request):
-    cfg = dataclasses.replace(MOE, routing=request.param)
-    return cfg, _run(cfg, (1, 1, 1))
+    return _one_device_run(request.param)
 
 
 def _assert_same(run, ref):
@@ -276,7 +287,8 @@ def test_microbatches_match_whole_batch(one_device):
 def test_router_losses_reach_the_gradient():
     """With the router's losses weighted up, the router's update changes (and only its
     and the layers' below it): the objective really holds them."""
-    base = _run(MOE, (1, 1, 1))
+    cfg, base = _one_device_run("capacity")
+    assert cfg == MOE  # MOE's own routing: the step the mesh tests compare against
     heavy = _run(dataclasses.replace(MOE, router_aux_loss=10.0), (1, 1, 1))
     np.testing.assert_allclose(heavy[0]["loss"], base[0]["loss"], rtol=1e-6)
     router = lambda r: np.asarray(r[1].params["params"]["decoder"]["layers_1"]["mlp"]
@@ -515,38 +527,57 @@ def test_the_expert_axis_moves_tokens_with_all_to_all():
 
 # ----------------------------------------------------------------------------- a run
 
-@pytest.mark.parametrize("gin_file,lengths,layer_stat,devices", [
-    ("configs/models/glam/tiny.gin", "{'targets': 16}", "moe/dropped_fraction/layer_2", 8),
-    ("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
-     "moe/dropped_fraction/encoder/layer_1", 8),
-    ("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
-     "moe/dropped_fraction/decoder/layer_1", 1)])
-def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, gin_file, lengths,
-                                                       layer_stat, devices):
+RESUME_RUNS = {  # devices: [(gin_file, feature lengths, a router statistic logged)]
+    8: [("configs/models/glam/tiny.gin", "{'targets': 16}", "moe/dropped_fraction/layer_2"),
+        ("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
+         "moe/dropped_fraction/encoder/layer_1")],
+    1: [("configs/models/switch/tiny.gin", "{'inputs': 16, 'targets': 16}",
+         "moe/dropped_fraction/decoder/layer_1")]}
+
+
+@pytest.mark.parametrize("devices", [8, 1])
+def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     """`python -m t5lite.train` on the tiny GLaM (decoder-only) and the tiny Switch T5
     (capacity routing, dense and sparse layers) over data 2 x expert 4 (and the Switch on
     one device): 4 steps saved at 2 and 4; a second run, from a copy holding only
     step 2, resumes there and ends at step 4 with the very same state, and the log line
-    shows the routers' statistics."""
+    shows the routers' statistics.
+
+    On 8 devices the GLaM's and the Switch's first runs share one interpreter
+    (th.run_mains), and so do their second runs; on one device the Switch's two runs are
+    real subprocesses."""
     import shutil
     import train_helpers as th
     mesh = "[2, 1, 1, 4]" if devices == 8 else "[1, 1, 1, 1]"
-    args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
-            "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
-            "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
-    cmd = th.train_command(tmp_path / "a", *args, steps=4)
-    cmd[3] = f"--gin_file={gin_file}"
-    first = th.run(cmd, devices=devices, cwd=th.REPO)
-    assert first.returncode == 0, th.describe(first)
-    assert th.complete_steps(tmp_path / "a") == [2, 4]
-    assert layer_stat in first.stderr and "moe/aux_loss" in first.stderr
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
-    shutil.rmtree(th.checkpoints_dir(tmp_path / "b") / "4")
-    second = th.run([c.replace(str(tmp_path / "a"), str(tmp_path / "b")) for c in cmd],
-                    devices=devices, cwd=th.REPO)
-    assert second.returncode == 0, th.describe(second)
-    assert "start: resume:2 at step 2" in second.stderr, th.describe(second)
-    a, b = th.flat(th.load_state(tmp_path / "a", 4)), th.flat(th.load_state(tmp_path / "b", 4))
-    assert a.keys() == b.keys() and any("mlp']['router" in k for k in a)
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    cmds = []
+    for i, (gin_file, lengths, _) in enumerate(RESUME_RUNS[devices]):
+        args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
+                "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
+                "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
+        cmd = th.train_command(tmp_path / f"a{i}", *args, steps=4)
+        cmd[3] = f"--gin_file={gin_file}"
+        cmds.append(cmd)
+
+    def run_all(cmds):
+        if devices == 1:
+            return [th.run(cmd, devices=devices, cwd=th.REPO) for cmd in cmds]
+        return th.run_mains([cmd[3:] for cmd in cmds], devices=devices,
+                            timeout=len(cmds) * th.DEFAULT_TIMEOUT)
+
+    firsts = run_all(cmds)
+    for i, ((_, _, layer_stat), first) in enumerate(zip(RESUME_RUNS[devices], firsts)):
+        assert first.returncode == 0, th.describe(first)
+        assert th.complete_steps(tmp_path / f"a{i}") == [2, 4]
+        assert layer_stat in first.stderr and "moe/aux_loss" in first.stderr
+        shutil.copytree(tmp_path / f"a{i}", tmp_path / f"b{i}")
+        shutil.rmtree(th.checkpoints_dir(tmp_path / f"b{i}") / "4")
+    seconds = run_all([[c.replace(str(tmp_path / f"a{i}"), str(tmp_path / f"b{i}"))
+                        for c in cmd] for i, cmd in enumerate(cmds)])
+    for i, second in enumerate(seconds):
+        assert second.returncode == 0, th.describe(second)
+        assert "start: resume:2 at step 2" in second.stderr, th.describe(second)
+        a = th.flat(th.load_state(tmp_path / f"a{i}", 4))
+        b = th.flat(th.load_state(tmp_path / f"b{i}", 4))
+        assert a.keys() == b.keys() and any("mlp']['router" in k for k in a)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
