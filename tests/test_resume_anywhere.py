@@ -12,10 +12,10 @@ file of 2-row groups, a one-member .jsonl.gz.
                     shuffled, one shard, each of two shards (whole files), a shard of
                     records (more shards than files); the in-memory source too
     pipeline level  every batch k of span corruption, packed and unpacked, one process
-                    and process 1 of two, a mixture, and of text_span_corruption and text_lm on
-                    TEXT_FILES of the other formats; saved states whose reader is inside
-                    each file (Pile shards, then the other formats), over more than two
-                    passes
+                    and process 1 of two, a mixture, and of text_span_corruption and
+                    text_lm on TEXT_FILES of the other formats; saved states whose reader
+                    is inside each file (Pile shards, then the other formats), over more
+                    than two passes
 
 Each restore builds the stream anew and first closes every file any reader pool holds
 open, as a new process would start: in one process a restored pipeline was seen reading
