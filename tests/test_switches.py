@@ -69,6 +69,35 @@ def reference(request):
     return cfg, params
 
 
+_COMPUTED = {}
+
+
+def _ref_logits(reference, packed, **changes):
+    """The logits of the reference parameters under the reference config (with `changes`)
+    on batch_for(cfg, packed): computed once a module for each config and batch, and
+    read by every test that compares against them."""
+    cfg, params = reference
+    cfg = dataclasses.replace(cfg, **changes)
+    key = ("logits", cfg, packed)
+    if key not in _COMPUTED:
+        _COMPUTED[key] = make_model(cfg).logits(params, batch_for(cfg, packed))
+    return _COMPUTED[key]
+
+
+def _base_loss_and_grads(cfg, packed=False):
+    """value_and_grad of `cfg`'s loss at its init (PRNGKey(0)) parameters on
+    batch_for(cfg, packed): computed once a module for each config and batch (the
+    reference of the remat policies and of the lengths mask)."""
+    key = ("grads", cfg, packed)
+    if key not in _COMPUTED:
+        model = make_model(cfg)
+        params = model.init(jax.random.PRNGKey(0))
+        batch = batch_for(cfg, packed)
+        _COMPUTED[key] = (params, jax.value_and_grad(lambda p: model.loss_fn(p, batch)[0])(
+            params))
+    return _COMPUTED[key]
+
+
 def _layout_cases():
     """All 8 switch combinations on an unpacked batch; on a packed batch the two extreme
     combinations by default and the rest under `slow`."""
@@ -85,7 +114,7 @@ def _layout_cases():
 def test_layout_switches_same_logits(reference, fuse, transpose, scan, packed):
     cfg, params = reference
     batch = batch_for(cfg, packed)
-    expected = make_model(cfg).logits(params, batch)
+    expected = _ref_logits(reference, packed)
     cfg2 = dataclasses.replace(cfg, fuse_qkv=fuse, transpose_bs=transpose, scan_layers=scan)
     params2 = layouts.convert_params(params, cfg, cfg2)
     model2 = make_model(cfg2)
@@ -121,8 +150,9 @@ def test_gemms_that_read_one_input_read_a_chain_of_views_of_it(name, cfg, monkey
     """Each self-attention's q / k / v projections read three views of the norm's output
     (two taps), and T5's decoder layers, unrolled, read the encoder output as one chain of
     two views a layer (2 * layers - 1 taps): `layers.gemm_input_views` (why:
-    tests/test_gpu_compile.py). The loss and the gradients are those of plain reads."""
-    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    tests/test_gpu_compile.py). The loss and the gradients are those of plain reads (the
+    tapped ones are the module's shared _base_loss_and_grads, taken with the taps on)."""
+    params, (value, grads) = _base_loss_and_grads(cfg)
     batch = batch_for(cfg)
 
     def loss(p):
@@ -137,7 +167,6 @@ def test_gemms_that_read_one_input_read_a_chain_of_views_of_it(name, cfg, monkey
     else:
         expected = 2 * cfg.num_layers
     assert taps() == expected
-    value, grads = jax.value_and_grad(lambda p: loss(p))(params)
     monkeypatch.setattr(model_layers, "_gradient_tap", lambda x: x)
     assert taps() == 0
     plain_value, plain_grads = jax.value_and_grad(lambda p: loss(p))(params)
@@ -158,10 +187,11 @@ def _remat_cases():
 
 @pytest.mark.parametrize("cfg,policy", list(_remat_cases()))
 def test_remat_policies_same_loss_and_grads(cfg, policy):
-    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    """The policy's loss and gradients against those without remat (computed once for the
+    four policies of a family: _base_loss_and_grads)."""
+    params, (loss, grads) = _base_loss_and_grads(cfg)
     batch = batch_for(cfg)
-    model, model2 = make_model(cfg), make_model(dataclasses.replace(cfg, remat_policy=policy))
-    loss, grads = jax.value_and_grad(lambda p: model.loss_fn(p, batch)[0])(params)
+    model2 = make_model(dataclasses.replace(cfg, remat_policy=policy))
     loss2, grads2 = jax.value_and_grad(lambda p: model2.loss_fn(p, batch)[0])(params)
     np.testing.assert_allclose(loss2, loss, rtol=1e-6)
     # recomputation reorders float32 sums: agreement to ~1e-6 relative
@@ -186,7 +216,7 @@ def test_remat_full_recomputes(reference):
 def test_jax_nn_attention_implementation_same_logits(reference):
     cfg, params = reference
     batch = batch_for(cfg, packed=True)
-    expected = make_model(cfg).logits(params, batch)
+    expected = _ref_logits(reference, True)
     for transpose in (False, True):
         cfg2 = dataclasses.replace(cfg, attention_impl="dot_product", transpose_bs=transpose)
         np.testing.assert_allclose(make_model(cfg2).logits(params, batch), expected, atol=1e-5)
@@ -206,9 +236,8 @@ def test_dropout_only_with_rng():
 
 def test_bf16_compute_close_to_float32(reference):
     cfg, params = reference
-    batch = batch_for(cfg)
-    f32 = make_model(cfg).logits(params, batch)
-    bf16 = make_model(dataclasses.replace(cfg, dtype="bfloat16")).logits(params, batch)
+    f32 = _ref_logits(reference, False)
+    bf16 = _ref_logits(reference, False, dtype="bfloat16")
     assert bf16.dtype == jnp.float32
     scale = float(jnp.max(jnp.abs(f32)))
     err = float(jnp.max(jnp.abs(bf16 - f32)))
@@ -265,7 +294,7 @@ def test_attention_mask_as_lengths_same_logits(reference, impl, packed):
     causal flag when nothing is packed) computes the dense mask's function."""
     cfg, params = reference
     batch = batch_for(cfg, packed)
-    expected = np.asarray(make_model(cfg).logits(params, batch))
+    expected = np.asarray(_ref_logits(reference, packed))
     cfg2 = dataclasses.replace(cfg, attention_impl=impl, attention_mask="lengths")
     got = np.asarray(make_model(cfg2).logits(params, batch))
     valid = _valid(cfg, batch)
@@ -275,10 +304,9 @@ def test_attention_mask_as_lengths_same_logits(reference, impl, packed):
 @pytest.mark.parametrize("cfg,packed", [(T5_TINY, False), (GPT_TINY, True)],
                          ids=["t5_padded", "gpt_packed"])
 def test_attention_mask_as_lengths_same_loss_and_grads(cfg, packed):
-    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    params, (loss, grads) = _base_loss_and_grads(cfg, packed)  # t5 padded: remat's base too
     batch = batch_for(cfg, packed)
     cfg2 = dataclasses.replace(cfg, attention_impl="dot_product", attention_mask="lengths")
-    loss, grads = jax.value_and_grad(lambda p: make_model(cfg).loss_fn(p, batch)[0])(params)
     loss2, grads2 = jax.value_and_grad(lambda p: make_model(cfg2).loss_fn(p, batch)[0])(params)
     np.testing.assert_allclose(loss2, loss, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
@@ -347,7 +375,7 @@ def test_bfloat16_attention_logits_close_and_no_float32_scores(reference):
     cfg, params = reference
     batch = batch_for(cfg)
     bf16 = dataclasses.replace(cfg, dtype="bfloat16")
-    f32_scores = np.asarray(make_model(bf16).logits(params, batch))
+    f32_scores = np.asarray(_ref_logits(reference, False, dtype="bfloat16"))
     cfg2 = dataclasses.replace(bf16, attention_logits_dtype="bfloat16")
     got = np.asarray(make_model(cfg2).logits(params, batch))
     scale, err = np.abs(f32_scores).max(), np.abs(got - f32_scores).max()
