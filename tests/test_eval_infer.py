@@ -11,6 +11,7 @@ cases run as subprocesses to check stderr and the exit status.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -93,13 +94,17 @@ def _vocab(setup):
 
 
 def _direct_predict(setup, texts):
-    """predict_batch on one unpadded batch (no mesh), detokenized."""
-    vocab = _vocab(setup)
-    ids = [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
-    batch = features.encdec_features(ids, LENGTHS)
-    tokens = setup["model"].predict_batch(setup["variables"], batch,
-                                          max_decode_length=LENGTHS["targets"])
-    return [features.decode_tokens(vocab, row) for row in np.asarray(tokens)]
+    """predict_batch on one unpadded batch (no mesh), detokenized; computed once a module
+    for each list of texts (the MultiNLI dev inputs, the 13 lines of _write_inputs)."""
+    cache = setup.setdefault("direct", {})
+    if tuple(texts) not in cache:
+        vocab = _vocab(setup)
+        ids = [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts]
+        batch = features.encdec_features(ids, LENGTHS)
+        tokens = setup["model"].predict_batch(setup["variables"], batch,
+                                              max_decode_length=LENGTHS["targets"])
+        cache[tuple(texts)] = [features.decode_tokens(vocab, row) for row in np.asarray(tokens)]
+    return list(cache[tuple(texts)])
 
 
 def _mnli_dev(setup):
@@ -195,10 +200,21 @@ def _write_inputs(tmp_path, n=13):
     return texts, targets, txt, jl
 
 
-def test_infer_predict_text_file_matches_predict_batch(setup, tmp_path):
-    texts, _, txt, _ = _write_inputs(tmp_path)
-    out = tmp_path / "out"
-    assert _infer(setup, out, f'--gin.INPUT_FILE="{txt}"') == 0
+def _text_infer(setup):
+    """(texts, targets, text file, jsonl file, OUTPUT_DIR): the 13 inputs of _write_inputs
+    and infer's predictions of the text file, run once for the module; the tests that
+    read it (or copy from it) share the run."""
+    if "text_infer" not in setup:
+        root = setup["root"] / "text_infer"
+        root.mkdir(exist_ok=True)
+        texts, targets, txt, jl = _write_inputs(root)
+        assert _infer(setup, root / "full", f'--gin.INPUT_FILE="{txt}"') == 0
+        setup["text_infer"] = (texts, targets, txt, jl, root / "full")
+    return setup["text_infer"]
+
+
+def test_infer_predict_text_file_matches_predict_batch(setup):
+    texts, _, _, _, out = _text_infer(setup)
     rows = _read_jsonl(out / "predictions.jsonl")
     assert [r["inputs"] for r in rows] == texts
     assert [r["prediction"] for r in rows] == _direct_predict(setup, texts)
@@ -276,9 +292,8 @@ def test_infer_task_split(setup, tmp_path):
 
 
 def test_infer_resumes_after_a_truncated_file(setup, tmp_path):
-    _, _, txt, _ = _write_inputs(tmp_path)
-    full = tmp_path / "full"
-    assert _infer(setup, full, f'--gin.INPUT_FILE="{txt}"') == 0
+    """The uninterrupted run is the module's shared one (_text_infer)."""
+    _, _, txt, _, full = _text_infer(setup)
     expected = (full / "predictions.jsonl").read_text()
     lines = expected.splitlines(keepends=True)
     assert len(lines) == 13
@@ -296,15 +311,14 @@ def test_infer_resumes_after_a_truncated_file(setup, tmp_path):
 
 
 def test_infer_refuses_to_extend_another_jobs_predictions(setup, tmp_path, capsys):
-    texts, _, txt, jl = _write_inputs(tmp_path)
+    """The crashed job's lines and record come from the module's shared run (_text_infer)."""
+    _, _, txt, jl, full = _text_infer(setup)
     out = tmp_path / "out"
     (out).mkdir()
     # a crashed job over the text file: 5 lines written
-    assert _infer(setup, tmp_path / "full", f'--gin.INPUT_FILE="{txt}"') == 0
-    lines = (tmp_path / "full" / "predictions.jsonl").read_text().splitlines(keepends=True)
+    lines = (full / "predictions.jsonl").read_text().splitlines(keepends=True)
     (out / "predictions.jsonl").write_text("".join(lines[:5]))
-    (out / "predictions.job.json").write_text(
-        (tmp_path / "full" / "predictions.job.json").read_text())
+    (out / "predictions.job.json").write_text((full / "predictions.job.json").read_text())
     before = (out / "predictions.jsonl").read_text()
     capsys.readouterr()
     for flags, word in [([f'--gin.INPUT_FILE="{jl}"'], "input_file"),
@@ -365,32 +379,47 @@ def test_complete_lines_cuts_a_partial_line(tmp_path):
 # ----------------------------------------------------------------------------- errors
 
 
-def _cli(module, setup, tmp_path, *extra):
+def _cli_argv(module, setup, out, *extra):
+    """argv of `python -m t5lite.<module>` (without that prefix), writing to `out`."""
     gin_file = f"configs/runs/{'eval' if module == 'eval' else 'infer'}.gin"
-    cmd = [sys.executable, "-m", f"t5lite.{module}", f"--gin_file={gin_file}",
-           *_flags(setup, tmp_path / "out", *extra)]
+    return [f"--gin_file={gin_file}", *_flags(setup, out, *extra)]
+
+
+def _cli(module, setup, tmp_path, *extra):
+    cmd = [sys.executable, "-m", f"t5lite.{module}",
+           *_cli_argv(module, setup, tmp_path / "out", *extra)]
     return th.run(cmd, devices=1, timeout=240,
                   extra_env={"T5LITE_VOCABULARY_PATH": str(setup["vocab"])})
 
 
-@pytest.mark.parametrize("case", ["missing_checkpoint", "unknown_task", "missing_input",
-                                  "bad_split"])
+@pytest.mark.parametrize("case", ["missing_checkpoint", "missing_input",
+                                  "unknown_task_and_bad_split"])
 def test_bad_input_ends_in_one_error_line(setup, tmp_path, case):
+    """One `error:` line, no traceback, no metrics written: eval's missing checkpoint and
+    infer's missing input file as real subprocesses; eval's unknown task and its task
+    without a `validation` split (two cases that were separate tests) in one interpreter
+    (th.run_mains; the environment they read is this test's, as _cli's)."""
     if case == "missing_checkpoint":
         missing = tmp_path / "nothing_here"
         proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
                     "--gin.SPLIT='validation_matched'", f'--gin.CHECKPOINT_PATH="{missing}"')
         th.assert_one_error(proc, "CHECKPOINT_PATH", str(missing), "does not exist")
-    elif case == "unknown_task":
-        proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnlii'")
-        th.assert_one_error(proc, "unknown task", "mnlii", "mnli")
     elif case == "missing_input":
         missing = tmp_path / "inputs.txt"
         proc = _cli("infer", setup, tmp_path, f'--gin.INPUT_FILE="{missing}"')
         th.assert_one_error(proc, "INPUT_FILE", str(missing), "does not exist")
     else:
-        proc = _cli("eval", setup, tmp_path, "--gin.MIXTURE_OR_TASK_NAME='mnli'")
-        th.assert_one_error(proc, "validation", "validation_matched", "SPLIT")
+        assert os.environ["T5LITE_VOCABULARY_PATH"] == str(setup["vocab"])
+        unknown, bad_split = th.run_mains(
+            [_cli_argv("eval", setup, tmp_path / "out_unknown",
+                       "--gin.MIXTURE_OR_TASK_NAME='mnlii'"),
+             _cli_argv("eval", setup, tmp_path / "out_split",
+                       "--gin.MIXTURE_OR_TASK_NAME='mnli'")],
+            devices=1, module="t5lite.eval", timeout=480)
+        th.assert_one_error(unknown, "unknown task", "mnlii", "mnli")
+        th.assert_one_error(bad_split, "validation", "validation_matched", "SPLIT")
+        for out in ("out_unknown", "out_split"):
+            assert not (tmp_path / out / "metrics.json").exists()
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
