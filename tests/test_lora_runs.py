@@ -80,11 +80,21 @@ def _set_recorded(run, step, fingerprint):
     record_file.write_text(json.dumps(record))
 
 
-def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def t5_base(tmp_path_factory):
+    """A tiny T5 run of one step without adapters (the base both T5 LoRA tests start
+    from; they only read it): its MODEL_DIR."""
+    base = tmp_path_factory.mktemp("t5_base") / "base"
+    code, err = _train(th.MODEL_FILES["t5"], base, 1)
+    assert code == 0, err
+    assert th.complete_steps(base) == [1]
+    return base
+
+
+def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys, t5_base):
     t5 = th.MODEL_FILES["t5"]
-    base, plain, run = tmp_path / "base", tmp_path / "plain", tmp_path / "lora"
-    assert _train(t5, base, 2)[0] == 0
-    # the same first batch, finetuned without and with LoRA from the base's step 2
+    base, plain, run = t5_base, tmp_path / "plain", tmp_path / "lora"
+    # the same first batch, finetuned without and with LoRA from the base's step 1
     assert _train(t5, plain, 1, f'--gin.INITIAL_CHECKPOINT_PATH="{base}"')[0] == 0
     code, err = _train(t5, run, 2, f'--gin.INITIAL_CHECKPOINT_PATH="{base}"', *T5_LORA,
                        capsys=capsys)
@@ -93,7 +103,7 @@ def test_t5_lora_from_a_run_adapters_and_fingerprint(tmp_path, capsys):
     lora_losses, plain_losses = _losses(run), _losses(plain)
     assert lora_losses[0] == pytest.approx(plain_losses[0], rel=1e-6, abs=0)
     assert lora_losses[1] != lora_losses[0]
-    want, got = _params(base, 2), _params(run, 2)
+    want, got = _params(base, 1), _params(run, 2)
     adapters = [k for k in got if _is_adapter(k)]
     assert adapters and set(got) - set(adapters) == set(want)
     for name in want:  # the base, bit-identical after training
@@ -230,13 +240,13 @@ def _two_processes(args, logs):
             th.kill(p)
 
 
-def test_two_processes_record_and_check_the_base_fingerprint(tmp_path, capsys):
+def test_two_processes_record_and_check_the_base_fingerprint(tmp_path, capsys, t5_base):
     """A LoRA run of two processes, the frozen base sharded over them (FSDP across the
     processes): both fingerprint the base as one process does, record it, and a resume
-    whose base differs is refused in one line by each."""
+    whose base differs is refused in one line by each. The base is `t5_base`, shared
+    with the in-process T5 test."""
     t5 = th.MODEL_FILES["t5"]
-    base, run = tmp_path / "base", tmp_path / "lora"
-    assert _train(t5, base, 1)[0] == 0
+    base, run = t5_base, tmp_path / "lora"
     args = [f"--gin_file={th.REPO / t5}"] + [
         a if a.startswith("--") else f"--gin_file={th.REPO / a}" for a in COMMON] + [
         f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{base}"', *T5_LORA,
