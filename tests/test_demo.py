@@ -23,12 +23,6 @@ def _pretrain(cwd, *extra):
                   extra_env=th.optimized())
 
 
-def _finetune(cwd, *extra):
-    return th.run([sys.executable, "-m", "t5lite.train",
-                   "--gin_file=configs/demo_finetune.gin", *extra], cwd=cwd, timeout=600,
-                  extra_env=th.optimized())
-
-
 def _losses(model_dir):
     return [v for _, v in th.scalars(model_dir)["loss_per_token"]]
 
@@ -51,13 +45,16 @@ def test_incomplete_demo_data_dir_is_one_line(tmp_path, monkeypatch, capsys):
 def test_demo_as_shipped(tmp_path):
     """The README's first command and the demo's finetune / eval / infer configs, as
     shipped, with the numbers quoted in README.md / docs/quickstart.md (within
-    tolerance)."""
+    tolerance). The README's command runs as a user runs it; the four commands after it
+    run one after another in one interpreter (th.run_mains: each through its `main`, as
+    `python -m` runs it), which saves four TensorFlow imports and task registrations."""
     proc = _pretrain(tmp_path)
     assert proc.returncode == 0, th.describe(proc)
     assert "running the demo" in proc.stderr
     demo = tmp_path / "t5lite_demo"
     data = demo / "data"
     assert (data / "COMPLETE").exists() and (data / "spm.model").exists()
+    mtime = (data / "spm.model").stat().st_mtime_ns
     assert sorted(p.name for p in (data / "pile" / "train").iterdir()) == [
         "00.jsonl.zst", "01.jsonl.zst"]
     assert th.complete_steps(demo / "pretrain") == [400, 600]  # every 200, the last 2 kept
@@ -66,9 +63,17 @@ def test_demo_as_shipped(tmp_path):
     # span corruption loss per target token falls
     assert losses[0] > 2.6 and losses[-1] < 2.4 and losses[-1] < losses[0] - 0.5, losses
 
-    proc = _finetune(tmp_path)
-    assert proc.returncode == 0, th.describe(proc)
-    assert "initial:t5lite_demo/pretrain" in proc.stderr  # started from the demo checkpoint
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("mnli hypothesis: Ada never built any boat. premise: Ada the pilot "
+                      "built a red boat by the lake.\n")
+    finetune, evaluate, infer, again = th.run_mains(
+        [["--gin_file=configs/demo_finetune.gin"], ["--gin_file=configs/demo_eval.gin"],
+         ["--gin_file=configs/demo_infer.gin", f'--gin.INPUT_FILE="{inputs}"'], []],
+        module=["t5lite.train", "t5lite.eval", "t5lite.infer", "t5lite.train"],
+        cwd=tmp_path, timeout=900, extra_env=th.optimized())
+
+    assert finetune.returncode == 0, th.describe(finetune)
+    assert "initial:t5lite_demo/pretrain" in finetune.stderr  # from the demo checkpoint
     acc = th.scalars(demo / "mnli", "inference_eval")["mnli/accuracy"]
     assert [s for s, _ in acc] == [100, 200, 300]
     assert acc[0][1] > CHANCE + 15 and acc[-1][1] > 70.0, acc
@@ -81,29 +86,19 @@ def test_demo_as_shipped(tmp_path):
 
     # t5lite.eval with configs/demo_eval.gin on the finetuned MODEL_DIR (its step 300)
     # reproduces the in-training evaluation.
-    proc = th.run([sys.executable, "-m", "t5lite.eval", "--gin_file=configs/demo_eval.gin"],
-                  cwd=tmp_path, timeout=600, extra_env=th.optimized())
-    assert proc.returncode == 0, th.describe(proc)
+    assert evaluate.returncode == 0, th.describe(evaluate)
     summary = json.loads((demo / "mnli_eval" / "metrics.json").read_text())
     assert summary["step"] == 300
     assert summary["metrics"]["mnli"]["accuracy"] == pytest.approx(acc[-1][1])
 
-    inputs = tmp_path / "inputs.txt"
-    inputs.write_text("mnli hypothesis: Ada never built any boat. premise: Ada the pilot "
-                      "built a red boat by the lake.\n")
-    proc = th.run([sys.executable, "-m", "t5lite.infer", "--gin_file=configs/demo_infer.gin",
-                   f'--gin.INPUT_FILE="{inputs}"'], cwd=tmp_path, timeout=600,
-                  extra_env=th.optimized())
-    assert proc.returncode == 0, th.describe(proc)
+    assert infer.returncode == 0, th.describe(infer)
     rows = [json.loads(l) for l in (demo / "infer" / "predictions.jsonl").open()]
     assert [r["prediction"] for r in rows] == ["contradiction"]
 
     # The README's command again: it reuses the corpus (no rewrite) and finds the run
     # complete at its saved step.
-    mtime = (data / "spm.model").stat().st_mtime_ns
-    proc = _pretrain(tmp_path)
-    assert proc.returncode == 0, th.describe(proc)
-    assert "writing the demo corpus" not in proc.stderr and "already complete" in proc.stderr
+    assert again.returncode == 0, th.describe(again)
+    assert "writing the demo corpus" not in again.stderr and "already complete" in again.stderr
     assert (data / "spm.model").stat().st_mtime_ns == mtime
 
 
