@@ -223,7 +223,9 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
 def test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost(tmp_path):
     """Issue 39's example through the real command: a chunk file deleted (TensorStore
     would read it as zeros) or emptied is one `error:` line naming the parameter and the
-    chunk, status 2, no output; the intact checkpoint converts."""
+    chunk, status 2, no output; the intact checkpoint converts. The deleted chunk runs
+    as a real `python -m t5lite.convert` subprocess; the emptied chunk and the intact
+    checkpoint run through the command's main in one interpreter (th.run_mains)."""
     import shutil
     import subprocess
     import sys
@@ -232,11 +234,13 @@ def test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost(tmp_path):
     ckpt = _tiny_t5x_checkpoint(tmp_path)
     query = "target.encoder.layers_0.attention.query.kernel"
 
+    def argv(path, out):
+        return ["--from=t5x", f"--input={path}", f"--output={out}",
+                f"--gin_file={tmp_path}/model.gin"]
+
     def convert(path, out):
-        return subprocess.run(
-            [sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={path}",
-             f"--output={out}", f"--gin_file={tmp_path}/model.gin"],
-            cwd=repo, capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, "-m", "t5lite.convert", *argv(path, out)],
+                              cwd=repo, capture_output=True, text=True, timeout=300)
 
     deleted = tmp_path / "t5x" / "checkpoint_deleted"
     shutil.copytree(ckpt, deleted)
@@ -244,18 +248,20 @@ def test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost(tmp_path):
     empty = tmp_path / "t5x" / "checkpoint_empty"
     shutil.copytree(ckpt, empty)
     (empty / "target.token_embedder.embedding" / "1.1").write_bytes(b"")
+    in_one, intact = th.run_mains([argv(empty, tmp_path / f"out_{empty.name}"),
+                                   argv(ckpt, tmp_path / "out")], module="t5lite.convert")
     for path, named in ((deleted, f"'target/encoder/layers_0/attention/query/kernel' (t5lite's "
                                   f"params/encoder/layers_0/attention/query/kernel) has no "
                                   f"chunk 0.0 in {query}/ (1 of its 2 x 2 = 4 chunks missing)"),
                         (empty, "chunk 1.1 of parameter 'target/token_embedder/embedding'")):
         out = tmp_path / f"out_{path.name}"
-        proc = convert(path, out)
+        proc = convert(path, out) if path == deleted else in_one
         lines = [l for l in proc.stderr.splitlines() if l.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert lines[0].startswith(f"error: T5X checkpoint {path} is missing data: ")
         assert named in lines[0] and "copy" in lines[0], lines[0]
         assert not out.exists()
-    assert convert(ckpt, tmp_path / "out").returncode == 0
+    assert intact.returncode == 0, th.describe(intact)
 
 
 def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path, capsys):
@@ -340,26 +346,34 @@ def _t5x_target(params):
 def test_the_docs_model_files_for_a_size_no_shipped_file_matches_convert(name, tmp_path):
     """A T5X checkpoint of the sizes docs/migrating_from_t5x.md's example files give
     converts with those files as written (the vocabulary made small here), back to the
-    same values; the same width split into other heads is refused."""
+    same values; the same width split into other heads is refused. The checkpoint holds
+    random values of the model's shapes (numpy: the 38M-parameter model's own init takes
+    ~10 s of CPU here, and any values test the round trip); both conversions run through
+    `t5lite.convert`'s main in one interpreter (th.run_mains; the command's real
+    subprocess test is test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost)."""
     from t5lite.config import parsing
     from t5lite.interop import checkpoint_format
     (tmp_path / name).write_text(_doc_model_file(name))
     small_vocab = "--gin.T5Config.vocab_size=256"
     parsing.parse_gin([str(tmp_path / name)], ["T5Config.vocab_size = 256"])
     model = parsing.resolve_macro("MODEL")
-    params = model.init(jax.random.PRNGKey(1))["params"]
+    rng = np.random.default_rng(1)
+    params = jax.tree_util.tree_map(
+        lambda a: rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype),
+        model.abstract_variables()["params"])
     ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_10", _t5x_target(params),
                                    step=10)
     out = tmp_path / "converted"
-    proc = th.run([sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={ckpt}",
-                   f"--output={out}", f"--gin_file={tmp_path / name}", small_vocab])
+    proc, wrong = th.run_mains([
+        ["--from=t5x", f"--input={ckpt}", f"--output={out}", f"--gin_file={tmp_path / name}",
+         small_vocab],
+        # the joined width of 8 heads of 64 read as 16 heads of 32: the relative position
+        # table's [num_heads, buckets] refuses it
+        ["--from=t5x", f"--input={ckpt}", f"--output={tmp_path / 'wrong'}",
+         f"--gin_file={tmp_path / name}", small_vocab, "--gin.T5Config.num_heads=16",
+         "--gin.T5Config.head_dim=32"]], module="t5lite.convert")
     assert proc.returncode == 0, th.describe(proc)
     converted = checkpoint_format.load_params(out / "checkpoints" / "10" / "params")
     th.assert_trees_equal(converted.get("params", converted), params, "converted params")
-    # the joined width of 8 heads of 64 read as 16 heads of 32: the relative position
-    # table's [num_heads, buckets] refuses it
-    wrong = th.run([sys.executable, "-m", "t5lite.convert", "--from=t5x", f"--input={ckpt}",
-                    f"--output={tmp_path / 'wrong'}", f"--gin_file={tmp_path / name}",
-                    small_vocab, "--gin.T5Config.num_heads=16", "--gin.T5Config.head_dim=32"])
     th.assert_one_error(wrong, "relpos_bias/rel_embedding", "[8, 32]", "[16, 32]")
     assert not (tmp_path / "wrong").exists()
