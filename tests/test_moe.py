@@ -410,7 +410,8 @@ MOE_WRONG = {
 def test_moe_macros_wrong_in_type_or_range_are_one_line(tmp_path):
     """The run macros of a mixture of experts (on the tiny Mixtral), each wrong, and an
     expert count the mesh's expert axis does not divide: one `error:` line each, naming
-    the macro, status 2, no traceback (in one process, as test_bad_input's cases)."""
+    the macro, status 2, no traceback (all in one process, with 8 devices, as
+    test_bad_input's cases)."""
     import train_helpers as th
     cases = [(m, v) for m, values in MOE_WRONG.items() for v in values]
 
@@ -418,14 +419,15 @@ def test_moe_macros_wrong_in_type_or_range_are_one_line(tmp_path):
         return th.train_command(tmp_path / f"run{i}", "--gin.TASK_FEATURE_LENGTHS={'targets': 16}",
                                 *extra, model="mixtral", steps=2)[3:]
 
-    runs = th.run_mains([argv(i, f"--gin.{m}={v}") for i, (m, v) in enumerate(cases)])
+    *runs, proc = th.run_mains(
+        [argv(i, f"--gin.{m}={v}")
+         for i, (m, v) in enumerate(cases)]
+        # 6 experts over an expert axis of 4 (8 devices: data 2 x expert 4)
+        + [argv("e", "--gin.NUM_EXPERTS=6", "--gin.ICI_MESH_SHAPE=[2,1,1,4]")], devices=8)
     bad = [(m, v, p.returncode, p.stderr[-300:]) for (m, v), p in zip(cases, runs)
            if p.returncode != 2 or len(th.error_lines(p.stderr)) != 1
            or "Traceback" in p.stderr or m not in th.error_lines(p.stderr)[0]]
     assert not bad, bad
-    # 6 experts over an expert axis of 4 (8 devices: data 2 x expert 4)
-    proc, = th.run_mains([argv("e", "--gin.NUM_EXPERTS=6", "--gin.ICI_MESH_SHAPE=[2,1,1,4]")],
-                         devices=8)
     lines = th.error_lines(proc.stderr)
     assert proc.returncode in (1, 2) and len(lines) == 1 and "Traceback" not in proc.stderr, \
         proc.stderr[-500:]
