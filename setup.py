@@ -38,6 +38,9 @@ RUNTIME = [
     # etils.epath (under tensorflow-datasets) needs it to write or prepare a TFDS
     # dataset locally; tensorflow-datasets declares it only for Python < 3.9.
     "importlib_resources>=6.0",
+    # The training bar on an interactive terminal (t5lite/runtime/metrics.py's Progress);
+    # tensorflow-datasets installs it already, it is named because t5lite imports it itself.
+    "tqdm>=4.60",
 ]
 
 # Compiling for an H100 / H200 on a machine without a GPU (`python -m t5lite.info
