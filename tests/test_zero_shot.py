@@ -239,12 +239,12 @@ def test_lambada_is_the_greedy_last_word_computed_by_hand(data, families, family
     assert all(right[:TRAINED]) and not all(right), right  # both outcomes are tested
     p = np.mean(right)
     got = metrics["metrics"]["lambada"]
-    assert got == pytest.approx({"accuracy": p, "examples": LAMBADA,
-                                 "accuracy_stderr": math.sqrt(p * (1 - p) / LAMBADA)})
+    assert got == pytest.approx({"accuracy": 100 * p, "examples": LAMBADA,  # percent
+                                 "accuracy_stderr": 100 * math.sqrt(p * (1 - p) / LAMBADA)})
     assert metrics["mode"] == "zero_shot" and metrics["step"] == 5
     assert metrics["input_file"].endswith("lambada_test.jsonl")
     scalars = th.scalars(out, "eval")
-    assert scalars["lambada/accuracy"] == [(5, pytest.approx(p))]
+    assert scalars["lambada/accuracy"] == [(5, pytest.approx(100 * p))]
     assert {"lambada/accuracy_stderr", "lambada/examples"} <= set(scalars)
 
 
@@ -269,7 +269,8 @@ def test_boolq_answer_is_the_likelier_of_yes_and_no_by_hand(data, families, fami
     assert len(rows) == BOOLQ
     p = np.mean(right)
     assert metrics["metrics"]["boolq"] == pytest.approx(
-        {"accuracy": p, "accuracy_stderr": math.sqrt(p * (1 - p) / BOOLQ), "examples": BOOLQ})
+        {"accuracy": 100 * p, "accuracy_stderr": 100 * math.sqrt(p * (1 - p) / BOOLQ),
+         "examples": BOOLQ})
 
 
 def test_plain_text_lambada_reads_as_the_jsonl_and_num_examples_limits(data, families,
@@ -370,7 +371,7 @@ def test_two_processes_evaluate_as_one(data, families, tmp_path):
     assert rcs == [0, 0], "\n".join(th.tail(th.read_log(tmp_path / f"{i}.log")) for i in range(2))
     (m1, r1), (m2, r2) = _outputs(one, "lambada"), _outputs(two, "lambada")
     assert m1["metrics"] == m2["metrics"] and r1 == r2
-    assert 0 < m1["metrics"]["lambada"]["accuracy"] < 1
+    assert 0 < m1["metrics"]["lambada"]["accuracy"] < 100
 
 
 # ----------------------------------------------------------------------------- files

@@ -148,7 +148,7 @@ def _zero_shot(model, checkpoint_path, name, output_dir, task_feature_lengths, b
            predictions={f"{name}_predictions.jsonl": write}, checkpoint=str(checkpoint_path),
            mode="zero_shot", mixture_or_task_name=name, input_file=result.path)
     m = result.metrics
-    log.info("%s: accuracy %.4f (stderr %.4f) over %d examples of %s", name, m["accuracy"],
+    log.info("%s: accuracy %.2f%% (stderr %.2f) over %d examples of %s", name, m["accuracy"],
              m["accuracy_stderr"], m["examples"], result.path)
     return out
 

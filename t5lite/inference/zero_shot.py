@@ -212,10 +212,11 @@ def _choose(session: Session, examples: Sequence[Example], ids: Sequence[_Ids]):
 
 
 def accuracy(correct: Sequence[bool]) -> Dict[str, float]:
-    """{"accuracy", "accuracy_stderr": sqrt(p (1 - p) / n), "examples": n}."""
+    """{"accuracy": 100 p, "accuracy_stderr": 100 sqrt(p (1 - p) / n), "examples": n}: in
+    percent, as T5X and the finetuning tasks' metrics (MNLI's accuracy) report it."""
     n = len(correct)
     p = float(np.mean(correct))
-    return {"accuracy": p, "accuracy_stderr": math.sqrt(p * (1 - p) / n),
+    return {"accuracy": 100.0 * p, "accuracy_stderr": 100.0 * math.sqrt(p * (1 - p) / n),
             "examples": float(n)}
 
 
