@@ -209,25 +209,17 @@ LAUNCHER_FLAGS = ("--gin.TRAIN_STEPS=4", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG
 
 
 @pytest.fixture(scope="module")
-def launcher_run(data, tmp_path_factory):
-    """An uninterrupted launcher run: (its MODEL_DIR, its logs directory)."""
-    root = tmp_path_factory.mktemp("launcher_run")
-    model_dir, logs = root / "tiny", root / "logs"
-    proc = _run("multiprocess_pretrain_pile.sh", *LAUNCHER_ARGS, logs, model_dir,
-                *LAUNCHER_FLAGS, env={**data, "PORT": str(th.free_port())})
-    assert proc.returncode == 0, th.describe(proc) + "".join(
-        th.tail(p.read_text()) for p in sorted(logs.glob("proc_*.log")))
-    return model_dir, logs
-
-
-def test_multiprocess_launcher_joins_its_processes(launcher_run):
-    model_dir, logs = launcher_run
-    for i in range(2):
-        log = (logs / f"proc_{i}.log").read_text()
-        assert f"jax.distributed: process {i} of 2, 1 local / 2 global devices" in log, log
-    assert th.complete_steps(model_dir) == [2, 4]
-    _assert_config(model_dir, BATCH_SIZE="4", TRAIN_STEPS="4", ACTIVATION_DTYPE="'float32'",
-                   ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[-1, 1, 1]")
+def slurm_pretrained(data, tmp_path_factory):
+    """The SLURM pretraining example's uninterrupted run: two one-device tasks, the tiny
+    model in float32, a global batch of 4, 4 steps, checkpoints at 2 and 4 (the layout of
+    the multiprocess launcher's run above: data parallel over the 2 processes). Its
+    completed process, job id and MODEL_DIR. The SLURM test checks it, and it is the
+    uninterrupted run the multiprocess launcher's resumed run must match."""
+    pretrained, job = tmp_path_factory.mktemp("slurm_pretrain") / "pretrain", _slurm_job_id()
+    proc = _run("example_slurm_pretrain_pile.sub", "--gin.CHECKPOINT_PERIOD=2",
+                env=_slurm_env(data, job, MODEL_DIR=str(pretrained), T5_SIZE="tiny",
+                               PREC="fp32", BSIZE_PER_GPU="2", TRAIN_STEPS="4"), slurm=True)
+    return proc, job, pretrained
 
 
 def test_multiprocess_launcher_fails_when_a_process_fails(data, tmp_path):
@@ -243,12 +235,16 @@ def test_multiprocess_launcher_fails_when_a_process_fails(data, tmp_path):
                for i in (0, 1))
 
 
-def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, tmp_path,
-                                                                         launcher_run):
+def test_multiprocess_launcher_names_the_process_that_failed_joins_and_resumes(
+        data, tmp_path, slurm_pretrained):
     """Process 1 hangs in step 3 (INJECT_STALL, its watchdog ends it with status 3): the
     launcher names it and its log, process 0 ends by itself (status 4, well inside the
     grace period), and the same command without the fault resumes from checkpoint 2 to
-    the weights of an uninterrupted run."""
+    the weights of an uninterrupted run (the SLURM example's run of the same model, batch
+    and mesh, `slurm_pretrained`). The resumed run also checks what the launcher's
+    uninterrupted run was checked for (once test_multiprocess_launcher_joins_its_processes,
+    its own run): each process joins jax.distributed as process i of 2, checkpoints 2 and 4
+    are complete, and the launcher's settings land in config.gin."""
     model_dir, logs = tmp_path / "run", tmp_path / "logs"
     args = (*LAUNCHER_ARGS, logs, model_dir, *LAUNCHER_FLAGS)
     env = {**data, "GRACE_SECONDS": "60", "PORT": str(th.free_port())}
@@ -266,8 +262,17 @@ def test_multiprocess_launcher_names_the_process_that_failed_and_resumes(data, t
     proc = _run("multiprocess_pretrain_pile.sh", *args, env=env)  # the same port at once
     assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:2 at step 2" in (logs / "proc_0.log").read_text()
+    for i in range(2):
+        log = (logs / f"proc_{i}.log").read_text()
+        assert f"jax.distributed: process {i} of 2, 1 local / 2 global devices" in log, log
     assert th.complete_steps(model_dir) == [2, 4]
-    _assert_same_weights(th.load_state(model_dir, 4), th.load_state(launcher_run[0], 4))
+    _assert_config(model_dir, BATCH_SIZE="4", TRAIN_STEPS="4", ACTIVATION_DTYPE="'float32'",
+                   ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[-1, 1, 1]")
+    reference, reference_logs = slurm_pretrained[2], sorted(
+        (slurm_pretrained[2] / "logs").glob(f"{slurm_pretrained[1]}_*.log"))
+    assert slurm_pretrained[0].returncode == 0, th.describe(slurm_pretrained[0]) + "".join(
+        th.tail(p.read_text()) for p in reference_logs)
+    _assert_same_weights(th.load_state(model_dir, 4), th.load_state(reference, 4))
 
 
 def test_xla_flags_are_known_to_jax(tmp_path):
@@ -305,22 +310,22 @@ def test_slurm_examples_requeue_after_a_fault(data, tmp_path, status, requeued):
             assert "after 3 restarts (MAX_RESTARTS=3); not requeueing" in proc.stderr
 
 
-def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path):
+def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path,
+                                                              slurm_pretrained):
     """Two tasks on two one-device "nodes": jax.distributed.initialize() takes the task id,
     the task count and the coordinator (first node, port from the job id) from SLURM's
-    variables alone; the finetuning job starts from the pretraining job's weights."""
-    pretrained, job = tmp_path / "pretrain", _slurm_job_id()
-    proc = _run("example_slurm_pretrain_pile.sub", "--gin.CHECKPOINT_PERIOD=2",
-                env=_slurm_env(data, job, MODEL_DIR=str(pretrained), T5_SIZE="tiny",
-                               PREC="fp32", BSIZE_PER_GPU="2", TRAIN_STEPS="2"), slurm=True)
+    variables alone; the finetuning job starts from the pretraining job's weights (its
+    last checkpoint, 4; the pretraining run is `slurm_pretrained`, shared with the
+    multiprocess launcher's resume test)."""
+    proc, job, pretrained = slurm_pretrained
     logs = sorted((pretrained / "logs").glob(f"{job}_*.log"))
     assert proc.returncode == 0, th.describe(proc) + "".join(th.tail(p.read_text()) for p in logs)
     assert [p.name for p in logs] == [f"{job}_0.log", f"{job}_1.log"]
     for i, path in enumerate(logs):
         assert f"jax.distributed: process {i} of 2, 1 local / 2 global devices" in \
             path.read_text(), path.read_text()
-    assert th.complete_steps(pretrained) == [2]
-    _assert_config(pretrained, BATCH_SIZE="4", TRAIN_STEPS="2", ACTIVATION_DTYPE="'float32'",
+    assert th.complete_steps(pretrained) == [2, 4]
+    _assert_config(pretrained, BATCH_SIZE="4", TRAIN_STEPS="4", ACTIVATION_DTYPE="'float32'",
                    ICI_MESH_SHAPE="[1, 1, 1]", DCN_MESH_SHAPE="[2, 1, 1, 1, 1]",
                    CHECKPOINT_PERIOD="2")
 
@@ -338,4 +343,4 @@ def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path):
     _assert_config(finetuned, BATCH_SIZE="4", NUM_MICROBATCHES="2", TRAIN_STEPS="2",
                    INITIAL_CHECKPOINT_PATH=f"'{pretrained}'", MIXTURE_OR_TASK_NAME="'mnli'",
                    DCN_MESH_SHAPE="[2, 1, 1]")
-    _assert_same_weights(th.load_state(pretrained, 2), th.load_state(finetuned, 2))
+    _assert_same_weights(th.load_state(pretrained, 4), th.load_state(finetuned, 2))
