@@ -344,3 +344,23 @@ def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path,
                    INITIAL_CHECKPOINT_PATH=f"'{pretrained}'", MIXTURE_OR_TASK_NAME="'mnli'",
                    DCN_MESH_SHAPE="[2, 1, 1]")
     _assert_same_weights(th.load_state(pretrained, 4), th.load_state(finetuned, 2))
+
+
+def test_slurm_example_counts_the_global_batch_as_t5x_does(data, tmp_path):
+    """T5X's GPU table line for T5 XXL (64 nodes x 8 GPUs, TP 8, 36 sequences a GPU):
+    the global batch is GPUs x BSIZE_PER_GPU / TP = 2304, and the mesh puts TP within a
+    node and the replicas across nodes. A stand-in srun prints the command it was given."""
+    (tmp_path / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun.args\n')
+    (tmp_path / "srun").chmod(0o755)
+    env = _slurm_env({**data, "PATH": f"{tmp_path}{os.pathsep}{data['PATH']}"}, 4243,
+                     MODEL_DIR=str(tmp_path / "m"), SLURM_JOB_NUM_NODES="64",
+                     SLURM_NTASKS="512", GPUS_PER_NODE="8", T5_SIZE="xxl", TP_SIZE="8",
+                     BSIZE_PER_GPU="36")
+    proc = _run("example_slurm_pretrain_pile.sub", env=env)
+    assert proc.returncode == 0, th.describe(proc)
+    args = (tmp_path / "srun.args").read_text()
+    for flag in ("--gin_file=configs/xxl_pile_pretrain.gin", "--gin.BATCH_SIZE=2304",
+                 "--gin.NUM_MICROBATCHES=1", "--gin.ICI_MESH_SHAPE=[1,1,8]",
+                 "--gin.DCN_MESH_SHAPE=[64,1,1,1,1]"):
+        assert flag in args.split(), (flag, args)
+    assert "PIPELINE_MICROBATCHES" not in args
