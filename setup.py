@@ -55,6 +55,8 @@ GPU_AOT = [
     "nvidia-cudnn-cu13>=9.12,<10",
 ]
 
+PLOT = ["matplotlib>=3.8"]
+
 setup(
     name="t5lite",
     version="0.1.0",
@@ -79,8 +81,10 @@ setup(
             "torch==2.13.0",
             "transformers>=4.40",
             "safetensors>=0.4",
-        ] + GPU_AOT,
+        ] + GPU_AOT + PLOT,
         "gpu-aot": GPU_AOT,
+        # `python -m t5lite.plot`: runs' curves drawn into a PNG / SVG / PDF.
+        "plot": PLOT,
         "gpu": ["jax[cuda13]>=0.11.2,<0.13"],
         # NVIDIA Transformer Engine for JAX (FP8_BACKEND='te', ATTENTION_IMPL='te'; needs an
         # NVIDIA GPU, CUDA and `pip install --no-build-isolation`): the metapackage's jax

@@ -27,7 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "t5lite"
 COMMANDS = {"train", "eval", "infer", "bench", "data_bench", "info", "convert", "vocab", "deps",
-            "demo_data"}
+            "demo_data", "plot"}
 LAYERS = {"errors": 0, "models.activations": 0, "tools.hlo": 0, "models.decoding": 1, "models.moe": 1, "models.layouts": 1, "models.pipeline": 1, "models.flops": 1, "optim": 1,
           "models": 2,
           "data.files": 3, "formats": 3, "runtime.process": 3,
