@@ -34,6 +34,17 @@ make_switches() {
   return 0
 }
 
+# check_model MODEL: a pretraining recipe configs/MODEL_pile_pretrain.gin exists (a T5 v1.1
+# size: tiny ... xxl; or gpt126m, gpt175b, llama2_7b, llama2_70b, glam126m_64e, glam64b_64e).
+check_model() {
+  local root names
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  [ -f "$root/configs/$1_pile_pretrain.gin" ] && return 0
+  names=$(cd "$root/configs" && ls *_pile_pretrain.gin | sed 's/_pile_pretrain.gin//' | sort | paste -sd, - | sed 's/,/, /g')
+  echo "error: MODEL must name a recipe configs/<MODEL>_pile_pretrain.gin ($names), got '$1'" >&2
+  return 2
+}
+
 # SIZE: a T5 v1.1 size; tiny is a toy for trying a launcher on a CPU (the tests use it).
 check_size() {
   case "$1" in

@@ -2,7 +2,8 @@
 # Pretrain on one node with one process per GPU (the layout SLURM uses across nodes),
 # started by hand; jax.distributed joins the processes through 127.0.0.1:PORT.
 # usage: multiprocess_pretrain_pile.sh SIZE PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR [GIN_FLAG...]
-#   SIZE and PREC as in singlenode_pretrain_pile.sh; global batch BSIZE_PER_GPU * NUM_GPUS.
+#   SIZE (the MODEL of singlenode_pretrain_pile.sh: any configs/SIZE_pile_pretrain.gin) and
+#   PREC as there; global batch BSIZE_PER_GPU * NUM_GPUS.
 #   Environment: PORT (12355), the coordinator's port; GRACE_SECONDS (90). Process i logs
 #   to LOGDIR/proc_<i>.log. When one fails, this gives the others GRACE_SECONDS to end by
 #   themselves (a lost peer ends them within --peer_timeout_seconds, 30), kills what is
@@ -16,7 +17,7 @@ if wants_help "$@"; then usage; exit 0; fi
 [ $# -ge 6 ] || exit_with_usage "expected at least 6 arguments, got $#"
 source "$here/xla_flags.sh"
 SIZE=$1 PREC=$2 NUM_GPUS=$3 BSIZE_PER_GPU=$4 LOGDIR=$5 MODEL_DIR=$6
-check_size "$SIZE" || exit_with_usage
+check_model "$SIZE" || exit_with_usage
 for n in NUM_GPUS BSIZE_PER_GPU; do check_count "$n" "${!n}" || exit_with_usage; done
 make_switches "$PREC" 0 0 0 || exit_with_usage
 mkdir -p "$LOGDIR"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Pretrain T5 v1.1 on Pile-style text on one node (one process, all local GPUs).
-# usage: singlenode_pretrain_pile.sh SIZE PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR
+# Pretrain on Pile-style text on one node (one process, all local GPUs).
+# usage: singlenode_pretrain_pile.sh MODEL PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR
 #          [GRAD_ACCUM=1] [ENABLE_FP8=0] [TRANSPOSE_BS=0] [FUSE_QKV=0] [PACK=0] [GIN_FLAG...]
-#   SIZE tiny|small|base|large|xl|xxl (tiny: a toy for a CPU), PREC bf16|fp32, switches 0|1;
-#   the global batch is BSIZE_PER_GPU * NUM_GPUS * GRAD_ACCUM; GIN_FLAGs (--gin.X=Y) go last.
-# e.g.   singlenode_pretrain_pile.sh large bf16 8 32 /logs/large /ckpt/large 1 1 0 1
+#   MODEL: a recipe configs/MODEL_pile_pretrain.gin: a T5 v1.1 size tiny|small|base|large|xl|xxl
+#   (tiny: a toy for a CPU), or gpt126m, gpt175b, llama2_7b, llama2_70b, glam126m_64e,
+#   glam64b_64e; PREC bf16|fp32, switches 0|1; the global batch is
+#   BSIZE_PER_GPU * NUM_GPUS * GRAD_ACCUM; GIN_FLAGs (--gin.X=Y) go last.
+# e.g.   singlenode_pretrain_pile.sh large bf16 8 32 /logs/large /ckpt/large   # the recipe as shipped
+#        singlenode_pretrain_pile.sh llama2_7b bf16 8 4 /logs/l7 /ckpt/l7 8     # 8 microbatches
 # Data: PILE_DIR / VOCABULARY_PATH as --gin flags or T5LITE_PILE_DIR /
 # T5LITE_VOCABULARY_PATH in the environment (docs/data.md). Run from the repository root.
 set -euo pipefail
@@ -15,7 +18,7 @@ if wants_help "$@"; then usage; exit 0; fi
 source "$here/xla_flags.sh"
 SIZE=$1 PREC=$2 NUM_GPUS=$3 BSIZE_PER_GPU=$4 LOGDIR=$5 MODEL_DIR=$6
 GRAD_ACCUM=${7:-1} ENABLE_FP8=${8:-0} TRANSPOSE_BS=${9:-0} FUSE_QKV=${10:-0} PACK=${11:-0}
-check_size "$SIZE" || exit_with_usage
+check_model "$SIZE" || exit_with_usage
 for n in NUM_GPUS BSIZE_PER_GPU GRAD_ACCUM; do check_count "$n" "${!n}" || exit_with_usage; done
 make_switches "$PREC" "$ENABLE_FP8" "$TRANSPOSE_BS" "$FUSE_QKV" || exit_with_usage
 mkdir -p "$LOGDIR"

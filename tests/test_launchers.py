@@ -115,7 +115,9 @@ def test_every_launcher_prints_its_usage_on_help(script):
 @pytest.mark.parametrize("script,args,env,error", [
     ("singlenode_pretrain_pile.sh", ("tiny", "fp32"), {}, "expected at least 6 arguments, got 2"),
     ("singlenode_pretrain_pile.sh", ("huge", "fp32", 1, 2, "/tmp/l", "/tmp/m"), {},
-     "SIZE must be tiny, small, base, large, xl or xxl, got 'huge'"),
+     "MODEL must name a recipe configs/<MODEL>_pile_pretrain.gin (base, glam126m_64e, "
+     "glam64b_64e, gpt126m, gpt175b, large, llama2_70b, llama2_7b, small, tiny, xl, xxl), "
+     "got 'huge'"),
     ("singlenode_pretrain_pile.sh", ("tiny", "fp16", 1, 2, "/tmp/l", "/tmp/m"), {},
      "PREC must be bf16 or fp32, got 'fp16'"),
     ("singlenode_pretrain_pile.sh", ("tiny", "fp32", "eight", 2, "/tmp/l", "/tmp/m"), {},
@@ -133,7 +135,8 @@ def test_every_launcher_prints_its_usage_on_help(script):
      "not inside a SLURM job (SLURM_JOB_NUM_NODES is unset): submit with sbatch"),
     ("example_slurm_pretrain_pile.sub", (), {"SLURM_JOB_NUM_NODES": "2"}, "MODEL_DIR is not set"),
     ("example_slurm_pretrain_pile.sub", (),
-     {"SLURM_JOB_NUM_NODES": "2", "MODEL_DIR": "/tmp/m", "T5_SIZE": "big"}, "SIZE must be tiny"),
+     {"SLURM_JOB_NUM_NODES": "2", "MODEL_DIR": "/tmp/m", "T5_SIZE": "big"},
+     "MODEL must name a recipe configs/<MODEL>_pile_pretrain.gin (base, "),
     ("example_slurm_pretrain_pile.sub", (),
      {"SLURM_JOB_NUM_NODES": "2", "MODEL_DIR": "/tmp/m", "TP_SIZE": "3"},
      "TP_SIZE=3 does not divide GPUS_PER_NODE=8"),
@@ -364,3 +367,22 @@ def test_slurm_example_counts_the_global_batch_as_t5x_does(data, tmp_path):
                  "--gin.DCN_MESH_SHAPE=[64,1,1,1,1]"):
         assert flag in args.split(), (flag, args)
     assert "PIPELINE_MICROBATCHES" not in args
+
+
+def test_the_pretraining_launchers_take_every_family_s_recipe(data, tmp_path):
+    """MODEL names any configs/<MODEL>_pile_pretrain.gin: LLaMA-2 70B on 8 nodes, TP 8,
+    pipelined over 2 stages (a stand-in srun prints the command it was given)."""
+    (tmp_path / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun.args\n')
+    (tmp_path / "srun").chmod(0o755)
+    env = _slurm_env({**data, "PATH": f"{tmp_path}{os.pathsep}{data['PATH']}"}, 4244,
+                     MODEL_DIR=str(tmp_path / "m"), SLURM_JOB_NUM_NODES="8",
+                     GPUS_PER_NODE="8", MODEL="llama2_70b", TP_SIZE="8", PP_SIZE="2",
+                     BSIZE_PER_GPU="4", NUM_MICROBATCHES="2")
+    proc = _run("example_slurm_pretrain_pile.sub", env=env)
+    assert proc.returncode == 0, th.describe(proc)
+    args = (tmp_path / "srun.args").read_text().split()
+    # replicas: 64 GPUs / (TP 8 x PP 2) = 4; 4 a replica x 2 microbatches x 4 = 32
+    for flag in ("--gin_file=configs/llama2_70b_pile_pretrain.gin", "--gin.BATCH_SIZE=32",
+                 "--gin.ICI_MESH_SHAPE=[1,1,8]", "--gin.DCN_MESH_SHAPE=[4,1,1,1,2]",
+                 "--gin.PIPELINE_MICROBATCHES=8"):
+        assert flag in args, (flag, args)
