@@ -410,33 +410,26 @@ def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed():
     assert gpu_mem["device_kind"] == gpu_target.GPUS["h100"] and cpu_mem["device_kind"] is None
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--gpu=z100"], ["--gpu='z100'", "h100, h200"]),
-    (["--gpu=h200", "--autotune_results=/nonexistent/a.textproto"], ["--autotune_results"]),
-])
-def test_info_gpu_mistakes_are_one_line(args, words):
-    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
-                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, *args)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for word in words:
-        assert word in lines[0]
-
-
-def test_the_initializer_draws_with_jax_threefry_gpu_kernel():
-    """Random bits on a GPU come from jax's threefry CUDA kernel (set by the partitioner):
-    the initializer's program calls it instead of unrolling the hash into its fusions,
-    which is what made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
-    parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"],
-                      [], [], placeholders=parsing.RUN_PLACEHOLDERS)
-    model = parsing.resolve_macro("MODEL", origin="test")
-    the_run = benchmarking.step_run(model, devices=gpu_target.gpu_devices("h200"),
-                                    optimizer=benchmarking.run_optimizer()[0])
-    assert jax.config.jax_threefry_gpu_kernel_lowering  # set as the run's mesh was made
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    text = the_run.step_fns.init.lower(key).compile(gpu_target.compiler_options()).as_text()
-    assert 'custom_call_target="cu_threefry2x32' in text
+def test_info_gpu_mistakes_are_one_line():
+    """Each of info's --gpu mistakes is one `error:` line and exit status 2: an unknown
+    GPU, and an --autotune_results file that does not exist. (The two parametrized cases
+    of before, run by info's main one after another in one interpreter, `th.run_mains`:
+    a real subprocess would prove nothing more; tests/test_step_memory.py and
+    tests/test_configs.py run info's one-line errors as real subprocesses.)"""
+    cases = [
+        (["--gpu=z100"], ["--gpu='z100'", "h100, h200"]),
+        (["--gpu=h200", "--autotune_results=/nonexistent/a.textproto"], ["--autotune_results"]),
+    ]
+    base = ["--gin_file=configs/models/t5_1_1/tiny.gin",
+            "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS]
+    procs = th.run_mains([base + args for args, _ in cases], devices=1,
+                         module="t5lite.info", cwd=th.REPO)
+    for proc, (args, words) in zip(procs, cases):
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+        for word in words:
+            assert word in lines[0]
 
 
 _INIT_PROGRAMS = """
@@ -456,20 +449,29 @@ def program(*options):
     return text[text.index("\\n"):]
 lhs = "xla_gpu_enable_latency_hiding_scheduler"
 as_run = program()
-print(as_run == program({lhs: False}), as_run == program({lhs: True}))
+print(as_run == program({lhs: False}), as_run == program({lhs: True}),
+      jax.config.jax_threefry_gpu_kernel_lowering,
+      'custom_call_target="cu_threefry2x32' in program(gpu_target.compiler_options()))
 """
 
 
-def test_the_initializer_compiles_without_the_latency_hiding_scheduler():
+def test_the_initializers_compile_options_and_threefry_gpu_kernel():
     """With the launchers' XLA_FLAGS (the latency-hiding scheduler on), the initializer
     compiles as the run compiles it with its own options (train_step.INIT_COMPILER_OPTIONS:
-    the scheduler off), and that program is not the scheduled one."""
+    the scheduler off), and that program is not the scheduled one.
+
+    And, in the same process on the same lowered initializer (what
+    test_the_initializer_draws_with_jax_threefry_gpu_kernel checked in its own build of
+    the tiny T5's run): random bits on a GPU come from jax's threefry CUDA kernel (set by
+    the partitioner as the run's mesh was made): compiled with `compiler_options()` the
+    initializer calls it instead of unrolling the hash into its fusions, which is what
+    made large's initializer compile in 4.7 s instead of 10.7 s for an H200."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
     out = subprocess.run([sys.executable, "-c", _INIT_PROGRAMS], capture_output=True,
                          text=True, env=env, cwd=th.REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "False"]
+    assert out.stdout.split() == ["True", "False", "True", "True"]
 
 
 def test_the_threefry_kernel_setting_leaves_an_explicit_environment_alone():
