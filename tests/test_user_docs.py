@@ -26,7 +26,7 @@ def test_no_issue_numbers_or_work_sessions():
 
 def test_every_named_path_exists():
     # configs/x.gin, scripts_gpu/x.sh ...: paths of this repository as a user types them
-    pattern = re.compile(r"(?<![\w/.-])((?:configs|scripts_gpu)/[\w./-]*\w)")
+    pattern = re.compile(r"(?<![\w/.-])((?:configs|scripts_gpu|docs)/[\w./-]*\w)")
     missing = []
     for path, text in _texts():
         for m in pattern.finditer(text):
@@ -47,3 +47,20 @@ def test_every_module_a_command_runs_exists():
             if not (base.with_suffix(".py").exists() or (base / "__main__.py").exists()):
                 missing.append(f"{path}: {m.group(1)}")
     assert not missing, missing
+
+
+def test_the_readme_leads_to_every_path_within_its_first_60_lines():
+    """A new user finds the command for each path (a laptop, T5 on GPUs, LoRA on LLaMA,
+    a mixture of experts, a cluster, T5X, a GPU compiled for here) near the top, with a
+    document to read next that exists."""
+    head = (REPO / "README.md").read_text().splitlines()[:60]
+    rows = [l for l in head if l.startswith("| ") and not l.startswith(("| ---", "| you"))]
+    assert len(rows) >= 7, rows
+    for row in rows:
+        what, command, doc = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert what and (command.startswith("`") or "demo" in command), row
+        assert (REPO / doc.strip("`")).exists(), row
+    text = "\n".join(head)
+    for needle in ("pip install -e . && python -m t5lite.deps --fix && python -m t5lite.train",
+                   'pip install -e ".[test]"', "loss_per_token", 'pip install -e ".[gpu]"'):
+        assert needle in text, needle
