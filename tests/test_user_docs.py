@@ -64,3 +64,42 @@ def test_the_readme_leads_to_every_path_within_its_first_60_lines():
     for needle in ("pip install -e . && python -m t5lite.deps --fix && python -m t5lite.train",
                    'pip install -e ".[test]"', "loss_per_token", 'pip install -e ".[gpu]"'):
         assert needle in text, needle
+
+
+def _headings(doc: Path):
+    """Its Markdown headings, and its paragraphs' bold run-in labels (`**Label.** ...`)."""
+    text = doc.read_text()
+    return ({re.sub(r"^#+\s*", "", l).strip() for l in text.splitlines() if l.startswith("#")}
+            | {m.group(1).rstrip(".") for m in re.finditer(r"^\*\*([^*]+)\*\*", text, re.M)})
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_section_a_document_points_to_exists():
+    """`docs/x.md, "Section"` (as the documents and docstrings cite one another) and
+    Markdown links to `x.md#anchor`: the section is a heading of that file."""
+    texts = _texts() + [(p.relative_to(REPO), p.read_text())
+                        for p in sorted((REPO / "t5lite").glob("**/*.py"))]
+    cited = re.compile(r"((?:docs/)?[\w/-]+\.md)`?,?\s+\"([^\"]+)\"")
+    linked = re.compile(r"\]\(((?:[\w./-]+)?\.md)?#([\w-]+)\)")
+    wrong = []
+    for path, text in texts:
+        for m in cited.finditer(text):
+            name, section = m.group(1), " ".join(m.group(2).split())
+            doc = REPO / name if name.startswith("docs/") or "/" not in name else REPO / name
+            if not doc.exists() and (REPO / "docs" / name).exists():
+                doc = REPO / "docs" / name
+            if not doc.exists():
+                wrong.append(f"{path}: {name} (no such file)")
+            elif section.rstrip(".") not in _headings(doc) and not any(
+                    h.startswith(section.rstrip(".")) for h in _headings(doc)):
+                wrong.append(f"{path}: {name}, \"{section}\"")
+        for m in linked.finditer(text):
+            target = m.group(1)
+            doc = (REPO / path).parent / target if target else REPO / path
+            if doc.exists() and m.group(2) not in {_anchor(h) for h in _headings(doc)}:
+                wrong.append(f"{path}: {target or ''}#{m.group(2)}")
+    assert not wrong, "\n".join(wrong)
