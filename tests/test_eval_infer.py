@@ -10,8 +10,10 @@ cases run as subprocesses to check stderr and the exit status.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -264,10 +266,20 @@ def test_a_switch_t5_evals_and_infers_the_same_predictions(setup, tmp_path):
     assert direct[:len(texts)] == predictions
 
 
-def test_infer_score_matches_score_batch(setup, tmp_path):
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_infer_score_matches_score_batch(setup, tmp_path, monkeypatch):
+    """... with a progress bar of the lines on a terminal's stderr."""
     texts, targets, _, jl = _write_inputs(tmp_path)
     out = tmp_path / "out"
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert _infer(setup, out, f'--gin.INPUT_FILE="{jl}"', "--gin.MODE='score'") == 0
+    assert re.search(rf"score: 100%.*\b{len(texts)}/{len(texts)}\b", terminal.getvalue()), \
+        terminal.getvalue()[-2000:]
     rows = _read_jsonl(out / "predictions.jsonl")
     assert [(r["inputs"], r["targets"]) for r in rows] == list(zip(texts, targets))
     vocab = _vocab(setup)

@@ -43,6 +43,7 @@ from t5lite.inference import file_inputs
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
 from t5lite.models.features import decode_tokens
+from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space, run_lock
 from t5lite.runtime.partitioning import MeshSettings
 
@@ -180,8 +181,8 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
     by default; RAW_PROMPTS: a decoder-only model's raw prompts). Returns the number of
     lines written by this call. Every keyword is bound by configs/runs/infer.gin, the one home
     of their defaults."""
-    _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_path, output_dir,
-                    mixture_or_task_name, input_file, split, mode)
+    inputs = _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_path,
+                             output_dir, mixture_or_task_name, input_file, split, mode)
     # one infer per OUTPUT_DIR: two would interleave their lines in one file
     lock = run_lock.hold(Path(output_dir), "OUTPUT_DIR", "infer run")
     try:
@@ -207,8 +208,10 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
             log.info("resuming: %s already holds %d lines; skipping that many examples",
                      out_path, done)
         t0 = time.perf_counter()
+        total = inputs - done if inputs is not None else None  # a task split: uncounted
         written = _write_lines(itertools.islice(examples, done, None), session, model, vocab,
-                               lengths, mode, batch_size, out_path if writer else None, done)
+                               lengths, mode, batch_size, out_path if writer else None, done,
+                               total)
         log.info("wrote %d lines to %s (%d in all) in %.1fs", written, out_path, done + written,
                  time.perf_counter() - t0)
         return written
@@ -217,9 +220,10 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
 
 
 def _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_path, output_dir,
-                    mixture_or_task_name, input_file, split, mode) -> None:
+                    mixture_or_task_name, input_file, split, mode) -> Optional[int]:
     """Every setting of an infer run checked, and INPUT_FILE read through, before anything
-    loads: one line for the first that is wrong."""
+    loads: one line for the first that is wrong. Returns INPUT_FILE's number of inputs
+    (None without one)."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
     check_bool("RAW_PROMPTS", raw_prompts)
@@ -243,8 +247,10 @@ def _check_settings(task_feature_lengths, batch_size, raw_prompts, checkpoint_pa
         raise ConfigError("RAW_PROMPTS applies to INPUT_FILE's lines; a task split is read "
                           "as its task processes it: drop RAW_PROMPTS or give INPUT_FILE")
     if input_file:  # a line that is not UTF-8 (or JSON) fails here, before anything loads
-        log.info("INPUT_FILE %s: %d inputs", input_file,
-                 file_inputs.check_file(input_file, mode))
+        count = file_inputs.check_file(input_file, mode)
+        log.info("INPUT_FILE %s: %d inputs", input_file, count)
+        return count
+    return None
 
 
 def _examples(model, tasks, lengths, mode, mixture_or_task_name, split, input_file,
@@ -265,12 +271,13 @@ def _examples(model, tasks, lengths, mode, mixture_or_task_name, split, input_fi
 
 
 def _write_lines(examples, session, model, vocab, lengths, mode: str, batch_size: int,
-                 out_path: Optional[Path], done: int) -> int:
+                 out_path: Optional[Path], done: int, total: Optional[int] = None) -> int:
     """Predict or score `examples` a batch at a time, appending each batch's lines to
     `out_path` (None: a process that does not write) as one synced write; returns the
-    number of lines."""
+    number of lines. A bar of the lines (of `total`, when known) on a terminal."""
     written = 0
     f = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    bar = metrics.Progress(total, desc=mode, process_index=jax.process_index())
     try:
         for chunk in _batches(examples, batch_size):
             inputs = [ex["inputs_ids"] for ex in chunk]
@@ -291,7 +298,9 @@ def _write_lines(examples, session, model, vocab, lengths, mode: str, batch_size
                     f.flush()
                     os.fsync(f.fileno())
             written += len(lines)
+            bar.update(written)
     finally:
+        bar.close()
         if f is not None:
             with contextlib.suppress(OSError):  # a full disk was reported above
                 f.close()
