@@ -12,9 +12,11 @@ The files are written here in the real layouts (OpenAI's lambada_test.jsonl, pla
 BoolQ's dev.jsonl)."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -249,10 +251,17 @@ def test_lambada_is_the_greedy_last_word_computed_by_hand(data, families, family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_boolq_answer_is_the_likelier_of_yes_and_no_by_hand(data, families, family, tmp_path):
+def test_boolq_answer_is_the_likelier_of_yes_and_no_by_hand(data, families, family, tmp_path,
+                                                            monkeypatch):
+    """... with a bar of the continuations scored on a terminal's stderr."""
     model, variables, ckpt = families[family]
     out = tmp_path / "out"
+    terminal = type("Terminal", (io.StringIO,), {"isatty": lambda self: True})()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert _run(*_flags(data, family, ckpt, out, "boolq")) == 0
+    choices = 2 * BOOLQ  # " yes" and " no" for each question
+    assert re.search(rf"zero-shot \(choices\): 100%.*\b{choices}/{choices}\b",
+                     terminal.getvalue()), terminal.getvalue()[-2000:]
     metrics, rows = _outputs(out, "boolq")
     vocab, logits = _vocab(data), _logits_fn(model, variables)
     right = []

@@ -43,6 +43,7 @@ from t5lite.data.settings import DataSettings, how_to_set
 from t5lite.errors import ConfigError, DataNotFoundError
 from t5lite.inference.session import DecodingSettings, Session, load_session
 from t5lite.models.features import decode_tokens
+from t5lite.runtime import metrics
 from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.process import disk_space
 
@@ -173,11 +174,13 @@ def widths(ids: Sequence[_Ids], limits: Mapping[str, int], what: str) -> Dict[st
 def _greedy(session: Session, vocab, examples: Sequence[Example], ids: Sequence[_Ids]):
     """Lambada: right when the greedy continuation starts with every target token."""
     correct, rows = [], []
+    bar = _bar(len(ids), "zero-shot (greedy)")
     for start in range(0, len(ids), session.batch_size):
         chunk = ids[start:start + session.batch_size]
         batch = session.model.inference_batch([x.context for x in chunk],
                                               session.feature_lengths)
         tokens = session.predict(batch, index=start)
+        bar.update(start + len(chunk))
         for i, (x, row) in enumerate(zip(chunk, tokens)):
             target = x.continuations[0]
             got = [int(t) for t in row[:len(target)]]
@@ -185,19 +188,29 @@ def _greedy(session: Session, vocab, examples: Sequence[Example], ids: Sequence[
             example = examples[start + i]
             rows.append({"inputs": example.context, "target": example.target.strip(),
                          "prediction": decode_tokens(vocab, got), "correct": got == target})
+    bar.close()
     return correct, rows
+
+
+def _bar(total: int, desc: str) -> metrics.Progress:
+    """A bar of the examples (or continuations) scored, on a terminal's stderr only."""
+    import jax
+    return metrics.Progress(total, desc=desc, process_index=jax.process_index())
 
 
 def _choose(session: Session, examples: Sequence[Example], ids: Sequence[_Ids]):
     """BoolQ (any multiple choice): the continuation of the highest log-likelihood."""
     pairs = [(i, k) for i, x in enumerate(ids) for k in range(len(x.continuations))]
     scores = np.zeros(len(pairs), np.float64)
+    bar = _bar(len(pairs), "zero-shot (choices)")
     for start in range(0, len(pairs), session.batch_size):
         chunk = pairs[start:start + session.batch_size]
         batch = session.model.inference_batch(
             [ids[i].context for i, _ in chunk], session.feature_lengths,
             [ids[i].continuations[k] for i, k in chunk])
         scores[start:start + len(chunk)] = session.score(batch)
+        bar.update(start + len(chunk))
+    bar.close()
     correct, rows, at = [], [], 0
     for example, x in zip(examples, ids):
         lls = scores[at:at + len(x.continuations)]
