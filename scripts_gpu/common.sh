@@ -35,7 +35,8 @@ make_switches() {
 }
 
 # check_model MODEL: a pretraining recipe configs/MODEL_pile_pretrain.gin exists (a T5 v1.1
-# size: tiny ... xxl; or gpt126m, gpt175b, llama2_7b, llama2_70b, glam126m_64e, glam64b_64e).
+# size: tiny ... xxl; or gpt126m, gpt175b, llama2_7b, llama2_70b, glam126m_64e, glam64b_64e,
+# mixtral8x7b, switch_base8).
 check_model() {
   local root names
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -4,7 +4,7 @@
 #          [GRAD_ACCUM=1] [ENABLE_FP8=0] [TRANSPOSE_BS=0] [FUSE_QKV=0] [PACK=0] [GIN_FLAG...]
 #   MODEL: a recipe configs/MODEL_pile_pretrain.gin: a T5 v1.1 size tiny|small|base|large|xl|xxl
 #   (tiny: a toy for a CPU), or gpt126m, gpt175b, llama2_7b, llama2_70b, glam126m_64e,
-#   glam64b_64e; PREC bf16|fp32, switches 0|1; the global batch is
+#   glam64b_64e, mixtral8x7b, switch_base8; PREC bf16|fp32, switches 0|1; the global batch is
 #   BSIZE_PER_GPU * NUM_GPUS * GRAD_ACCUM; GIN_FLAGs (--gin.X=Y) go last.
 # e.g.   singlenode_pretrain_pile.sh large bf16 8 32 /logs/large /ckpt/large   # the recipe as shipped
 #        singlenode_pretrain_pile.sh llama2_7b bf16 8 4 /logs/l7 /ckpt/l7 8     # 8 microbatches

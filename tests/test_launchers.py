@@ -116,8 +116,8 @@ def test_every_launcher_prints_its_usage_on_help(script):
     ("singlenode_pretrain_pile.sh", ("tiny", "fp32"), {}, "expected at least 6 arguments, got 2"),
     ("singlenode_pretrain_pile.sh", ("huge", "fp32", 1, 2, "/tmp/l", "/tmp/m"), {},
      "MODEL must name a recipe configs/<MODEL>_pile_pretrain.gin (base, glam126m_64e, "
-     "glam64b_64e, gpt126m, gpt175b, large, llama2_70b, llama2_7b, small, tiny, xl, xxl), "
-     "got 'huge'"),
+     "glam64b_64e, gpt126m, gpt175b, large, llama2_70b, llama2_7b, mixtral8x7b, small, "
+     "switch_base8, tiny, xl, xxl), got 'huge'"),
     ("singlenode_pretrain_pile.sh", ("tiny", "fp16", 1, 2, "/tmp/l", "/tmp/m"), {},
      "PREC must be bf16 or fp32, got 'fp16'"),
     ("singlenode_pretrain_pile.sh", ("tiny", "fp32", "eight", 2, "/tmp/l", "/tmp/m"), {},
