@@ -182,3 +182,20 @@ def test_cli_refuses_weights_not_all_there(hf_t5, tmp_path):
                                   f"--output={tmp_path / 'o3'}"),
                           "missing shard model-00001-of-00002.safetensors", repr(names[0]))
     assert not any((tmp_path / o).exists() for o in ("o1", "o2", "o3"))
+
+
+def test_reading_a_model_shows_a_bar_of_its_tensors_on_a_terminal(hf_t5, monkeypatch):
+    """convert's (and INITIAL_CHECKPOINT_PATH's) read of a Hugging Face directory: a bar
+    of the tensors read and their gigabytes on a terminal's stderr, nothing otherwise."""
+    import io
+    import re
+    from t5lite.interop import hf
+    terminal = type("Terminal", (io.StringIO,), {"isatty": lambda self: True})()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    n = len(hf.read_safetensors(hf_t5))
+    assert n > 10 and re.search(rf"reading tensors: 100%.*\b{n}/{n}\b.*GB=",
+                                terminal.getvalue()), terminal.getvalue()[-1000:]
+    quiet = io.StringIO()  # not a terminal
+    monkeypatch.setattr(sys, "stderr", quiet)
+    hf.read_safetensors(hf_t5)
+    assert quiet.getvalue() == ""

@@ -42,6 +42,7 @@ from t5lite.interop.hf_families import IGNORED, family_of, hf_shape, to_hf, to_o
 from t5lite.models import layouts
 from t5lite.models.model import BaseModel, model_for_config
 from t5lite.models.param_paths import flatten, unflatten
+from t5lite.runtime import metrics
 
 Model = BaseModel
 WEIGHTS_NAME = "model.safetensors"
@@ -164,20 +165,28 @@ def read_safetensors(path: PathLike) -> Dict[str, np.ndarray]:
                 f"{absent[0]!r} in shard {file.name}, which does not hold it ({len(absent)} "
                 f"tensor(s) missing); {COPY_AGAIN}")
     tensors: Dict[str, np.ndarray] = {}
-    for file in headers:
-        name = None
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for name in f.keys():
-                    if name in tensors:
-                        raise ValueError(f"tensor {name!r} is in more than one shard "
-                                         f"({file.name})")
-                    tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
-        except (SafetensorError, OSError) as e:
-            tensor = f" (tensor {name!r})" if name is not None else ""
-            raise CheckpointDamagedError(
-                f"the Hugging Face weights file {file} cannot be read{tensor}: "
-                f"{' '.join(str(e).split())[:200]}; {COPY_AGAIN}") from None
+    total = sum(len([t for t in h if t != "__metadata__"]) for h in headers.values())
+    bar = metrics.Progress(total, desc="reading tensors")  # on a terminal only
+    read_bytes = 0
+    try:
+        for file in headers:
+            name = None
+            try:
+                with safe_open(str(file), framework="numpy") as f:
+                    for name in f.keys():
+                        if name in tensors:
+                            raise ValueError(f"tensor {name!r} is in more than one shard "
+                                             f"({file.name})")
+                        tensors[name] = np.asarray(f.get_tensor(name), dtype=np.float32)
+                        read_bytes += tensors[name].nbytes
+                        bar.update(len(tensors), {"GB": read_bytes / 1e9})
+            except (SafetensorError, OSError) as e:
+                tensor = f" (tensor {name!r})" if name is not None else ""
+                raise CheckpointDamagedError(
+                    f"the Hugging Face weights file {file} cannot be read{tensor}: "
+                    f"{' '.join(str(e).split())[:200]}; {COPY_AGAIN}") from None
+    finally:
+        bar.close()
     return tensors
 
 
