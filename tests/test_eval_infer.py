@@ -117,10 +117,20 @@ def _mnli_dev(setup):
 # ----------------------------------------------------------------------------- eval
 
 
-def test_eval_mnli_metrics_match_predictions_and_predict_batch(setup, tmp_path):
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_eval_mnli_metrics_match_predictions_and_predict_batch(setup, tmp_path, monkeypatch):
+    """... with a bar of the task's examples on a terminal's stderr."""
     out = tmp_path / "out"
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'",
                  "--gin.SPLIT='validation_matched'") == 0
+    assert re.search(rf"eval mnli: 100%.*\b{DEV}/{DEV}\b", terminal.getvalue()), \
+        terminal.getvalue()[-2000:]
     summary = json.loads((out / "metrics.json").read_text())
     assert summary["step"] == 7 and summary["split"] == "validation_matched"
     assert summary["num_examples"] == {"mnli": DEV}
@@ -264,11 +274,6 @@ def test_a_switch_t5_evals_and_infers_the_same_predictions(setup, tmp_path):
         tokens = model.predict_batch(variables, batch, max_decode_length=LENGTHS["targets"])
         direct += [features.decode_tokens(vocab, row) for row in np.asarray(tokens)]
     assert direct[:len(texts)] == predictions
-
-
-class _Terminal(io.StringIO):
-    def isatty(self):
-        return True
 
 
 def test_infer_score_matches_score_batch(setup, tmp_path, monkeypatch):

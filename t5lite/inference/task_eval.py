@@ -23,6 +23,7 @@ import numpy as np
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
 from t5lite.models.features import decode_tokens
+from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space
 
 
@@ -96,18 +97,30 @@ class TaskEvaluator:
     def num_examples(self) -> Dict[str, int]:
         return {name: len(ex) for name, ex in self._examples.items()}
 
-    def evaluate(self, session: Session) -> Dict[str, TaskResult]:
-        """{task name: TaskResult} for the session's current parameters."""
+    def evaluate(self, session: Session, progress: bool = False) -> Dict[str, TaskResult]:
+        """{task name: TaskResult} for the session's current parameters; `progress`: a bar
+        of each task's examples on a terminal (the eval command's; not during training,
+        whose own bar is on the terminal then)."""
         tokens_by_task: Dict[str, Dict[int, List[int]]] = {}
 
         def predict_fn(ds, model_feature_shapes=None):
             out = []
-            for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
-                inputs = [row[row > 0] for row in features["encoder_input_tokens"]]
-                tokens = session.predict(session.model.inference_batch(
-                    inputs, session.feature_lengths), index=int(indices[0]))
-                out.extend((int(i), [int(t) for t in row]) for i, row in zip(indices, tokens))
-            tokens_by_task[self._task_of.get(id(ds), self.name)] = dict(out)
+            task = self._task_of.get(id(ds), self.name)
+            import jax
+            bar = metrics.Progress(self.num_examples.get(task), desc=f"eval {task}",
+                                   process_index=jax.process_index(),
+                                   enable=None if progress else False)
+            try:
+                for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
+                    inputs = [row[row > 0] for row in features["encoder_input_tokens"]]
+                    tokens = session.predict(session.model.inference_batch(
+                        inputs, session.feature_lengths), index=int(indices[0]))
+                    out.extend((int(i), [int(t) for t in row])
+                               for i, row in zip(indices, tokens))
+                    bar.update(len(out))
+            finally:
+                bar.close()
+            tokens_by_task[task] = dict(out)
             return out
 
         metrics_future, _ = self._evaluator.evaluate(compute_metrics=True, step=session.step,
@@ -159,8 +172,10 @@ def _check_labels_fit(task, split: str, examples, feature_lengths: Mapping[str, 
 
 def evaluate_task(session: Session, name: str, split: str,
                   num_examples: Optional[int] = None) -> Dict[str, TaskResult]:
-    """One evaluation of `split` of the task or mixture `name` (see TaskEvaluator)."""
-    return TaskEvaluator(name, split, session.feature_lengths, num_examples).evaluate(session)
+    """One evaluation of `split` of the task or mixture `name` (see TaskEvaluator), with a
+    bar of its examples on a terminal."""
+    return TaskEvaluator(name, split, session.feature_lengths, num_examples).evaluate(
+        session, progress=True)
 
 
 def write_predictions(path: Path, result: TaskResult) -> None:
