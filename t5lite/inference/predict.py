@@ -277,7 +277,7 @@ def _write_lines(examples, session, model, vocab, lengths, mode: str, batch_size
     number of lines. A bar of the lines (of `total`, when known) on a terminal."""
     written = 0
     f = open(out_path, "a", encoding="utf-8") if out_path is not None else None
-    bar = metrics.Progress(total, desc=mode, process_index=jax.process_index())
+    bar = metrics.Progress(total, desc=mode)
     try:
         for chunk in _batches(examples, batch_size):
             inputs = [ex["inputs_ids"] for ex in chunk]

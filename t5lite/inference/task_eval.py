@@ -106,11 +106,8 @@ class TaskEvaluator:
         def predict_fn(ds, model_feature_shapes=None):
             out = []
             task = self._task_of.get(id(ds), self.name)
-            import jax
-            bar = metrics.Progress(self.num_examples.get(task), desc=f"eval {task}",
-                                   process_index=jax.process_index(),
-                                   enable=None if progress else False)
-            try:
+            with metrics.Progress(self.num_examples.get(task), desc=f"eval {task}",
+                                  enable=None if progress else False) as bar:
                 for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
                     inputs = [row[row > 0] for row in features["encoder_input_tokens"]]
                     tokens = session.predict(session.model.inference_batch(
@@ -118,8 +115,6 @@ class TaskEvaluator:
                     out.extend((int(i), [int(t) for t in row])
                                for i, row in zip(indices, tokens))
                     bar.update(len(out))
-            finally:
-                bar.close()
             tokens_by_task[task] = dict(out)
             return out
 

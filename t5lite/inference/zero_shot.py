@@ -174,43 +174,36 @@ def widths(ids: Sequence[_Ids], limits: Mapping[str, int], what: str) -> Dict[st
 def _greedy(session: Session, vocab, examples: Sequence[Example], ids: Sequence[_Ids]):
     """Lambada: right when the greedy continuation starts with every target token."""
     correct, rows = [], []
-    bar = _bar(len(ids), "zero-shot (greedy)")
-    for start in range(0, len(ids), session.batch_size):
-        chunk = ids[start:start + session.batch_size]
-        batch = session.model.inference_batch([x.context for x in chunk],
-                                              session.feature_lengths)
-        tokens = session.predict(batch, index=start)
-        bar.update(start + len(chunk))
-        for i, (x, row) in enumerate(zip(chunk, tokens)):
-            target = x.continuations[0]
-            got = [int(t) for t in row[:len(target)]]
-            correct.append(got == target)
-            example = examples[start + i]
-            rows.append({"inputs": example.context, "target": example.target.strip(),
-                         "prediction": decode_tokens(vocab, got), "correct": got == target})
-    bar.close()
+    with metrics.Progress(len(ids), desc="zero-shot (greedy)") as bar:
+        for start in range(0, len(ids), session.batch_size):
+            chunk = ids[start:start + session.batch_size]
+            batch = session.model.inference_batch([x.context for x in chunk],
+                                                  session.feature_lengths)
+            tokens = session.predict(batch, index=start)
+            bar.update(start + len(chunk))
+            for i, (x, row) in enumerate(zip(chunk, tokens)):
+                target = x.continuations[0]
+                got = [int(t) for t in row[:len(target)]]
+                correct.append(got == target)
+                example = examples[start + i]
+                rows.append({"inputs": example.context, "target": example.target.strip(),
+                             "prediction": decode_tokens(vocab, got),
+                             "correct": got == target})
     return correct, rows
-
-
-def _bar(total: int, desc: str) -> metrics.Progress:
-    """A bar of the examples (or continuations) scored, on a terminal's stderr only."""
-    import jax
-    return metrics.Progress(total, desc=desc, process_index=jax.process_index())
 
 
 def _choose(session: Session, examples: Sequence[Example], ids: Sequence[_Ids]):
     """BoolQ (any multiple choice): the continuation of the highest log-likelihood."""
     pairs = [(i, k) for i, x in enumerate(ids) for k in range(len(x.continuations))]
     scores = np.zeros(len(pairs), np.float64)
-    bar = _bar(len(pairs), "zero-shot (choices)")
-    for start in range(0, len(pairs), session.batch_size):
-        chunk = pairs[start:start + session.batch_size]
-        batch = session.model.inference_batch(
-            [ids[i].context for i, _ in chunk], session.feature_lengths,
-            [ids[i].continuations[k] for i, k in chunk])
-        scores[start:start + len(chunk)] = session.score(batch)
-        bar.update(start + len(chunk))
-    bar.close()
+    with metrics.Progress(len(pairs), desc="zero-shot (choices)") as bar:
+        for start in range(0, len(pairs), session.batch_size):
+            chunk = pairs[start:start + session.batch_size]
+            batch = session.model.inference_batch(
+                [ids[i].context for i, _ in chunk], session.feature_lengths,
+                [ids[i].continuations[k] for i, k in chunk])
+            scores[start:start + len(chunk)] = session.score(batch)
+            bar.update(start + len(chunk))
     correct, rows, at = [], [], 0
     for example, x in zip(examples, ids):
         lls = scores[at:at + len(x.continuations)]

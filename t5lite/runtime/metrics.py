@@ -226,13 +226,16 @@ class MetricWriter:
 # Progress bar
 # ---------------------------------------------------------------------------------------
 class Progress:
-    """A tqdm bar on an interactive stderr (process 0), otherwise nothing at all."""
+    """A tqdm bar on an interactive stderr (process 0: `process_index`, this process's
+    in the run when not given), otherwise nothing at all."""
 
     def __init__(self, total: Optional[int], initial: int = 0, *, desc: str = "train",
-                 process_index: int = 0, enable: Optional[bool] = None, file=None):
+                 process_index: Optional[int] = None, enable: Optional[bool] = None,
+                 file=None):
         file = sys.stderr if file is None else file
         if enable is None:
-            enable = process_index == 0 and hasattr(file, "isatty") and file.isatty()
+            enable = hasattr(file, "isatty") and file.isatty() and (
+                _process_index() if process_index is None else process_index) == 0
         self._bar = None
         if enable:
             try:
@@ -267,3 +270,8 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _process_index() -> int:
+    import jax  # only when a terminal would show the bar
+    return jax.process_index()
