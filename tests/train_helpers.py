@@ -135,13 +135,18 @@ def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
 # Several runs of one command in one fresh interpreter: each argv through the command's
 # `main` as `python -m` runs it (a ConfigError is `error: ...` and status 2; any other
 # exception its traceback and status 1), with that run's stderr captured. For cases
-# that end before training (bad settings): one interpreter start and import instead of
-# one a case. Each command keeps a real subprocess test of its own.
+# that end before training (bad settings), or runs that follow one another on one model
+# directory: one interpreter start and import instead of one a run. Each command keeps a
+# real subprocess test of its own. A `Between` in the list is Python run in that
+# interpreter between two runs (a test changing the files the next run reads).
 _MAINS = r"""
 import contextlib, importlib, io, json, sys, traceback
 from t5lite.config import command
 from t5lite.errors import ConfigError
 for module, argv in json.loads(sys.argv[1]):
+    if module is None:
+        exec(argv, {})
+        continue
     main = importlib.import_module(module).main
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -159,24 +164,33 @@ for module, argv in json.loads(sys.argv[1]):
 """
 
 
-def run_mains(argvs: Sequence[Sequence[str]], devices: int = 1,
+class Between(str):
+    """Python source that `run_mains` runs between two of its runs, in their interpreter."""
+
+
+def run_mains(argvs: Sequence[Union[Sequence[str], Between]], devices: int = 1,
               module: Union[str, Sequence[str]] = "t5lite.train",
               timeout: float = DEFAULT_TIMEOUT, cwd: Optional[PathLike] = None,
               extra_env: Optional[Mapping[str, str]] = None
               ) -> List[subprocess.CompletedProcess]:
     """Each argv (without `python -m module`) run by `module.main` in one interpreter, in
-    order (`module`: one for all, or one per argv: train, then eval, then infer); a
-    CompletedProcess per argv (its returncode the status the command would exit with, its
-    stderr that run's), so `assert_one_error` reads them as it reads a subprocess."""
-    modules = [module] * len(argvs) if isinstance(module, str) else list(module)
-    assert len(modules) == len(argvs), (modules, argvs)
-    proc = run([sys.executable, "-c", _MAINS,
-                json.dumps([[m, list(a)] for m, a in zip(modules, argvs)])],
+    order (`module`: one for all, or one per argv: train, then eval, then infer), a
+    `Between` run as Python where it stands; a CompletedProcess per argv (its returncode
+    the status the command would exit with, its stderr that run's), so `assert_one_error`
+    reads them as it reads a subprocess."""
+    runs_only = [a for a in argvs if not isinstance(a, Between)]
+    modules = [module] * len(runs_only) if isinstance(module, str) else list(module)
+    assert len(modules) == len(runs_only), (modules, runs_only)
+    modules_left, entries = iter(modules), []
+    for item in argvs:
+        entries.append([None, str(item)] if isinstance(item, Between)
+                       else [next(modules_left), list(item)])
+    proc = run([sys.executable, "-c", _MAINS, json.dumps(entries)],
                devices=devices, timeout=timeout, cwd=cwd, extra_env=extra_env)
     runs = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("RUN ")]
-    assert proc.returncode == 0 and len(runs) == len(argvs), describe(proc)
+    assert proc.returncode == 0 and len(runs) == len(runs_only), describe(proc)
     return [subprocess.CompletedProcess(argv, status, "", err)
-            for argv, (status, err) in zip(argvs, runs)]
+            for argv, (status, err) in zip(runs_only, runs)]
 
 
 # A Python child started through this trampoline has Ctrl-C and SIGHUP at their default
