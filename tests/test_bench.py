@@ -17,7 +17,7 @@ def test_bench_runs_and_writes_traceable_json(tmp_path):
         "    runpy.run_module('t5lite.bench', run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n")
-    proc, imported = th.imports_after(code, cwd=tmp_path)
+    proc, imported = th.imports_after(code, cwd=tmp_path, devices=1)
     assert imported == []
     assert "median step" in proc.stdout and "TFLOP/s per device" in proc.stdout
     result = json.loads(out.read_text())

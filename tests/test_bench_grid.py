@@ -141,18 +141,16 @@ def test_cpu_smoke_grid_runs_end_to_end_without_tensorflow(tmp_path):
     written, each JSON traceable, and nothing of TensorFlow / SeqIO imported."""
     out = tmp_path / "grid"
     grid = os.path.join(th.REPO, "scripts_gpu", "grids", "cpu_smoke.json")
-    # on one device: the grid's machinery is what this tests, and one device compiles each
-    # configuration's programs in about half the time of the tests' eight
-    flags = th.env(devices=1)["XLA_FLAGS"]
     code = (
-        f"import os; os.environ['XLA_FLAGS'] = {flags!r}\n"
         "import sys, runpy\n"
         f"sys.argv = ['bench', '--grid={grid}', '--out_dir={out}']\n"
         "try:\n"
         "    runpy.run_module('t5lite.bench', run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n")
-    proc, imported = th.imports_after(code, cwd=tmp_path)
+    # on one device: the grid's machinery is what this tests, and one device compiles each
+    # configuration's programs in about half the time of the tests' eight
+    proc, imported = th.imports_after(code, cwd=tmp_path, devices=1)
     assert imported == []
     names = sorted(p.name for p in out.glob("*_b*.json"))
     assert names == ["llama_tiny_b1.json", "t5_tiny_bf16+fused_qkv_b1.json",

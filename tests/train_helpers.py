@@ -110,15 +110,18 @@ HEAVY_PACKAGES = ("tensorflow", "tensorflow_datasets", "seqio", "t5", "clu")
 
 
 def imports_after(code: str, packages: Sequence[str] = HEAVY_PACKAGES,
-                  cwd: Optional[PathLike] = None, timeout: float = 300
+                  cwd: Optional[PathLike] = None, timeout: float = 300,
+                  devices: Optional[int] = None
                   ) -> Tuple[subprocess.CompletedProcess, List[str]]:
-    """Run `code` in a fresh interpreter (which must succeed), then list the modules of
-    `packages` that it imported. Returns (the process, the sorted module names)."""
+    """Run `code` in a fresh interpreter (which must succeed; `devices` fake host devices,
+    None: this process's environment as it is), then list the modules of `packages` that
+    it imported. Returns (the process, the sorted module names)."""
     probe = ("\nimport sys as _s, json as _j\n"
              f"print('IMPORTED', _j.dumps(sorted(n for n in _s.modules "
              f"if n.split('.')[0] in {set(packages)!r})))\n")
     proc = subprocess.run([sys.executable, "-c", code + probe], capture_output=True,
-                          text=True, timeout=timeout, cwd=str(cwd) if cwd else None)
+                          text=True, timeout=timeout, cwd=str(cwd) if cwd else None,
+                          env=None if devices is None else env(devices))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("IMPORTED ")][-1]
     return proc, json.loads(line[len("IMPORTED "):])
