@@ -4,6 +4,9 @@ none restores the run ends in one line and moves nothing; a deletion by retentio
 crash cut short is finished, not reported as an uncommitted save."""
 import glob
 import os
+import shutil
+
+import pytest
 
 import train_helpers as th
 
@@ -21,9 +24,22 @@ def _train(model_dir, steps, *extra):
                         "--gin.LOG_PERIOD=1", *extra, steps=steps)
 
 
-def test_damaged_latest_falls_back_to_the_previous_good_one(tmp_path):
-    model_dir = tmp_path / "run"
-    assert _train(model_dir, 4).returncode == 0
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run to step 4 (checkpoints 2 and 4), trained once; each test damages a copy."""
+    model_dir = tmp_path_factory.mktemp("damage") / "run"
+    proc = _train(model_dir, 4)
+    assert proc.returncode == 0, th.describe(proc)
+    return model_dir
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_damaged_latest_falls_back_to_the_previous_good_one(model_dir):
     _damage(model_dir, 4)
     proc = _train(model_dir, 6)
     assert proc.returncode == 0, th.describe(proc)
@@ -38,9 +54,7 @@ def test_damaged_latest_falls_back_to_the_previous_good_one(tmp_path):
     assert th.complete_steps(model_dir) == [2, 4, 6]   # step 4 written again, afresh
 
 
-def test_no_restorable_checkpoint_is_one_line_and_moves_nothing(tmp_path):
-    model_dir = tmp_path / "run"
-    assert _train(model_dir, 4).returncode == 0
+def test_no_restorable_checkpoint_is_one_line_and_moves_nothing(model_dir):
     _damage(model_dir, 2)
     _damage(model_dir, 4)
     before = sorted(os.listdir(model_dir / "checkpoints"))
@@ -51,9 +65,7 @@ def test_no_restorable_checkpoint_is_one_line_and_moves_nothing(tmp_path):
     assert sorted(os.listdir(model_dir / "checkpoints")) == before
 
 
-def test_retention_cut_short_by_a_crash_is_finished_quietly(tmp_path):
-    model_dir = tmp_path / "run"
-    assert _train(model_dir, 4).returncode == 0
+def test_retention_cut_short_by_a_crash_is_finished_quietly(model_dir):
     # retention had started deleting step 2: its commit markers (the marker files and the
     # commit time in its metadata) are gone, some data remains
     step2 = model_dir / "checkpoints" / "2"
