@@ -43,17 +43,18 @@ def test_bad_settings_are_one_line(tmp_path):
 
 def test_model_dir_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("not a directory")
-    for model_dir, what in [(tmp_path / "afile", "MODEL_DIR is a file"),
-                            (tmp_path / "afile" / "sub", "MODEL_DIR's parent")]:
-        proc = th.run_train(model_dir, steps=2)
+    cases = [(tmp_path / "afile", "MODEL_DIR is a file"),
+             (tmp_path / "afile" / "sub", "MODEL_DIR's parent")]
+    procs = th.run_mains([th.train_command(model_dir, steps=2)[3:] for model_dir, _ in cases])
+    for (_, what), proc in zip(cases, procs):
         th.assert_one_error(proc, what, "not a directory")
     assert (tmp_path / "afile").read_text() == "not a directory"
 
 
 def test_finished_run_says_it_is_complete(tmp_path):
     model_dir = tmp_path / "run"
-    assert th.run_train(model_dir, steps=2).returncode == 0
-    again = th.run_train(model_dir, steps=2)
+    first, again = th.run_mains([th.train_command(model_dir, steps=2)[3:]] * 2)
+    assert first.returncode == 0, th.describe(first)
     assert again.returncode == 0, th.describe(again)
     assert "already complete" in again.stderr and "TRAIN_STEPS=2" in again.stderr
     assert th.logged_steps(again.stderr) == []

@@ -133,11 +133,12 @@ def test_a_stalled_run_ends_with_status_3_and_resumes(tmp_path):
     assert took < 120, took
     assert th.complete_steps(tmp_path / "run") == [4]
     assert (tmp_path / "run" / f"hang-{socket.gethostname()}-0.txt").exists()
-    resumed = th.run_train(tmp_path / "run", "--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1",
-                           steps=8)
+    # the resume and the uninterrupted run one after the other in one interpreter
+    resumed, whole = th.run_mains([
+        th.train_command(tmp_path / name, "--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1",
+                         steps=8)[3:] for name in ("run", "whole")])
     assert resumed.returncode == 0, th.describe(resumed)
-    whole = th.run_train(tmp_path / "whole", "--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1",
-                         steps=8)
+    assert "start: resume:4 at step 4" in resumed.stderr, resumed.stderr[-3000:]
     assert whole.returncode == 0, th.describe(whole)
     th.assert_trees_equal(th.load_state(tmp_path / "run", 8)["params"],
                           th.load_state(tmp_path / "whole", 8)["params"], "params")
