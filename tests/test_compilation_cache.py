@@ -125,6 +125,14 @@ def test_a_second_run_loads_the_programs_the_first_saved(warm, tmp_path):
     assert misses >= 2 and saved == misses
     assert any(e.startswith("jit_step_fn-") for e in _entries(cache))
     assert all(_whole(cache / e) for e in _entries(cache))
+    # the line before the step compiles, and the compile time remembered for the run
+    # (runtime/process/compile_record.py; its own tests: test_compile_record.py)
+    announced = first.stderr.index(
+        "compiling the train step (jit(step_fn)); the first time for this MODEL_DIR")
+    assert announced < first.stderr.index("compilation cache: jit(step_fn) compiled in")
+    record = json.loads((cache / "compile_seconds.json").read_text())
+    assert list(record) == [f"{cache.parent / 'run'}|jit(step_fn)"] and record[
+        f"{cache.parent / 'run'}|jit(step_fn)"] > 0
     # the gin macro wins over the environment (which names a directory never made)
     second = _train(tmp_path / "run", tmp_path / "unused",
                     f"--gin.COMPILATION_CACHE_DIR='{cache}'")

@@ -47,7 +47,7 @@ from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
 from t5lite.runtime.checkpointing import checkpoints, lora_restore
-from t5lite.runtime.process import disk_space, distributed
+from t5lite.runtime.process import compile_record, disk_space, distributed
 from t5lite.runtime import metrics, run_seed
 from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, complete_steps
 from t5lite.runtime.process.watchdog import StepWatchdog, WatchdogSettings
@@ -296,6 +296,8 @@ def _run_steps(ctx: RunContext) -> None:
     run, duties = ctx.run, ctx.duties
     train_step = run.step_fns.train_step
     batch = run.next_batch()  # from here on each batch is fetched while a step runs
+    # the first step compiles the train step (or loads it from the compilation cache)
+    compile_record.announce("the train step", "step_fn", str(ctx.args.model_dir))
     while True:
         ctx.state, step_metrics = train_step(ctx.state, batch)
         ctx.step += 1

@@ -52,6 +52,7 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 from jax import monitoring
 
+from t5lite.runtime.process import compile_record
 from t5lite.runtime.process.disk_space import human
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ def start(directory: Optional[str], source: str = "") -> Optional[Cache]:
     if _active is not None and directory == _active.directory:
         return _active
     finish(quiet=True)
+    compile_record.use(None, writable=False)
     if directory is None:
         _configure_jax(None, writable=False)
         log.info("compilation cache: off (%s)", source or MACRO)
@@ -154,6 +156,7 @@ def start(directory: Optional[str], source: str = "") -> Optional[Cache]:
     _install_hooks()
     _configure_jax(directory, writable=not cannot_write)
     _active = Cache(directory, source, writable=not cannot_write)
+    compile_record.use(directory, writable=not cannot_write and jax.process_index() == 0)
     log.info("compilation cache: %s (%s; %s)", directory, source or "given",
              _contents(directory))
     return _active
@@ -313,8 +316,9 @@ def _program(cache: Cache, name: str, seconds: float) -> None:
         elif seconds >= _jax_defaults["min_seconds"]:
             cache.misses += 1
         cache.saved += int(saved)
+    compiled = getattr(_compile, "compiled_s", 0.0) + seconds if outcome == "hit" else seconds
+    compile_record.note(name, compiled)
     if outcome == "hit":
-        compiled = getattr(_compile, "compiled_s", 0.0) + seconds
         if compiled >= LOG_SECONDS:
             log.info("compilation cache: %s loaded in %.1f s (compiling it took %.0f s)",
                      name, seconds, compiled)
