@@ -7,6 +7,8 @@ the `plot` extra, matplotlib).
         --tags=loss_per_token,seq_per_s
     python -m t5lite.plot t5lite_demo/mnli --subdir=inference_eval --tags=mnli/accuracy \
         --out mnli.png
+    python -m t5lite.plot --bytes_of=docs/perf/gpu/aot/large_b32_h200.json \
+        --out large_h200_bytes.png   # where a step compiled for a GPU moves its bytes
 """
 from __future__ import annotations
 
@@ -17,15 +19,19 @@ from typing import Optional, Sequence
 
 from t5lite.config import flags
 from t5lite.errors import ConfigError
-from t5lite.tools import curves
+from t5lite.tools import bytes_chart, curves
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m t5lite.plot", description=flags.summary(__doc__, lines=True),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+    parser.add_argument("runs", nargs="*", metavar="RUN_DIR",
                         help="a MODEL_DIR (or OUTPUT_DIR); each is one line a panel")
+    parser.add_argument("--bytes_of", default="", metavar="REPORT.json",
+                        help="instead of runs: a bar chart of the bytes a step compiled for "
+                             "a GPU moves per model part (info --gpu --json's report), "
+                             "labelled predicted")
     parser.add_argument("--out", required=True, help="the picture: .png, .svg or .pdf")
     parser.add_argument("--tags", default=",".join(curves.DEFAULT_TAGS),
                         help="the scalars to draw, a panel each (default: %(default)s)")
@@ -37,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if bool(args.runs) == bool(args.bytes_of):
+        print("error: give RUN_DIRs (training curves) or --bytes_of=REPORT.json (a step's "
+              "bytes), one of the two", file=sys.stderr)
+        return 2
+    if args.bytes_of:
+        return _bytes(args.bytes_of, args.out, args.title)
     try:
         tags = [t.strip() for t in args.tags.split(",") if t.strip()]
         if not tags:
@@ -57,6 +69,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{tag}: " + "; ".join(f"{name} steps {s[0]}-{s[-1]} ({len(s)} points)"
                                      for name, (s, _) in lines.items()))
     print(f"wrote {args.out}")
+    return 0
+
+
+def _bytes(report_path: str, out: str, title: str) -> int:
+    try:
+        parts = bytes_chart.chart(report_path, out, title)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    for part, moved in parts:
+        print(f"{part}: {moved / 1e9:.1f} GB")
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """`python -m t5lite.plot`: runs' TensorBoard scalars (written by the training loop's own
 writer) drawn one panel a tag, the runs overlaid; what each panel shows is what the event
 files hold; bad input is one line."""
+import json
 import struct
 import sys
 
@@ -90,3 +91,68 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, needles):
     assert status in (1, 2) and len(err) == 1 and err[0].startswith("error: "), err
     for needle in needles:
         assert needle.format(**fill) in err[0], (needle, err)
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def _report(path, rows, **more):
+    path.write_text(json.dumps({"name": "tiny_b2_h100", "device_kind": "NVIDIA H100",
+                                "kernels_by_part": rows, **more}))
+    return path
+
+
+def test_a_step_s_bytes_by_part_drawn_and_labelled_predicted(tmp_path, capsys):
+    rows = [{"group": ["MLP", "cublas gemm"], "bytes": 3e9},
+            {"group": ["attention scores", "cudnn attention"], "bytes": 4e9},
+            {"group": ["MLP", "loop fusion"], "bytes": 2e9},  # the part's kinds add up
+            {"group": ["embeddings", "loop fusion"], "bytes": 0}]  # nothing: left out
+    report = _report(tmp_path / "step.json", rows)
+    out = tmp_path / "bytes.png"
+    assert plot.main([f"--bytes_of={report}", f"--out={out}"]) == 0
+    width, height = _png_size(out)
+    assert width > height > 0
+    assert capsys.readouterr().out.splitlines() == [
+        "MLP: 5.0 GB", "attention scores: 4.0 GB", f"wrote {out}"]
+    from t5lite.tools import bytes_chart
+    assert bytes_chart.bytes_by_part(json.loads(report.read_text())) == [
+        ("MLP", 5e9), ("attention scores", 4e9)]
+    svg = tmp_path / "bytes.svg"  # the title says what it is: a prediction
+    assert plot.main([f"--bytes_of={report}", f"--out={svg}"]) == 0
+    text = svg.read_text()
+    assert "predicted" in text and "not measured" in text and "NVIDIA H100" in text
+
+
+def test_the_docs_chart_is_the_shipped_report_s_figures():
+    """docs/performance.md's figures for T5 large on an H200 are the report's sums."""
+    from t5lite.tools import bytes_chart
+    report = json.loads((th.REPO / "docs/perf/gpu/aot/large_b32_h200.json").read_text())
+    parts = dict(bytes_chart.bytes_by_part(report))
+    text = (th.REPO / "docs/performance.md").read_text()
+    assert f"MLP {parts['MLP'] / 1e9:.1f}, attention projections " \
+           f"{parts['attention projections'] / 1e9:.1f}" in " ".join(text.split())
+    assert "(images/large_h200_bytes.png)" in text
+    assert (th.REPO / "docs/images/large_h200_bytes.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "give RUN_DIRs (training curves) or --bytes_of=REPORT.json"),
+    (["somerun", "--bytes_of=r.json"], "one of the two"),
+    (["--bytes_of=missing.json"], "--bytes_of missing.json: cannot read it"),
+    (["--bytes_of=notjson.json"], "--bytes_of notjson.json: not JSON"),
+    (["--bytes_of=curves.json"], "has no kernels_by_part: give the JSON of a step compiled "
+                                 "for a GPU"),
+    (["--bytes_of=badrow.json"], "a kernels_by_part row without a group and bytes"),
+    (["--bytes_of=step.json", "--out=chart.txt"], "must end in .png, .svg, .pdf"),
+])
+def test_bad_bytes_input_is_one_line(tmp_path, monkeypatch, capsys, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notjson.json").write_text("{oops")
+    (tmp_path / "curves.json").write_text(json.dumps({"loss": [1, 2]}))
+    _report(tmp_path / "badrow.json", [{"bytes": 3}])
+    _report(tmp_path / "step.json", [{"group": ["MLP", "x"], "bytes": 1e9}])
+    out = [] if any(a.startswith("--out") for a in args) else ["--out=chart.png"]
+    assert plot.main(args + out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not (tmp_path / "chart.png").exists()
