@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -310,6 +311,32 @@ def test_switch_bindings_have_one_home():
     assert found == {(cls, f) for cls in ("T5Config", "DecoderConfig") for f in switches}
 
 
+def test_moe_settings_have_one_home_and_their_fields_defaults():
+    """Every mixture-of-experts field carries its macro (`moe_settings.MoeFields`), as the
+    switches do; configs/models/_moe.gin defines each macro at the field's default and binds
+    it to the field of both config classes (an encoder-only field to T5Config alone); no
+    other config binds an MoE field (it sets the macro)."""
+    from t5lite.models import configs
+    from t5lite.models.moe import settings as moe_settings
+    binding = re.compile(r"^(?:t5lite\.)?(T5Config|DecoderConfig)\.(\w+)\s*=\s*(.*)$", re.M)
+    macros = configs.moe_macros()
+    fields = {f.name: f for f in dataclasses.fields(moe_settings.MoeFields)}
+    assert set(macros) == set(fields)  # every field has one
+    home = CONFIGS / "models" / "_moe.gin"
+    defined = dict(re.findall(r"^([A-Z_]+)\s*=\s*([^#\n]+)", home.read_text(), re.M))
+    for field, macro in macros.items():
+        assert ast.literal_eval(defined[macro].strip()) == fields[field].default, macro
+    found = set()
+    for path in CONFIGS.rglob("*.gin"):
+        for cls, field, value in binding.findall(path.read_text()):
+            if field in macros:
+                assert path == home, f"{path.relative_to(CONFIGS)} binds {cls}.{field}"
+                assert value.split("#")[0].strip() == f"%{macros[field]}"
+                found.add((cls, field))
+    assert found == {(cls, f) for cls in ("T5Config", "DecoderConfig") for f in macros
+                     if cls == "T5Config" or f not in moe_settings.ENCODER_ONLY}
+
+
 RUN_SETTINGS = ("train", "evaluate", "infer", "MeshSettings", "CheckpointSettings",
                 "InferenceEvalSettings", "DecodingSettings", "DataSettings")
 
@@ -341,7 +368,6 @@ def test_every_command_says_what_it_does_in_whole_sentences(module):
     """`--help` states the command's docstring's whole first paragraph (its first line
     alone stopped mid-sentence: 'convert a local Hugging Face model directory or a
     T5X')."""
-    import ast
     import subprocess
     import sys
     doc = ast.get_docstring(ast.parse((REPO / "t5lite" / f"{module}.py").read_text()))

@@ -1,4 +1,5 @@
 """`python -m t5lite.convert --from=hf`: Orbax params + model.gin from an HF directory."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 import t5lite.config.registry  # noqa: E402,F401  (gin registrations)
 from t5lite.config import parsing  # noqa: E402
 from t5lite.interop import checkpoint_format, convert, hf  # noqa: E402
-from t5lite.models.configs import switch_macros  # noqa: E402
+from t5lite.models.configs import moe_macros, switch_macros  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,6 +93,11 @@ def test_convert_llama_gin_and_params(hf_llama, tmp_path):
     built = model_from_gin(out / "model.gin")
     assert type(built).__name__ == "DecoderOnlyModel"
     assert built.config == model.config
+    assert "BATCH_PRIORITIZED_ROUTING" not in (out / "model.gin").read_text()  # encoder only
+    changed = model_from_gin(out / "model.gin", "REMAT_POLICY = 'full'",
+                             "CAPACITY_FACTOR = 1.5").config
+    assert changed == dataclasses.replace(model.config, remat_policy="full",
+                                          capacity_factor=1.5)
 
 
 def test_convert_in_process_matches_gin_text(hf_t5, tmp_path):
@@ -101,10 +107,13 @@ def test_convert_in_process_matches_gin_text(hf_t5, tmp_path):
     assert "MODEL = @EncoderDecoderModel()" in text
     assert "EncoderDecoderModel.config = @T5Config()" in text
     assert "T5Config.emb_dim = 32" in text and "FUSE_QKV = False" in text
-    for field, macro in switch_macros().items():  # every switch stays a macro (FP8_BACKEND too)
+    # every switch and every mixture-of-experts setting stays a macro (FP8_BACKEND and
+    # CAPACITY_FACTOR were written as plain values before)
+    for field, macro in {**switch_macros(), **moe_macros()}.items():
         assert f"T5Config.{field} = %{macro}" in text
-    built = model_from_gin(out / "model.gin", "FP8_RECIPE = 'current'")
-    assert built.config.fp8_recipe == "current"  # was written as a plain value before
+    built = model_from_gin(out / "model.gin", "FP8_RECIPE = 'current'",
+                           "CAPACITY_FACTOR = 1.5")
+    assert built.config.fp8_recipe == "current" and built.config.capacity_factor == 1.5
     assert set(t5lite.config.registry.REGISTERED) >= {"EncoderDecoderModel", "T5Config"}
 
 

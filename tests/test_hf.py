@@ -76,7 +76,25 @@ def convert_there_and_back(hf_dir, tmp_path):
                                  f"--gin_file={ckpt / 'model.gin'}"]) == 0
     finally:
         gin.clear_config()
+    assert_macros_reach(ckpt / "model.gin")
     return (ckpt / "model.gin").read_text(), load_file(out / "model.safetensors")
+
+
+def assert_macros_reach(model_gin):
+    """A converted model.gin takes the shared macros as a shipped model file does: a
+    switch (REMAT_POLICY) and a mixture-of-experts setting (CAPACITY_FACTOR, the one
+    docs/moe.md tells users to set) given after it reach the config."""
+    import dataclasses
+    import gin
+    from t5lite.config import parsing
+    try:
+        parsing.parse_gin([str(model_gin)])
+        plain = parsing.resolve_macro("MODEL").config
+        parsing.parse_gin([str(model_gin)], ["REMAT_POLICY = 'full'", "CAPACITY_FACTOR = 1.5"])
+        changed = parsing.resolve_macro("MODEL").config
+    finally:
+        gin.clear_config()
+    assert changed == dataclasses.replace(plain, remat_policy="full", capacity_factor=1.5)
 
 
 def save_hf(model, path, **kw):

@@ -238,12 +238,36 @@ def test_cli_from_hf_and_back(switch, tmp_path):
     from test_hf import convert_there_and_back
     _, _, path, _, state = switch
     text, written = convert_there_and_back(path, tmp_path)
-    for line in ("T5Config.num_experts = 4", "T5Config.moe_first = 1",
-                 "T5Config.capacity_rule = 't5x'", "T5Config.batch_prioritized_routing = True"):
-        assert line in text, line
+    # the experts' settings as the shared macros (set on the command line as with a shipped
+    # model file: convert_there_and_back sets CAPACITY_FACTOR on it)
+    for line in ("NUM_EXPERTS = 4", "MOE_FIRST = 1", "CAPACITY_RULE = 't5x'",
+                 "BATCH_PRIORITIZED_ROUTING = True", "T5Config.num_experts = %NUM_EXPERTS",
+                 "T5Config.batch_prioritized_routing = %BATCH_PRIORITIZED_ROUTING"):
+        assert line in text.splitlines(), line
     for name, a in written.items():
         np.testing.assert_array_equal(a, state[name], err_msg=name)
     assert "encoder.block.3.layer.1.mlp.experts.expert_3.wo.weight" in written
+
+
+def test_a_converted_switch_trains_with_the_moe_macros_set(switch, tmp_path, capsys):
+    """The converted model.gin takes the documented macros (docs/moe.md): a run from the
+    converted checkpoint with --gin.CAPACITY_FACTOR=1.5 and a switch (REMAT_POLICY) trains,
+    and its config.gin records both (before, the converted file wrote the MoE fields as
+    values and the run ended with "the gin files define no macro CAPACITY_FACTOR")."""
+    from t5lite import convert, train
+    ckpt, run = tmp_path / "ckpt", tmp_path / "run"
+    assert convert.main(["--from=hf", f"--input={switch[2]}", f"--output={ckpt}",
+                         "--dtype=float32"]) == 0
+    code = train.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/synthetic_pretrain.gin",
+                       f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
+                       "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=8",
+                       "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+                       "--gin.CheckpointSettings.async_save=False",
+                       "--gin.CAPACITY_FACTOR=1.5", "--gin.REMAT_POLICY='full'"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    config = (run / "config.gin").read_text().splitlines()
+    assert "CAPACITY_FACTOR = 1.5" in config and "REMAT_POLICY = 'full'" in config
+    assert "T5Config.capacity_factor = %CAPACITY_FACTOR" in config
 
 
 # ----------------------------------------------------------------------------- T5X MoE

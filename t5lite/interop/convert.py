@@ -37,13 +37,17 @@ from typing import Optional, Tuple
 import jax
 
 from t5lite.interop import checkpoint_format, hf
-from t5lite.models.configs import switch_macros
+from t5lite.models.configs import moe_macros, switch_macros
+from t5lite.models.moe import settings as moe_settings
 from t5lite.models.model import model_for_config
 
 GIN_NAME = "model.gin"
-# Config fields bound through the shared switch macros (configs/models/_switches.gin), so
-# `--gin.FUSE_QKV=...` and friends keep working with a converted model.gin.
+# Config fields bound through the shared macros (configs/models/_switches.gin and
+# _moe.gin), so `--gin.FUSE_QKV=...`, `--gin.CAPACITY_FACTOR=...` and the rest work with a
+# converted model.gin as with a shipped one.
 SWITCH_MACROS = switch_macros()
+MOE_MACROS = moe_macros()
+MACROS = {**SWITCH_MACROS, **MOE_MACROS}
 
 
 def model_gin(cfg, source: str = "") -> str:
@@ -57,15 +61,23 @@ def model_gin(cfg, source: str = "") -> str:
              "# stored in the fuse_qkv / scan_layers layout below (other layouts convert on load).",
              "", "# Switches (same macros as configs/models/_switches.gin)."]
     for field, macro in SWITCH_MACROS.items():
-        lines.append(f"{macro} = {values[field]!r}")
+        lines.append(f"{macro} = {_gin_value(values[field])}")
+    lines += ["", "# Mixture of experts (same macros as configs/models/_moe.gin)."]
+    encoder = hasattr(cfg, "num_encoder_layers")
+    macros = {f: m for f, m in MACROS.items() if encoder or f not in moe_settings.ENCODER_ONLY}
+    for field, macro in MOE_MACROS.items():
+        if field in macros:
+            lines.append(f"{macro} = {_gin_value(values[field])}")
     lines += ["", f"MODEL = @{model_name}()", f"{model_name}.config = @{cfg_name}()", ""]
     for field in dataclasses.fields(cfg):
-        value = values[field.name]
-        if isinstance(value, list):
-            value = tuple(value)
-        rhs = f"%{SWITCH_MACROS[field.name]}" if field.name in SWITCH_MACROS else repr(value)
+        rhs = (f"%{macros[field.name]}" if field.name in macros
+               else _gin_value(values[field.name]))
         lines.append(f"{cfg_name}.{field.name} = {rhs}")
     return "\n".join(lines) + "\n"
+
+
+def _gin_value(value) -> str:
+    return repr(tuple(value) if isinstance(value, list) else value)
 
 
 def _new_output(output_dir: str) -> Path:

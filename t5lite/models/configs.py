@@ -113,9 +113,25 @@ class Switches:
         lora.check_config(self)
 
 
+def _macros(cls) -> dict:
+    return {f.name: f.metadata["macro"] for f in dataclasses.fields(cls)
+            if "macro" in f.metadata}
+
+
 def switch_macros() -> dict:
-    """{switch field: the gin macro that sets it}."""
-    return {f.name: f.metadata["macro"] for f in dataclasses.fields(Switches)}
+    """{switch field: the gin macro that sets it} (configs/models/_switches.gin)."""
+    return _macros(Switches)
+
+
+def moe_macros() -> dict:
+    """{mixture-of-experts field: the gin macro that sets it} (configs/models/_moe.gin)."""
+    return _macros(moe_settings.MoeFields)
+
+
+def setting_macros() -> dict:
+    """{field: macro} of every setting both families take through one macro: the
+    switches and the mixture-of-experts settings."""
+    return {**switch_macros(), **moe_macros()}
 
 
 @dataclasses.dataclass(frozen=True)

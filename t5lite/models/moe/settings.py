@@ -11,33 +11,49 @@ ROUTINGS = ("capacity", "dropless")
 CAPACITY_RULES = ("gshard", "t5x")
 
 
+# fields an encoder's layers read only: a decoder-only config leaves them at their default
+# (configs/models/_moe.gin binds them for T5Config alone; `check` refuses them elsewhere)
+ENCODER_ONLY = ("batch_prioritized_routing",)
+
+
+def _setting(default, macro: str):
+    """A field with its default and the gin macro that sets it in every model config
+    (configs/models/_moe.gin binds it; `t5lite.convert` writes it), as the switches'."""
+    return dataclasses.field(default=default, metadata={"macro": macro})
+
+
 @dataclasses.dataclass(frozen=True)
 class MoeFields:
-    """Mixture of experts (docs/moe.md), bound by configs/models/_moe.gin's macros
-    (NUM_EXPERTS, MOE_EVERY, ...); NUM_EXPERTS = 0 is a dense model."""
+    """Mixture of experts (docs/moe.md), each field set by its macro (NUM_EXPERTS,
+    MOE_EVERY, ...: configs/models/_moe.gin); NUM_EXPERTS = 0 is a dense model."""
 
-    num_experts: int = 0
+    num_experts: int = _setting(0, "NUM_EXPERTS")
     # layers moe_first, moe_first + moe_every, ... are sparse (GLaM: 0 / 2, the even
     # layers; Switch: 1 / 2, the odd ones, flaxformer's MIXED layout; Mixtral: 0 / 1)
-    moe_every: int = 1
-    moe_first: int = 0
-    moe_top_k: int = 2
-    expert_mlp: str = "swiglu"  # EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
-    routing: str = "capacity"  # capacity (GShard / GLaM / Switch) | dropless (Mixtral)
-    capacity_factor: float = 2.0  # training; slots ~ capacity_factor * group / experts
-    eval_capacity_factor: float = 2.0  # eval, inference and decoding
+    moe_every: int = _setting(1, "MOE_EVERY")
+    moe_first: int = _setting(0, "MOE_FIRST")
+    moe_top_k: int = _setting(2, "MOE_TOP_K")
+    # EXPERT_MLPS (GLaM's experts: relu; Mixtral's: swiglu)
+    expert_mlp: str = _setting("swiglu", "EXPERT_MLP")
+    # capacity (GShard / GLaM / Switch) | dropless (Mixtral)
+    routing: str = _setting("capacity", "ROUTING")
+    # training; slots ~ capacity_factor * group / experts
+    capacity_factor: float = _setting(2.0, "CAPACITY_FACTOR")
+    eval_capacity_factor: float = _setting(2.0, "EVAL_CAPACITY_FACTOR")  # eval, decoding
     # slots from the factor: 'gshard' int(cf * group / E) up to a multiple of 4 (Praxis),
     # 't5x' max(round(cf * group / E), 4) (flaxformer), both at least 4
-    capacity_rule: str = "gshard"
+    capacity_rule: str = _setting("gshard", "CAPACITY_RULE")
     # the encoder's slots go to the most confident tokens first (T5X's batch-prioritized
     # routing), not in token order; an encoder-decoder's encoder only
-    batch_prioritized_routing: bool = False
-    moe_group_size: int = 1024  # the most tokens routed together (`moe.group_size_for`)
-    router_aux_loss: float = 0.01  # GShard's load balancing, averaged over MoE layers
-    router_z_loss: float = 0.0  # ST-MoE's router z-loss, averaged over MoE layers
+    batch_prioritized_routing: bool = _setting(False, "BATCH_PRIORITIZED_ROUTING")
+    # the most tokens routed together (`moe.group_size_for`)
+    moe_group_size: int = _setting(1024, "MOE_GROUP_SIZE")
+    # GShard's load balancing, and ST-MoE's router z-loss, averaged over MoE layers
+    router_aux_loss: float = _setting(0.01, "ROUTER_AUX_LOSS")
+    router_z_loss: float = _setting(0.0, "ROUTER_Z_LOSS")
     # dropout on the experts' hidden activations (Switch's finetuning: 0.4 there, 0.1
     # elsewhere); None: DROPOUT_RATE, as the dense MLPs
-    expert_dropout_rate: Optional[float] = None
+    expert_dropout_rate: Optional[float] = _setting(None, "EXPERT_DROPOUT_RATE")
 
     def is_moe_layer(self, i: int) -> bool:
         return (self.num_experts > 0 and i >= self.moe_first
