@@ -256,7 +256,8 @@ def _restore(ctx: RunContext, data: TrainData, random_seed: int) -> None:
 def _start(ctx: RunContext) -> None:
     """What the steps need: config.gin (a new run's), the start line, the metric writer,
     the progress bar, the signal handler, the watchdog and the step duties; then the
-    line on what TASK_FEATURE_LENGTHS cut, if anything."""
+    line on what TASK_FEATURE_LENGTHS cut, if anything, and the line before the train
+    step compiles (`compile_record`)."""
     args, run, step, model_dir = ctx.args, ctx.run, ctx.step, ctx.args.model_dir
     # config.gin records how the saved state was trained: a new run writes it now, a
     # resumed one replaces it only when it saves (a restart that fails keeps the record)
@@ -287,6 +288,8 @@ def _start(ctx: RunContext) -> None:
         cuts = length_cuts()  # one line: what TASK_FEATURE_LENGTHS cut, if anything
         if cuts is not None:
             writer.write_scalars(step, cuts.metrics())
+    # the first step compiles the train step (or loads it from the compilation cache)
+    compile_record.announce("the train step", "step_fn", str(model_dir))
 
 
 def _run_steps(ctx: RunContext) -> None:
@@ -296,8 +299,6 @@ def _run_steps(ctx: RunContext) -> None:
     run, duties = ctx.run, ctx.duties
     train_step = run.step_fns.train_step
     batch = run.next_batch()  # from here on each batch is fetched while a step runs
-    # the first step compiles the train step (or loads it from the compilation cache)
-    compile_record.announce("the train step", "step_fn", str(ctx.args.model_dir))
     while True:
         ctx.state, step_metrics = train_step(ctx.state, batch)
         ctx.step += 1
