@@ -44,7 +44,9 @@ def test_damaged_latest_falls_back_to_the_previous_good_one(model_dir):
     proc = _train(model_dir, 6)
     assert proc.returncode == 0, th.describe(proc)
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
-    assert len(proc.stderr.splitlines()) < 20, proc.stderr[-2000:]
+    # a run's own lines (about 20: the cache, start, compile, 4 steps, saves, done), no
+    # repeated warnings or stacks from the damaged step
+    assert len(proc.stderr.splitlines()) < 26, proc.stderr[-2000:]
     warning = [l for l in proc.stderr.splitlines() if "skipped damaged checkpoint 4" in l]
     assert len(warning) == 1 and "kept as 4.damaged-" in warning[0], proc.stderr
     assert "start: resume:2 at step 2" in proc.stderr
