@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from t5lite.config import flags
 from t5lite.errors import ConfigError
@@ -47,44 +47,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: give RUN_DIRs (training curves) or --bytes_of=REPORT.json (a step's "
               "bytes), one of the two", file=sys.stderr)
         return 2
-    if args.bytes_of:
-        return _bytes(args.bytes_of, args.out, args.title)
     try:
-        tags = [t.strip() for t in args.tags.split(",") if t.strip()]
-        if not tags:
-            raise ConfigError("--tags names no scalar")
-        names = [os.path.basename(os.path.normpath(r)) or r for r in args.runs]
-        if len(set(names)) < len(names):  # two runs of one name: their whole paths
-            names = list(args.runs)
-        runs = {name: curves.read_curves(os.path.join(run, args.subdir))
-                for name, run in zip(names, args.runs)}
-        shown = curves.draw(runs, tags, args.out, title=args.title)
+        lines = _bytes(args) if args.bytes_of else _curves(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
         return 1
-    for tag, lines in shown.items():
-        print(f"{tag}: " + "; ".join(f"{name} steps {s[0]}-{s[-1]} ({len(s)} points)"
-                                     for name, (s, _) in lines.items()))
+    for line in lines:
+        print(line)
     print(f"wrote {args.out}")
     return 0
 
 
-def _bytes(report_path: str, out: str, title: str) -> int:
-    try:
-        parts = bytes_chart.chart(report_path, out, title)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    for part, moved in parts:
-        print(f"{part}: {moved / 1e9:.1f} GB")
-    print(f"wrote {out}")
-    return 0
+def _curves(args) -> List[str]:
+    tags = [t.strip() for t in args.tags.split(",") if t.strip()]
+    if not tags:
+        raise ConfigError("--tags names no scalar")
+    names = [os.path.basename(os.path.normpath(r)) or r for r in args.runs]
+    if len(set(names)) < len(names):  # two runs of one name: their whole paths
+        names = list(args.runs)
+    runs = {name: curves.read_curves(os.path.join(run, args.subdir))
+            for name, run in zip(names, args.runs)}
+    shown = curves.draw(runs, tags, args.out, title=args.title)
+    return [f"{tag}: " + "; ".join(f"{name} steps {s[0]}-{s[-1]} ({len(s)} points)"
+                                   for name, (s, _) in lines.items())
+            for tag, lines in shown.items()]
+
+
+def _bytes(args) -> List[str]:
+    parts = bytes_chart.chart(args.bytes_of, args.out, args.title)
+    return [f"{part}: {moved / 1e9:.1f} GB" for part, moved in parts]
 
 
 if __name__ == "__main__":

@@ -294,20 +294,26 @@ def test_the_map_names_only_files_that_exist():
 CONFIGS = REPO / "configs"
 
 
+def _bound_only_at_home(macros, home):
+    """{(config class, field)} bound in `home`, each to its macro; a binding of one of
+    `macros`' fields in any other config fails."""
+    binding = re.compile(r"^(?:t5lite\.)?(T5Config|DecoderConfig)\.(\w+)\s*=\s*(.*)$", re.M)
+    found = set()
+    for path in CONFIGS.rglob("*.gin"):
+        for cls, field, value in binding.findall(path.read_text()):
+            if field in macros:
+                assert path == home, f"{path.relative_to(CONFIGS)} binds {cls}.{field}"
+                assert value.split("#")[0].strip() == f"%{macros[field]}"
+                found.add((cls, field))
+    return found
+
+
 def test_switch_bindings_have_one_home():
     """configs/models/_switches.gin binds every switch of both config classes to its macro;
     no other config binds a switch field (it sets the macro)."""
     from t5lite.models import configs
-    binding = re.compile(r"^(?:t5lite\.)?(T5Config|DecoderConfig)\.(\w+)\s*=\s*(.*)$", re.M)
     switches = configs.switch_macros()
-    home = CONFIGS / "models" / "_switches.gin"
-    found = set()
-    for path in CONFIGS.rglob("*.gin"):
-        for cls, field, value in binding.findall(path.read_text()):
-            if field in switches:
-                assert path == home, f"{path.relative_to(CONFIGS)} binds {cls}.{field}"
-                assert value.split("#")[0].strip() == f"%{switches[field]}"
-                found.add((cls, field))
+    found = _bound_only_at_home(switches, CONFIGS / "models" / "_switches.gin")
     assert found == {(cls, f) for cls in ("T5Config", "DecoderConfig") for f in switches}
 
 
@@ -318,7 +324,6 @@ def test_moe_settings_have_one_home_and_their_fields_defaults():
     other config binds an MoE field (it sets the macro)."""
     from t5lite.models import configs
     from t5lite.models.moe import settings as moe_settings
-    binding = re.compile(r"^(?:t5lite\.)?(T5Config|DecoderConfig)\.(\w+)\s*=\s*(.*)$", re.M)
     macros = configs.moe_macros()
     fields = {f.name: f for f in dataclasses.fields(moe_settings.MoeFields)}
     assert set(macros) == set(fields)  # every field has one
@@ -326,13 +331,7 @@ def test_moe_settings_have_one_home_and_their_fields_defaults():
     defined = dict(re.findall(r"^([A-Z_]+)\s*=\s*([^#\n]+)", home.read_text(), re.M))
     for field, macro in macros.items():
         assert ast.literal_eval(defined[macro].strip()) == fields[field].default, macro
-    found = set()
-    for path in CONFIGS.rglob("*.gin"):
-        for cls, field, value in binding.findall(path.read_text()):
-            if field in macros:
-                assert path == home, f"{path.relative_to(CONFIGS)} binds {cls}.{field}"
-                assert value.split("#")[0].strip() == f"%{macros[field]}"
-                found.add((cls, field))
+    found = _bound_only_at_home(macros, home)
     assert found == {(cls, f) for cls in ("T5Config", "DecoderConfig") for f in macros
                      if cls == "T5Config" or f not in moe_settings.ENCODER_ONLY}
 

@@ -17,7 +17,7 @@ import os
 from typing import Any, List, Mapping, Tuple
 
 from t5lite.errors import ConfigError
-from t5lite.tools.curves import EXTRA, FORMATS
+from t5lite.tools import curves
 
 
 def chart(report_path: str, out_path: str, title: str = "") -> List[Tuple[str, float]]:
@@ -62,15 +62,8 @@ def bytes_by_part(report: Mapping[str, Any], what: str = "the report") -> List[T
 
 def draw_bytes(parts: List[Tuple[str, float]], out_path: str, title: str) -> None:
     """A horizontal bar a part, in GB, the most at the top, each bar's figure beside it."""
-    if not out_path.endswith(FORMATS):
-        raise ConfigError(f"--out {out_path}: the picture's name must end in "
-                          f"{', '.join(FORMATS)}")
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"drawing a chart needs matplotlib: {EXTRA}") from None
-    matplotlib.use("Agg")  # files only, no display
-    from matplotlib import pyplot as plt
+    curves.check_out(out_path)
+    plt = curves.pyplot("a chart")
     names, gigabytes = [p for p, _ in parts], [b / 1e9 for _, b in parts]
     fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(parts) + 1.4))
     bars = ax.barh(names[::-1], gigabytes[::-1], color="#4c72b0")
@@ -81,8 +74,4 @@ def draw_bytes(parts: List[Tuple[str, float]], out_path: str, title: str) -> Non
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_xlim(0, max(gigabytes) * 1.15)
-    fig.tight_layout()
-    try:
-        fig.savefig(out_path, dpi=120)
-    finally:
-        plt.close(fig)
+    curves.save(fig, out_path)

@@ -43,9 +43,7 @@ def draw(runs: Mapping[str, Mapping[str, Curve]], tags: Sequence[str], out_path:
     """One panel per tag, one line per run that logged it, saved to `out_path` (.png, .svg
     or .pdf). Returns {tag: {run: (steps, values)}}, what each panel shows. A tag no run
     logged is a ConfigError naming the tags there are."""
-    if not out_path.endswith(FORMATS):
-        raise ConfigError(f"--out {out_path}: the picture's name must end in "
-                          f"{', '.join(FORMATS)}")
+    check_out(out_path)
     shown = {tag: {name: curves[tag] for name, curves in runs.items() if tag in curves}
              for tag in tags}
     missing = [tag for tag, lines in shown.items() if not lines]
@@ -53,12 +51,7 @@ def draw(runs: Mapping[str, Mapping[str, Curve]], tags: Sequence[str], out_path:
         there = sorted({tag for curves in runs.values() for tag in curves})
         raise ConfigError(f"no run logged {', '.join(missing)}; the runs logged: "
                           f"{', '.join(there)}")
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError(f"drawing curves needs matplotlib: {EXTRA}") from None
-    matplotlib.use("Agg")  # files only, no display
-    from matplotlib import pyplot as plt
+    plt = pyplot("curves")
     fig, axes = plt.subplots(1, len(tags), figsize=(4.2 * len(tags), 3.4), squeeze=False)
     for ax, tag in zip(axes[0], tags):
         for name, (steps, values) in shown[tag].items():
@@ -70,9 +63,33 @@ def draw(runs: Mapping[str, Mapping[str, Curve]], tags: Sequence[str], out_path:
             ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    save(fig, out_path)
+    return shown
+
+
+def check_out(out_path: str) -> None:
+    """ConfigError unless `out_path` names a picture format matplotlib writes."""
+    if not out_path.endswith(FORMATS):
+        raise ConfigError(f"--out {out_path}: the picture's name must end in "
+                          f"{', '.join(FORMATS)}")
+
+
+def pyplot(what: str):
+    """matplotlib's pyplot drawing to files only; ConfigError naming the extra without it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"drawing {what} needs matplotlib: {EXTRA}") from None
+    matplotlib.use("Agg")  # files only, no display
+    from matplotlib import pyplot as plt
+    return plt
+
+
+def save(fig, out_path: str) -> None:
+    """`fig` laid out and written to `out_path`, then closed."""
+    from matplotlib import pyplot as plt
     fig.tight_layout()
     try:
         fig.savefig(out_path, dpi=120)
     finally:
         plt.close(fig)
-    return shown
