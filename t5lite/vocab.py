@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from t5lite.data import vocab_training
 from t5lite.errors import DataError, OutputWriteError
+from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space
 from t5lite.config import flags
 
@@ -43,14 +44,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    # On a terminal: a bar of the sentences read, then a line while SentencePiece trains
+    # (it says nothing until done); nothing when stderr is not a terminal.
+    bar = metrics.Progress(args.max_sentences, desc="reading sentences", process_index=0)
+
+    def on_read(count: int, done: bool) -> None:
+        bar.update(count)
+        if done and bar.enabled:
+            bar.close()
+            print(f"training a {args.vocab_size}-piece {args.model_type} vocabulary on "
+                  f"{count:,} sentences ...", file=sys.stderr, flush=True)
     try:
         files = vocab_training.expand_inputs(args.input)
         model = vocab_training.vocabulary_model(
             files, args.vocab_size, model_type=args.model_type,
             character_coverage=args.character_coverage,
             input_sentence_size=args.input_sentence_size, max_sentences=args.max_sentences,
-            text_field=args.text_field, num_threads=args.num_threads, seed=args.seed)
+            text_field=args.text_field, num_threads=args.num_threads, seed=args.seed,
+            on_read=on_read)
     except DataError as e:
+        bar.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     output = Path(args.output)

@@ -1,6 +1,7 @@
 """`python -m t5lite.vocab`: a T5-style SentencePiece model from local jsonl / jsonl.zst /
 txt files, used with 100 extra ids."""
 import json
+import sys
 
 import pytest
 
@@ -31,13 +32,30 @@ def test_cli_trains_t5_special_ids_from_jsonl_zst_and_txt(tmp_path, capsys):
     rc = vocab.main([f"--input={zst},{jsonl}", f"--input={txt}", "--vocab_size=300",
                      f"--output={out}"])
     assert rc == 0
-    assert "VOCABULARY_PATH" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "VOCABULARY_PATH" in said.out and said.err == ""  # no bar off a terminal
     sp = spm.SentencePieceProcessor(model_file=str(out))
     assert sp.get_piece_size() == 300
     assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
     assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
     text = "Ada the engineer built a small boat near the harbour."
     assert sp.decode(sp.encode(text)) == text
+
+
+def test_on_a_terminal_a_bar_counts_the_sentences_read_then_a_line_says_training(
+        tmp_path, monkeypatch, capsys):
+    import io
+    import re
+    zst, jsonl, txt = _corpus(tmp_path)
+    sentences = sum(1 for _ in vocab_training.iter_sentences([zst, txt]))
+    terminal = type("Terminal", (io.StringIO,), {"isatty": lambda self: True})()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    rc = vocab.main([f"--input={zst},{txt}", "--vocab_size=300",
+                     f"--output={tmp_path / 'spm.model'}"])
+    assert rc == 0, terminal.getvalue()
+    shown = terminal.getvalue()
+    assert re.search(rf"reading sentences: {sentences}it\b", shown), shown[-500:]
+    assert f"training a 300-piece unigram vocabulary on {sentences:,} sentences" in shown
 
 
 def test_seqio_vocabulary_has_100_extra_ids_at_the_top(tmp_path_factory):

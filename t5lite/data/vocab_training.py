@@ -23,7 +23,7 @@ import glob
 import io
 import itertools
 import os
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence
 
 from t5lite.data.files.readers import TEXT_SUFFIXES, iter_texts
 from t5lite.errors import DataError, DataFormatError, DataNotFoundError
@@ -84,6 +84,17 @@ def iter_sentences(files: Iterable[str], max_sentences: Optional[int] = None,
                         return
 
 
+def _reported(sentences: Iterator[str], on_read: Callable[[int, bool], None],
+              every: int = 1000) -> Iterator[str]:
+    count = 0
+    for sentence in sentences:
+        yield sentence
+        count += 1
+        if count % every == 0:
+            on_read(count, False)
+    on_read(count, True)
+
+
 def train_vocabulary(files: Sequence[str], output: str, vocab_size: int = 32000,
                      **options) -> str:
     """Train a SentencePiece model with T5's special ids on `files` (`vocabulary_model`'s
@@ -99,9 +110,11 @@ def vocabulary_model(files: Sequence[str], vocab_size: int = 32000, *,
                      model_type: str = "unigram", character_coverage: float = 0.9995,
                      input_sentence_size: int = 0, max_sentences: Optional[int] = None,
                      text_field: str = "text", num_threads: Optional[int] = None,
-                     seed: int = 0, hard_vocab_limit: bool = True) -> bytes:
+                     seed: int = 0, hard_vocab_limit: bool = True,
+                     on_read: Optional[Callable[[int, bool], None]] = None) -> bytes:
     """A SentencePiece model with T5's special ids trained on `files`: the bytes of its
-    .model file."""
+    .model file. `on_read(sentences_read, done)`, when given, hears every 1,000 sentences
+    read and once more (done=True) when the reading ends and training begins."""
     import sentencepiece as spm
 
     sentences = iter_sentences(files, max_sentences, text_field)
@@ -111,6 +124,8 @@ def vocabulary_model(files: Sequence[str], vocab_size: int = 32000, *,
                         f"non-empty line or record); give files with text (.txt, .jsonl, "
                         f".jsonl.zst with a {text_field!r} field)")
     sentences = itertools.chain([first], sentences)
+    if on_read is not None:
+        sentences = _reported(sentences, on_read)
     buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
