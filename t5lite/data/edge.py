@@ -10,6 +10,8 @@ config that needs the config unlocked, which this function does.
 """
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Optional
 
 from t5lite.data.settings import DataSettings
@@ -20,6 +22,10 @@ def import_tasks(data: Optional[DataSettings] = None):
     """The `t5lite.data.tasks` module (every task registered), with `data` applied through
     `tasks.configure` unless it is None (then the settings in force stay)."""
     import gin
+    if "t5lite.data.tasks" not in sys.modules:  # the first time: seconds of silence else
+        logging.getLogger(__name__).info(
+            "loading TensorFlow, SeqIO and the registered tasks (once per process, a few "
+            "seconds)")
     with gin.unlock_config():
         from t5lite.data import tasks
     if data is not None:
