@@ -1,6 +1,6 @@
 """`python -m t5lite.demo_data`: write the demo's made-up corpus, in the real file formats,
 for trying the tasks without downloads (wiring only; the library is
-`t5lite.data.demo_corpus`).
+`t5lite.data.files.demo_corpus`).
 
     python -m t5lite.demo_data --output_dir=/tmp/t5lite_demo [--vocab_size=400]
 
@@ -22,7 +22,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from t5lite.data import demo_corpus, settings
+from t5lite.data import edge
 from t5lite.errors import DataError
 from t5lite.config import flags
 
@@ -43,14 +43,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        where = demo_corpus.ensure(args.output_dir, vocab_size=args.vocab_size,
+        where = edge.demo_corpus.ensure(args.output_dir, vocab_size=args.vocab_size,
                                    seed=args.seed, docs_per_file=args.docs_per_file)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"the demo corpus is in {args.output_dir}; point the tasks at it with:")
     for name, value in where.items():
-        print(f"  export {settings.SETTINGS[name][1]}={value}")
+        print(f"  export {edge.SETTINGS[name][1]}={value}")
     return 0
 
 

@@ -13,8 +13,8 @@ import argparse
 import subprocess
 import sys
 
-from t5lite.data.package_check import PACKAGES, imported_version, problems
 from t5lite.config import flags
+from t5lite.data.edge import package_check
 
 
 def main(argv=None) -> int:
@@ -22,20 +22,20 @@ def main(argv=None) -> int:
     parser.add_argument("--fix", action="store_true",
                         help="reinstall the released packages' files over the nightlies'")
     args = parser.parse_args(argv)
-    bad = problems()
+    bad = package_check.problems()
     for module, dist, want in bad:
-        print(f"{module}: imports {imported_version(module)!s}, not {dist}=={want} "
+        print(f"{module}: imports {package_check.imported_version(module)!s}, not {dist}=={want} "
               f"(a nightly from the t5 package overwrote it)", file=sys.stderr)
     if bad and args.fix:
         pins = [f"{dist}=={want}" for _, dist, want in bad]
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                                "--force-reinstall", *pins])
-        bad = problems()
+        bad = package_check.problems()
     if bad:
         print("fix: python -m t5lite.deps --fix", file=sys.stderr)
         return 1
-    for module, (dist, _) in PACKAGES.items():
-        print(f"{module}: {imported_version(module)} ({dist})")
+    for module, (dist, _) in package_check.PACKAGES.items():
+        print(f"{module}: {package_check.imported_version(module)} ({dist})")
     return 0
 
 

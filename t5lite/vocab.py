@@ -1,5 +1,5 @@
 """`python -m t5lite.vocab`: train a T5-style SentencePiece vocabulary from local text (no
-network, no TensorFlow; wiring only, the library is `t5lite.data.vocab_training`).
+network, no TensorFlow; wiring only, the library is `t5lite.data.files.vocab_training`).
 
     python -m t5lite.vocab --input=/data/pile/train/00.jsonl.zst,/data/notes/*.txt \
         --vocab_size=32000 --output=/data/spm.model [--max_sentences=20000000]
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from t5lite.data import vocab_training
+from t5lite.data import edge
 from t5lite.errors import DataError, OutputWriteError
 from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space
@@ -22,10 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m t5lite.vocab", description=flags.summary(__doc__, lines=True),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(vocab_training.__doc__.splitlines()[2:]))
+        epilog="\n".join(edge.vocab_training.__doc__.splitlines()[2:]))
     parser.add_argument("--input", action="append", required=True,
                         help="files or globs (comma-separated; may repeat): "
-                             + ", ".join(vocab_training.TEXT_SUFFIXES))
+                             + ", ".join(edge.vocab_training.TEXT_SUFFIXES))
     parser.add_argument("--output", required=True, help="the .model file to write")
     parser.add_argument("--vocab_size", type=int, default=32000,
                         help="SentencePiece pieces (the 100 extra ids come on top)")
@@ -55,8 +55,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"training a {args.vocab_size}-piece {args.model_type} vocabulary on "
                   f"{count:,} sentences ...", file=sys.stderr, flush=True)
     try:
-        files = vocab_training.expand_inputs(args.input)
-        model = vocab_training.vocabulary_model(
+        files = edge.vocab_training.expand_inputs(args.input)
+        model = edge.vocab_training.vocabulary_model(
             files, args.vocab_size, model_type=args.model_type,
             character_coverage=args.character_coverage,
             input_sentence_size=args.input_sentence_size, max_sentences=args.max_sentences,

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import pytest
 
-from t5lite.data import demo_corpus
+from t5lite.data.files import demo_corpus
 
 _VOCAB: Dict[str, str] = {}
 VOCAB_SIZE = 300
@@ -18,7 +18,7 @@ VOCAB_SIZE = 300
 def vocabulary(tmp_path_factory) -> str:
     """A 300-piece SentencePiece model, trained once per test session."""
     if "path" not in _VOCAB:
-        from t5lite.data import vocab_training
+        from t5lite.data.files import vocab_training
         directory = tmp_path_factory.mktemp("vocab")
         text = demo_corpus.write_text(str(directory / "corpus.txt"), lines=800, seed=7)
         _VOCAB["path"] = vocab_training.train_vocabulary([text], str(directory / "spm.model"),

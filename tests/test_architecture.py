@@ -1,5 +1,6 @@
 """The house rules of t5lite/ (docs/architecture.md), read from the source with `ast`:
 
+- the floors above data/ import only its face, data/edge.py;
 - imports run one way, room by room (a sub-room such as runtime/process/ is a room of its
   own): errors <- models, optim <- data/files, formats, runtime/process <- data,
   runtime/checkpointing <- runtime <- inference / interop <- config <- tools <- commands;
@@ -124,6 +125,28 @@ def test_the_floor_rule_holds_sub_rooms_apart():
     assert _room("t5lite.data.files") == "data.files"
     assert _layer("t5lite.runtime.checkpointing.checkpoints") > _layer("t5lite.formats.t5x_params")
     assert _layer("t5lite.runtime.process.distributed") < _layer("t5lite.runtime.loop")
+
+
+DATA_FACE = "t5lite.data.edge"
+
+
+def _behind_the_data_face(graph: Dict[str, Set[str]]) -> List[str]:
+    """Imports of a data/ module other than its face from outside data/."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  if not module.startswith("t5lite.data")
+                  for target in targets
+                  if target.startswith("t5lite.data") and target != DATA_FACE)
+
+
+def test_the_floors_above_data_use_only_its_face():
+    """Outside data/, the one data module imported is its face, data/edge.py: what data/
+    offers the floors above is listed there, and TensorFlow loads behind it."""
+    assert not _behind_the_data_face(GRAPH), "\n".join(_behind_the_data_face(GRAPH))
+    assert any(DATA_FACE in targets for targets in GRAPH.values())
+    # the check itself: a module above that reached behind the face is named
+    reached = dict(GRAPH, **{"t5lite.inference.predict":
+                             GRAPH["t5lite.inference.predict"] | {"t5lite.data.pipeline"}})
+    assert _behind_the_data_face(reached) == ["t5lite.inference.predict -> t5lite.data.pipeline"]
 
 
 def test_no_room_over_3000_lines():

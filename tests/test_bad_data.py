@@ -10,7 +10,7 @@ import zstandard
 
 import train_helpers as th
 from data_helpers import vocabulary
-from t5lite.data import demo_corpus
+from t5lite.data.files import demo_corpus
 from t5lite.data.files import readers
 from t5lite.errors import DataFormatError
 

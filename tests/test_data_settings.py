@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from t5lite.data import demo_corpus, settings
+from t5lite.data import settings
+from t5lite.data.files import demo_corpus
 from t5lite.errors import ConfigError
 
 from data_helpers import data_env, reset_data_settings, vocabulary

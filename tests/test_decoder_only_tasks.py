@@ -17,7 +17,7 @@ import pytest
 import jax  # noqa: E402
 
 from t5lite.config import parsing  # noqa: E402
-from t5lite.data import demo_corpus  # noqa: E402
+from t5lite.data.files import demo_corpus  # noqa: E402
 from t5lite.data import tasks  # noqa: E402  (t5 registers gin configurables: before parsing)
 from t5lite.interop import checkpoint_format  # noqa: E402
 from t5lite.models.decoding import EOS_ID  # noqa: E402

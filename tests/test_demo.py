@@ -103,7 +103,7 @@ def test_demo_as_shipped(tmp_path):
 
 
 def test_interrupted_corpus_write_leaves_nothing(tmp_path, monkeypatch):
-    from t5lite.data import demo_corpus
+    from t5lite.data.files import demo_corpus
     real = demo_corpus.write_pile
 
     def crash(*args, **kwargs):

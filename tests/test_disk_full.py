@@ -178,7 +178,7 @@ def test_a_vocabulary_written_onto_a_full_disk_keeps_the_old_one(small_disk, tmp
     """`t5lite.vocab --output` over a vocabulary a run uses, on a disk with no room for
     the new one: one line, status 1, and the old file byte for byte (before: truncated)."""
     from t5lite import vocab
-    from t5lite.data import demo_corpus
+    from t5lite.data.files import demo_corpus
     text = demo_corpus.write_text(str(tmp_path / "notes.txt"), lines=800, seed=7)
     disk = small_disk(512 * 1024)  # the new model takes 244 kB
     old = disk.path / "spm.model"

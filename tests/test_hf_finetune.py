@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 
-from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data import tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data.files import demo_corpus
 
 import train_helpers as th  # noqa: E402
 from data_helpers import data_env, llama_vocabulary, reset_data_settings  # noqa: E402

@@ -20,7 +20,7 @@ import jax  # noqa: E402
 from t5lite.config import parsing  # noqa: E402
 from t5lite.interop import checkpoint_format  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
-from t5lite.data import demo_corpus  # noqa: E402
+from t5lite.data.files import demo_corpus  # noqa: E402
 
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 

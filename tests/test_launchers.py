@@ -17,7 +17,7 @@ import pytest
 
 import train_helpers as th
 from data_helpers import vocabulary
-from t5lite.data import demo_corpus
+from t5lite.data.files import demo_corpus
 
 SCRIPTS = th.REPO / "scripts_gpu"
 FAKE_SLURM = th.REPO / "tests" / "fake_slurm"

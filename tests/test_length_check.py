@@ -14,7 +14,7 @@ pytest.importorskip("seqio")
 
 import train_helpers as th  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
-from t5lite.data import demo_corpus  # noqa: E402
+from t5lite.data.files import demo_corpus  # noqa: E402
 
 MODEL_FILE = "configs/models/t5_1_1/tiny.gin"
 TRAIN, DEV = 40, 9

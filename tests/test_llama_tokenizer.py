@@ -12,7 +12,8 @@ import pytest
 
 import jax  # noqa: E402
 
-from t5lite.data import demo_corpus, pipeline, settings, tasks  # noqa: E402,F401
+from t5lite.data import pipeline, settings, tasks  # noqa: E402,F401
+from t5lite.data.files import demo_corpus
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.errors import ConfigError  # noqa: E402
 from t5lite.models import features  # noqa: E402

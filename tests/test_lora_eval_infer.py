@@ -14,7 +14,7 @@ pytest.importorskip("seqio")
 pytest.importorskip("t5")  # registers its gin configurables before any config is locked
 
 from t5lite import eval as eval_module, infer, train  # noqa: E402
-from t5lite.data import demo_corpus  # noqa: E402
+from t5lite.data.files import demo_corpus  # noqa: E402
 
 import train_helpers as th  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402

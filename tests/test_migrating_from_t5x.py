@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tensorflow_datasets")
 
-from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data import tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data.files import demo_corpus
 
 import t5x_helpers as tx  # noqa: E402
 from data_helpers import (VOCAB_SIZE, c4_tfds, data_env, reset_data_settings,  # noqa: E402

@@ -190,7 +190,7 @@ def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path
     """Training on MNLI with EVAL_PERIOD=6: process 1 stopped as soon as process 0 has logged
     step 6, as their inference evaluation starts (it compiles the decoding first); process
     0's evaluation (decoding shares the mesh of both) then waits for it, and its watcher ends it in one line naming checkpoint 4."""
-    from t5lite.data import demo_corpus
+    from t5lite.data.files import demo_corpus
     from data_helpers import vocabulary
     mnli = tmp_path / "multinli"
     demo_corpus.write_multinli(str(mnli), train=16, dev=11)

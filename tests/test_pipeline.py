@@ -6,7 +6,7 @@ import weakref
 import numpy as np
 import pytest
 
-from t5lite.data import demo_corpus
+from t5lite.data.files import demo_corpus
 
 from data_helpers import data_env, reset_data_settings, vocabulary
 

@@ -41,7 +41,8 @@ pytest.importorskip("seqio")
 
 import seqio  # noqa: E402
 
-from t5lite.data import demo_corpus, pipeline, source_resolvers, sources, stream_errors  # noqa: E402
+from t5lite.data import pipeline, source_resolvers, sources, stream_errors  # noqa: E402
+from t5lite.data.files import demo_corpus
 from t5lite.data.files import jsonl_cursor, readers
 from t5lite.data.data_layout import DataLayout  # noqa: E402
 

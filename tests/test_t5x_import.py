@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 
-from t5lite.data import demo_corpus, tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data import tasks  # noqa: E402,F401  (t5's gin configurables first)
+from t5lite.data.files import demo_corpus
 
 import t5x_helpers as tx  # noqa: E402
 import train_helpers as th  # noqa: E402

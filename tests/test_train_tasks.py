@@ -10,7 +10,7 @@ import pytest
 
 import train_helpers as th
 from data_helpers import vocabulary
-from t5lite.data import demo_corpus
+from t5lite.data.files import demo_corpus
 
 
 def _pile(tmp_path):
@@ -63,7 +63,7 @@ def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stre
         argv("--gin.TRAIN_STEPS=6", "--gin.BATCH_SIZE=8"),  # would leave the stream
         saved_steps(4),
         th.Between(  # another vocabulary at the same path
-            f"import shutil; from t5lite.data import vocab_training; "
+            f"import shutil; from t5lite.data.files import vocab_training; "
             f"shutil.copy({str(vocab)!r}, {str(tmp_path / 'spm.first')!r}); "
             f"vocab_training.train_vocabulary([{other!r}], {str(vocab)!r}, 300)"),
         argv("--gin.TRAIN_STEPS=6"),

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from t5lite import vocab
-from t5lite.data import vocab_training
-from t5lite.data import demo_corpus
+from t5lite.data.files import vocab_training
+from t5lite.data.files import demo_corpus
 from t5lite.data.files import readers
 from t5lite.errors import DataFormatError
 
@@ -105,7 +105,7 @@ def test_cli_errors_name_the_input(tmp_path, capsys):
 
 def test_vocab_cli_imports_no_tensorflow():
     code = ("import t5lite.vocab, t5lite.data, t5lite.data.synthetic, t5lite.data.files.readers, "
-            "t5lite.data.settings, t5lite.data.demo_corpus")
+            "t5lite.data.settings, t5lite.data.files.demo_corpus")
     _, imported = th.imports_after(code, ("tensorflow", "seqio", "t5", "tensorflow_datasets"))
     assert imported == []
 

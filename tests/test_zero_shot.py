@@ -26,7 +26,7 @@ import pytest
 import jax  # noqa: E402
 
 from t5lite.config import parsing  # noqa: E402
-from t5lite.data import demo_corpus  # noqa: E402
+from t5lite.data.files import demo_corpus  # noqa: E402
 from t5lite.data import tasks  # noqa: F401,E402  (t5 registers gin configurables first)
 from t5lite.data.files import zero_shot_files  # noqa: E402
 from t5lite.errors import DataFormatError  # noqa: E402

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gin
 
-from t5lite.data.settings import DataSettings as _DataSettings
+from t5lite.data.edge import DataSettings as _DataSettings
 from t5lite.inference import evaluate as _evaluate
 from t5lite.inference import predict as _predict
 from t5lite.inference import session as _session

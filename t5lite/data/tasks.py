@@ -169,11 +169,11 @@ def configure(data: Optional[settings.DataSettings] = None) -> None:
     t5lite/data/settings.py). None: DataSettings(), the environment alone.
 
     data.demo_dir (the DEMO_DATA_DIR macro of configs/demo_*.gin): the generated demo
-    corpus (t5lite.data.demo_corpus), written there on first use; it supplies every path
+    corpus (t5lite.data.files.demo_corpus), written there on first use; it supplies every path
     not given."""
     data = data if data is not None else settings.DataSettings()
     if data.demo_dir:
-        from t5lite.data import demo_corpus
+        from t5lite.data.files import demo_corpus
         demo = demo_corpus.ensure(data.demo_dir)
         data = dataclasses.replace(data, **{
             name: path for name, path in demo.items()

@@ -22,7 +22,6 @@ from typing import Callable, Dict, Mapping, Optional
 import jax
 
 from t5lite.data import edge
-from t5lite.data.settings import DataSettings
 from t5lite.errors import ConfigError, check_feature_lengths, check_positive_int, check_text
 from t5lite.inference import perplexity, task_eval, zero_shot
 from t5lite.inference.session import DecodingSettings, load_session
@@ -37,7 +36,7 @@ MODES = ("decode", "perplexity", "zero_shot")
 def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str],
              output_dir: str, task_feature_lengths: Mapping[str, int], batch_size: int,
              split: str, num_examples: Optional[int], decoding: DecodingSettings,
-             mesh: MeshSettings, data_settings: DataSettings, mode: str,
+             mesh: MeshSettings, data_settings: edge.DataSettings, mode: str,
              input_file: Optional[str]) -> Dict[str, Dict[str, float]]:
     """Decode `split` of the task or mixture, compute its metrics, write them (MODE
     'decode'), measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given), or
@@ -102,10 +101,9 @@ def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, 
     if input_file:
         if not Path(input_file).is_file():
             raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
-        from t5lite.data import vocabularies
         from t5lite.inference import file_inputs
         file_inputs.check_file(input_file, "perplexity")  # a bad line: one error, before loading
-        vocab = vocabularies.get_vocabulary()
+        vocab = edge.vocabulary()
         model.check_vocabulary(vocab)  # before restoring (the batches are read lazily)
         rule = None
         if perplexity.is_pairs_file(input_file):  # processed as infer's MODE 'score' does

@@ -179,12 +179,11 @@ def file_inputs(model, *, task_name: Optional[str], checkpoint_path: Optional[st
     or no known task: the model's own reading (`model.inference_ids`: T5's inputs end in
     EOS as every T5 task's do; a decoder-only model continues a raw prompt as it is).
     Which rule applies is logged; one that may differ from training warns."""
-    from t5lite.data import vocabularies
     tasks = edge.import_tasks()
     decoder_only = model.FEATURE_CONVERTER_KIND == model_kinds.DECODER_ONLY
 
     def own(why: str) -> FileInputs:
-        vocab = vocabularies.get_vocabulary()
+        vocab = edge.vocabulary()
         return FileInputs(None, why, {"inputs": vocab, "targets": vocab},
                           {"inputs": not decoder_only, "targets": not decoder_only})
 

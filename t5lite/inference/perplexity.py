@@ -27,6 +27,7 @@ from typing import Dict, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
+from t5lite.data import edge
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
 from t5lite.models import model_kinds
@@ -55,14 +56,12 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
                   batch_size: int, num_examples: Optional[int] = None) -> Iterator[Batch]:
     """The task's (or mixture's) `split` as the training pipeline builds it for `model`,
     unshuffled and unpacked, one epoch; at most `num_examples` rows."""
-    from t5lite.data import pipeline
-    from t5lite.data.data_layout import DataLayout
     # every process reads the whole split (one shard) and feeds its rows to the session
-    iterator = pipeline.make_iterator(name, split=split, feature_lengths=feature_lengths,
-                                      layout=DataLayout(batch_size),
-                                      model_kind=model.FEATURE_CONVERTER_KIND,
-                                      bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
-                                      repeat=False, drop_remainder=False)
+    iterator = edge.make_iterator(name, split=split, feature_lengths=feature_lengths,
+                                  layout=edge.DataLayout(batch_size),
+                                  model_kind=model.FEATURE_CONVERTER_KIND,
+                                  bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
+                                  repeat=False, drop_remainder=False)
     model.check_vocabulary(iterator.vocabulary)
     return _first_rows(iterator, num_examples)
 

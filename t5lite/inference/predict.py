@@ -36,7 +36,6 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 import jax
 
 from t5lite.data import edge
-from t5lite.data.settings import DataSettings
 from t5lite.errors import (ConfigError, DataError, DiskFullError, check_bool,
                            check_feature_lengths, check_positive_int, check_text)
 from t5lite.inference import file_inputs
@@ -143,8 +142,7 @@ def _count_lines_readonly(path: Path) -> int:
 
 def _task_examples(provider, split: str, lengths: Mapping[str, int]
                    ) -> Iterator[Dict[str, Any]]:
-    from t5lite.data import stream_errors
-    with stream_errors.stream_scope() as stream:
+    with edge.stream_scope() as stream:
         ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
                                   use_cached=False)
     vocab = provider.output_features["targets"].vocabulary
@@ -174,7 +172,7 @@ def infer(*, model, checkpoint_path: str, output_dir: str,
           task_feature_lengths: Mapping[str, int], batch_size: int, mode: str,
           mixture_or_task_name: Optional[str], split: str, input_file: Optional[str],
           raw_prompts: bool, decoding: DecodingSettings, mesh: MeshSettings,
-          data_settings: DataSettings) -> int:
+          data_settings: edge.DataSettings) -> int:
     """Predict or score every example of INPUT_FILE (else of the task split) into
     OUTPUT_DIR/predictions.jsonl, resuming after the lines already there. INPUT_FILE's
     texts are processed as `file_inputs.file_inputs` says (the training task's inputs

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from t5lite.data import edge
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
 from t5lite.models.features import decode_tokens
@@ -63,23 +64,20 @@ class TaskEvaluator:
 
     def __init__(self, name: str, split: str, feature_lengths: Mapping[str, int],
                  num_examples: Optional[int] = None):
-        from t5lite.data.tf_env import import_tensorflow
-        import_tensorflow()  # TensorFlow set up for the data edge before seqio loads it
+        edge.import_tensorflow()  # TensorFlow set up by the data edge before seqio loads it
         import seqio
-        from t5lite.data import stream_errors
         self.name, self.split = name, split
-        from t5lite.data import pipeline, tasks
-        if not pipeline.has_inputs(tasks.get_provider(name)):
+        if not edge.has_inputs(edge.import_tasks().get_provider(name)):
             raise ConfigError(f"task {name!r} has no inputs to decode from (a language-"
                               f"modeling task): measure its perplexity instead "
                               f"(MODE='perplexity')")
-        with stream_errors.stream_scope() as stream:
+        with edge.stream_scope() as stream:
             self._evaluator = seqio.Evaluator(
                 mixture_or_task_name=name,
                 feature_converter=seqio.EncDecFeatureConverter(pack=False), eval_split=split,
                 sequence_length=dict(feature_lengths), num_examples=num_examples,
                 use_memory_cache=True, async_compute_metrics=False)
-        stream_errors.raise_deferred_error(stream)  # a bad record met while caching the targets
+        edge.raise_deferred_error(stream)  # a bad record met while caching the targets
         if not self._evaluator.eval_tasks:
             raise ConfigError(f"task {name!r} has no metric_fns (or no split {split!r}): "
                               f"nothing to evaluate")
@@ -87,7 +85,7 @@ class TaskEvaluator:
         self._task_of = {id(ds): task_name
                          for task_name, ds in self._evaluator.cached_model_datasets.items()}
         self._examples = {
-            t.name: list(stream_errors.numpy_iterator(self._evaluator.cached_task_datasets[t.name],
+            t.name: list(edge.numpy_iterator(self._evaluator.cached_task_datasets[t.name],
                                                 stream))
             for t in self._evaluator.eval_tasks}
         for task in self._evaluator.eval_tasks:
@@ -153,8 +151,7 @@ def _check_labels_fit(task, split: str, examples, feature_lengths: Mapping[str, 
     """ConfigError (one line) when TASK_FEATURE_LENGTHS' targets cannot hold a label the
     metrics compare predictions with: such an example could never be scored right, and
     the evaluation would report it as the model's error."""
-    from t5lite.data import length_check
-    cuts = length_check.cut_labels(examples, task.output_features["targets"].vocabulary,
+    cuts = edge.cut_labels(examples, task.output_features["targets"].vocabulary,
                                    feature_lengths["targets"])
     if cuts.cut["targets"]:
         raise ConfigError(
@@ -186,5 +183,4 @@ def write_predictions(path: Path, result: TaskResult) -> None:
 
 def tfds_numpy(ds, stream: int = 0):
     """The dataset's elements as numpy; a bad record raises the reader's DataError."""
-    from t5lite.data import stream_errors
-    return stream_errors.numpy_iterator(ds, stream)
+    return edge.numpy_iterator(ds, stream)

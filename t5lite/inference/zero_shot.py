@@ -37,9 +37,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from t5lite.data import edge
-from t5lite.data.files import zero_shot_files
-from t5lite.data.files.zero_shot_files import Example
-from t5lite.data.settings import DataSettings, how_to_set
 from t5lite.errors import ConfigError, DataNotFoundError
 from t5lite.inference.session import DecodingSettings, Session, load_session
 from t5lite.models.features import decode_tokens
@@ -48,10 +45,11 @@ from t5lite.runtime.partitioning import MeshSettings
 from t5lite.runtime.process import disk_space
 
 log = logging.getLogger(__name__)
+Example = edge.zero_shot_files.Example  # one example: its text and what is scored
 # task -> (data setting, name in messages, file names looked for, suffixes of a lone file)
-TASKS = {"lambada": ("lambada_dir", "Lambada", zero_shot_files.LAMBADA_FILES,
+TASKS = {"lambada": ("lambada_dir", "Lambada", edge.zero_shot_files.LAMBADA_FILES,
                      (".jsonl", ".txt")),
-         "boolq": ("boolq_dir", "BoolQ", zero_shot_files.BOOLQ_FILES, (".jsonl",))}
+         "boolq": ("boolq_dir", "BoolQ", edge.zero_shot_files.BOOLQ_FILES, (".jsonl",))}
 _UNTRIMMED = 1 << 30  # a length no text reaches: inference_ids keeps every token
 
 
@@ -76,7 +74,7 @@ class _Ids:
 def evaluate(model, *, task: str, checkpoint_path: str,
              task_feature_lengths: Mapping[str, int], batch_size: int,
              num_examples: Optional[int], decoding: DecodingSettings, mesh: MeshSettings,
-             data_settings: DataSettings, input_file: Optional[str]) -> Result:
+             data_settings: edge.DataSettings, input_file: Optional[str]) -> Result:
     """`task` ('lambada' or 'boolq') of INPUT_FILE, else of its directory setting, scored
     by the checkpoint (see the module docstring). The file is read and tokenized, and
     every length checked, before the checkpoint loads."""
@@ -94,13 +92,12 @@ def evaluate(model, *, task: str, checkpoint_path: str,
                           f"{dict(task_feature_lengths)}")
     tasks = edge.import_tasks(data_settings)
     path = find_file(task, tasks.configured(), input_file)
-    examples = zero_shot_files.read(task, path)
+    examples = edge.zero_shot_files.read(task, path)
     if num_examples is not None:
         examples = examples[:num_examples]
     if not examples:
         raise DataNotFoundError(f"{path} holds no {TASKS[task][1]} example")
-    from t5lite.data import vocabularies
-    vocab = vocabularies.get_vocabulary()
+    vocab = edge.vocabulary()
     model.check_vocabulary(vocab)
     ids = [tokenize(model, vocab, ex) for ex in examples]
     lengths = widths(ids, limits, f"{len(ids)} {TASKS[task][1]} examples of {path}")
@@ -118,7 +115,7 @@ def evaluate(model, *, task: str, checkpoint_path: str,
     return Result(accuracy(correct), rows, path, session.step, seconds)
 
 
-def find_file(task: str, data: DataSettings, input_file: Optional[str]) -> str:
+def find_file(task: str, data: edge.DataSettings, input_file: Optional[str]) -> str:
     """INPUT_FILE when given, else the task's file in its directory setting
     (LAMBADA_DIR / BOOLQ_DIR, or the demo corpus's)."""
     if input_file:
@@ -129,11 +126,11 @@ def find_file(task: str, data: DataSettings, input_file: Optional[str]) -> str:
     resolved = data.resolve()
     directory = resolved.get(setting)
     if not directory:
-        raise DataNotFoundError(f"no {what} directory: {how_to_set(setting)} to a directory "
+        raise DataNotFoundError(f"no {what} directory: {edge.how_to_set(setting)} to a directory "
                                 f"holding {' or '.join(names)}, or name the file with "
                                 f"INPUT_FILE")
-    return zero_shot_files.find_file(directory, names, suffixes, what,
-                                     f"{resolved.source_of(setting)}; {how_to_set(setting)}")
+    return edge.zero_shot_files.find_file(directory, names, suffixes, what,
+                                     f"{resolved.source_of(setting)}; {edge.how_to_set(setting)}")
 
 
 def tokenize(model, vocab, example: Example) -> _Ids:

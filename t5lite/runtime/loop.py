@@ -42,8 +42,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 
-from t5lite.data.data_shards import shards_for
-from t5lite.data.settings import DataSettings
+from t5lite.data import edge
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
 from t5lite.runtime.checkpointing import checkpoints, lora_restore
@@ -69,7 +68,7 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           num_microbatches: int, initial_checkpoint_path: Optional[str],
           initial_checkpoint_state: str, random_seed: Optional[int],
           pack: bool, log_period: int, mesh: MeshSettings,
-          checkpointing: checkpoints.CheckpointSettings, data_settings: DataSettings,
+          checkpointing: checkpoints.CheckpointSettings, data_settings: edge.DataSettings,
           inference_eval: EvalPeriod, inference_evaluator: Optional[Callable],
           allow_changed_inputs: bool, watchdog: WatchdogSettings,
           skip_steps: SkipSettings, data_shards: Optional[int] = None) -> Dict[str, float]:
@@ -133,7 +132,7 @@ class TrainArgs:
     log_period: int
     mesh: MeshSettings
     checkpointing: checkpoints.CheckpointSettings
-    data_settings: DataSettings
+    data_settings: edge.DataSettings
     inference_eval: EvalPeriod
     inference_evaluator: Optional[Callable]
     allow_changed_inputs: bool
@@ -213,7 +212,7 @@ def _open(ctx: RunContext) -> bool:
     ctx.ckpt = checkpoints.Checkpointer(
         args.model_dir, keep=args.checkpointing.keep, period=args.checkpointing.period,
         async_save=args.checkpointing.async_save,
-        iterator_shards=functools.partial(shards_for, ctx.run.layout))
+        iterator_shards=functools.partial(edge.shards_for, ctx.run.layout))
     try:
         _restore(ctx, data, random_seed)
     except BaseException:

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from t5lite.data.data_layout import DataLayout
+from t5lite.data.edge import DataLayout
 from t5lite.errors import ConfigError, PartitioningError
 from t5lite.runtime.mesh import BATCH_AXES, MESH_AXES, is_mesh_axes, make_mesh, valid_shape
 from t5lite.runtime.model_on_mesh import check_model_on_mesh

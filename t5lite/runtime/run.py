@@ -19,8 +19,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
-from t5lite.data.data_layout import DataLayout
-from t5lite.data.settings import DataSettings
+from t5lite.data import edge
+from t5lite.data.edge import DataLayout, DataSettings
 from t5lite.errors import check_positive_int
 from t5lite.optim import skipping
 from t5lite.runtime import train_step
@@ -61,14 +61,11 @@ def make_iterator(model, data: TrainData, layout: DataLayout):
     `sequence_lengths` are the widths of its batches."""
     kind = model.FEATURE_CONVERTER_KIND
     if data.mixture_or_task_name == SYNTHETIC_TASK:
-        from t5lite.data import synthetic
-        task = synthetic.SyntheticTask(model.feature_lengths(data.task_feature_lengths),
+        task = edge.SyntheticTask(model.feature_lengths(data.task_feature_lengths),
                                        model.config.vocab_size, kind, data.seed)
-        return synthetic.SyntheticIterator(task, layout)
-    from t5lite.data import edge
+        return edge.SyntheticIterator(task, layout)
     edge.import_tasks(data.data_settings)  # the data edge: TensorFlow, SeqIO
-    from t5lite.data import pipeline
-    iterator = pipeline.make_iterator(
+    iterator = edge.make_iterator(
         data.mixture_or_task_name, split="train", feature_lengths=data.task_feature_lengths,
         layout=layout, model_kind=kind, pack=data.pack, shuffle=True, seed=data.seed,
         bos_id=model.bos_id, data_shards=data.data_shards)

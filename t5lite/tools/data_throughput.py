@@ -1,7 +1,7 @@
 """Input-pipeline throughput: t5lite's span-corruption pipeline against plain SeqIO with
 T5's own preprocessors, on the same documents and vocabulary, in one process.
 
-    ours   pipeline.make_iterator("pile_span_corruption"): the Pile reader (jsonl, a
+    ours   edge.make_iterator("pile_span_corruption"): the Pile reader (jsonl, a
            Python generator inside tf.data) -> T5's span corruption -> seqio's feature
            converter -> batches
     seqio  a seqio.Task over seqio.TextLineDataSource (the same documents, one a line)
@@ -23,11 +23,10 @@ import resource
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
-from t5lite.data import demo_corpus, pipeline, tasks
-from t5lite.data.data_layout import DataLayout
-from t5lite.data.tf_env import import_tensorflow
+from t5lite.data import edge
 
-tf = import_tensorflow()
+tf = edge.import_tensorflow()
+tasks = edge.import_tasks()
 import seqio  # noqa: E402
 from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 
@@ -41,7 +40,7 @@ def write_corpus(directory: str, documents: int, seed: int = 0,
     {"pile_dir": ..., "text_file": ..., "pile_file": ...}. `mean_chars`: join generated
     documents into ones of that mean length (exponentially distributed, like the Pile's
     long tail); default the generator's own short documents."""
-    docs = [" ".join(d["text"].split()) for d in demo_corpus.pile_documents(documents, seed)]
+    docs = [" ".join(d["text"].split()) for d in edge.demo_corpus.pile_documents(documents, seed)]
     if mean_chars:
         docs = _joined(docs, documents, mean_chars, seed)
     os.makedirs(os.path.join(directory, "pile", "train"), exist_ok=True)
@@ -62,9 +61,8 @@ def write_corpus(directory: str, documents: int, seed: int = 0,
 
 def use_corpus(corpus: Mapping[str, str], vocabulary_path: str) -> None:
     """Register the tasks over `corpus` (from `write_corpus`) and `vocabulary_path`."""
-    from t5lite.data import edge
-    from t5lite.data.settings import DataSettings
-    edge.import_tasks(DataSettings(pile_dir=corpus["pile_dir"], vocabulary_path=vocabulary_path))
+    edge.import_tasks(edge.DataSettings(pile_dir=corpus["pile_dir"],
+                                        vocabulary_path=vocabulary_path))
 
 
 def _joined(docs: List[str], n: int, mean_chars: int, seed: int) -> List[str]:
@@ -119,10 +117,10 @@ def plain_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
 
 def our_batches(lengths: Mapping[str, int], batch_size: int, pack: bool,
                 seed: int = 0) -> Iterator[Dict[str, Any]]:
-    return pipeline.make_iterator("pile_span_corruption", split="train",
-                                  feature_lengths=dict(lengths),
-                                  layout=DataLayout(batch_size), pack=pack, shuffle=True,
-                                  seed=seed)
+    return edge.make_iterator("pile_span_corruption", split="train",
+                              feature_lengths=dict(lengths),
+                              layout=edge.DataLayout(batch_size), pack=pack, shuffle=True,
+                              seed=seed)
 
 
 def cpu_seconds() -> float:
@@ -182,12 +180,12 @@ def resume_cost(lengths: Mapping[str, int], rows: int, pile_file: str, early: in
     meanwhile; beside them the time per batch (what a replay would pay per batch
     skipped) and the zstd decompression rate of seeking in the one-frame `pile_file`
     (what reopening a Pile shard mid-file costs per byte before the position)."""
-    from t5lite.data.files import jsonl_cursor
+    jsonl_cursor = edge.jsonl_cursor
 
     def make():
-        return pipeline.make_iterator("pile_span_corruption", split="train",
-                                      feature_lengths=dict(lengths), layout=DataLayout(rows),
-                                      pack=pack, shuffle=True, seed=0)
+        return edge.make_iterator("pile_span_corruption", split="train",
+                                  feature_lengths=dict(lengths), layout=edge.DataLayout(rows),
+                                  pack=pack, shuffle=True, seed=0)
     iterator, states, t0 = make(), {}, time.perf_counter()
     next(iterator)
     t1 = time.perf_counter()

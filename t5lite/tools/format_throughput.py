@@ -14,10 +14,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from t5lite.data import edge, pipeline
+from t5lite.data import edge
 from t5lite.tools import data_throughput as throughput
-from t5lite.data.data_layout import DataLayout
-from t5lite.data.settings import DataSettings
 
 FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet")
 PILE_ROW = "pile reader (.jsonl.zst)"
@@ -50,9 +48,9 @@ def write_formats(directory: str, documents: int, seed: int = 0,
 
 
 def _batches(task: str, lengths: Mapping[str, int], batch_size: int, pack: bool):
-    return pipeline.make_iterator(task, split="train", feature_lengths=dict(lengths),
-                                  layout=DataLayout(batch_size), pack=pack, shuffle=True,
-                                  seed=0)
+    return edge.make_iterator(task, split="train", feature_lengths=dict(lengths),
+                              layout=edge.DataLayout(batch_size), pack=pack, shuffle=True,
+                              seed=0)
 
 
 def compare_formats(files: Mapping[str, str], vocabulary_path: str,
@@ -88,7 +86,7 @@ def _task(name: str) -> str:
 
 def _measure(files, name, vocabulary_path, lengths, batch_size, pack, n_batches):
     pile = name == PILE_ROW
-    edge.import_tasks(DataSettings(
+    edge.import_tasks(edge.DataSettings(
         pile_dir=files["pile_dir"] if pile else None,
         text_files=None if pile else files[name], vocabulary_path=vocabulary_path))
     return throughput.measure(lambda: _batches(_task(name), lengths, batch_size, pack),
@@ -109,7 +107,7 @@ def reader_rates(files: Mapping[str, str], rounds: int = 3,
     """The reader alone (jsonl_cursor.iter_texts: a CursorPool read `per_read` texts a
     call, as TextFilesSource reads) through each format's whole file, the fastest of `rounds` reads: the
     documents and MB of text per second of one busy core (it runs in one thread)."""
-    from t5lite.data.files import jsonl_cursor
+    jsonl_cursor = edge.jsonl_cursor
     rows = []
     for name in FORMATS:
         best = None

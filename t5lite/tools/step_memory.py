@@ -26,7 +26,7 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 import numpy as np
 
-from t5lite.data import synthetic
+from t5lite.data import edge
 from t5lite.errors import ConfigError
 from t5lite.runtime.run import TrainingRun
 from t5lite.tools import gpu_target
@@ -65,7 +65,7 @@ def batch_specs(model, task_feature_lengths: Mapping[str, int], batch_size: int,
     """{feature: (shape, dtype)} of a global batch as the model's family reads it (packed
     batches carry segment ids and positions per sequence)."""
     lengths = model.feature_lengths(task_feature_lengths)
-    task = synthetic.SyntheticTask(lengths, model.config.vocab_size,
+    task = edge.SyntheticTask(lengths, model.config.vocab_size,
                                    model.FEATURE_CONVERTER_KIND, seed=0)
     specs = task.feature_specs(batch_size)
     if pack:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5lite.data import synthetic
+from t5lite.data import edge
 from t5lite.models import layouts
 from t5lite.models.model import model_for_config
 from t5lite.models.precision import FP8_COLLECTION
@@ -102,7 +102,7 @@ def compare_variants(model, variants: Mapping[str, Mapping[str, Any]],
     "tolerance", "ok"} or {"error": one line}}}.
     """
     lengths = model.feature_lengths(task_feature_lengths)
-    task = synthetic.SyntheticTask(lengths, model.config.vocab_size,
+    task = edge.SyntheticTask(lengths, model.config.vocab_size,
                                    model.FEATURE_CONVERTER_KIND, seed=seed)
     batch = {k: jnp.asarray(v) for k, v in task.global_batch(0, batch_size).items()}
     if packed:

@@ -342,7 +342,7 @@ def paths(output_dir: str) -> Dict[str, str]:
 def write_all(output_dir: str, *, vocab_size: int = 400, seed: int = 0,
               docs_per_file: int = 200) -> Dict[str, str]:
     """Every format above plus a vocabulary; returns {data setting: path}."""
-    from t5lite.data import vocab_training
+    from t5lite.data.files import vocab_training
 
     where = paths(output_dir)
     pile = write_pile(where["pile_dir"], docs_per_file=docs_per_file, seed=seed)
@@ -381,7 +381,7 @@ def ensure(output_dir: str, **kwargs) -> Dict[str, str]:
     try:
         write_all(tmp, **kwargs)
         with open(os.path.join(tmp, COMPLETE_MARKER), "w") as f:
-            f.write("written by t5lite.data.demo_corpus\n")
+            f.write("written by t5lite.data.files.demo_corpus\n")
         if os.path.isdir(output_dir) and not os.listdir(output_dir):
             os.rmdir(output_dir)
         try:
