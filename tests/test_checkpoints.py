@@ -15,6 +15,7 @@ from t5lite.errors import CheckpointMismatchError
 from t5lite.interop import checkpoint_format
 from t5lite.runtime.checkpointing.checkpoints import Checkpointer, restore_or_init
 from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
+from t5lite.runtime.checkpointing.start import FRESH, Start
 from t5lite.models import layouts
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel
@@ -354,7 +355,7 @@ def test_restore_or_init_order(tmp_path):
     # nothing anywhere: init
     with Checkpointer(tmp_path / "a") as ckpt:
         state, data, source = restore_or_init(ckpt, target, init_fn)
-    assert source == "init" and data is None
+    assert source == FRESH and str(source) == "init" and data is None
     assert_trees_equal(state, fresh)
 
     # an initial checkpoint (a training run elsewhere): its params, the rest fresh
@@ -365,7 +366,8 @@ def test_restore_or_init_order(tmp_path):
     initial = str(tmp_path / "pre")
     with Checkpointer(tmp_path / "b") as ckpt:
         state, data, source = restore_or_init(ckpt, target, init_fn, initial)
-    assert source == f"initial:{initial}" and data is None
+    assert source == Start("initial", path=initial) and str(source) == f"initial:{initial}"
+    assert data is None
     assert int(state.step) == 0
     assert_trees_equal(state.params, pretrained.params)
     assert_trees_equal(state.opt_state, fresh.opt_state)
@@ -378,9 +380,29 @@ def test_restore_or_init_order(tmp_path):
         ckpt.wait()
         n = len(calls)
         state, data, source = restore_or_init(ckpt, target, init_fn, initial)
-    assert source == "resume:40" and data == {"pos": 40}
+    assert source == Start("resume", step=40) and str(source) == "resume:40"
+    assert data == {"pos": 40}
     assert len(calls) == n  # no initialization on resume
     assert_trees_equal(state, own)
+
+
+def test_a_start_says_where_the_state_came_from_in_the_start_line_and_in_words():
+    """The typed start `restore_or_init` returns: its start-line form (the log line the
+    run prints, `start: resume:40 at step 40`), its words (the non-finite-loss message's),
+    and the kinds' fields held to what each kind has."""
+    cases = [(Start("resume", step=40), "resume:40", "MODEL_DIR's checkpoint 40"),
+             (Start("initial", path="/b"), "initial:/b", "INITIAL_CHECKPOINT_PATH /b"),
+             (Start("t5x_continue", path="/t"), "initial:/t",
+              "INITIAL_CHECKPOINT_PATH /t (a T5X run continued)"),
+             (Start("upcycle", path="/d"), "upcycle:/d", "INITIAL_CHECKPOINT_PATH /d (upcycled)"),
+             (FRESH, "init", "a fresh init")]
+    for start, line, words in cases:
+        assert (str(start), start.in_words()) == (line, words)
+        assert start.from_initial_checkpoint == (start.path is not None)
+    for bad in (dict(kind="resume"), dict(kind="init", step=3), dict(kind="initial"),
+                dict(kind="resume", step=3, path="/x"), dict(kind="continue", path="/x")):
+        with pytest.raises(ValueError):
+            Start(**bad)
 
 
 def test_converted_dir_is_not_a_model_dir(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from t5lite.errors import TrainingError
 from t5lite.runtime import loop
+from t5lite.runtime.checkpointing.start import Start
 from t5lite.runtime.step_duties import (Evaluation, Reports, Saving, StepDuties, StepPlan,
                                         check_finite, log_step)
 
@@ -200,7 +201,7 @@ def test_the_nan_guard_names_the_last_good_checkpoint_after_the_save_in_flight(k
     ckpt = Ckpt(events, committed=[2], in_flight=4)
     values = {"loss": 1.0, "grad_norm": 1.0, "param_norm": 1.0, key: math.nan}
     with pytest.raises(TrainingError) as e:
-        check_finite(7, values, ckpt, tmp_path, "resume:4")
+        check_finite(7, values, ckpt, tmp_path, Start("resume", step=4))
     assert str(e.value).startswith("the loss or its gradient is not finite at step 7")
     assert (f"stopped without saving it. The last saved checkpoint is step 4 in {tmp_path}; "
             f"this run started from MODEL_DIR's checkpoint 4. Causes: a checkpoint damaged on disk "

@@ -46,6 +46,7 @@ from t5lite.data import edge
 from t5lite.errors import (ConfigError, OutputWriteError, check_bool, check_feature_lengths,
                            check_positive_int, check_text)
 from t5lite.runtime.checkpointing import checkpoints, lora_restore
+from t5lite.runtime.checkpointing.start import Start
 from t5lite.runtime.process import compile_record, disk_space, distributed
 from t5lite.runtime import metrics, run_seed
 from t5lite.formats.checkpoint_files import CHECKPOINTS_DIR, complete_steps
@@ -177,7 +178,7 @@ class RunContext:
     ckpt: Optional[checkpoints.Checkpointer] = None
     evaluator: Optional[Callable] = None
     state: Any = None  # the TrainState
-    source: str = ""  # where the state came from, for the start line
+    source: Optional[Start] = None  # where the state came from (restore_or_init)
     lora_record: Optional[dict] = None  # a LoRA run's base fingerprint and alpha (lora_restore)
     step: int = 0
     start_step: int = 0
@@ -242,7 +243,7 @@ def _restore(ctx: RunContext, data: TrainData, random_seed: int) -> None:
         initial_checkpoint_state=args.initial_checkpoint_state,
         factoring=getattr(args.optimizer, "factoring", None))
     ctx.lora_record, data_state = lora_restore.start_fingerprint(
-        args.model, ctx.state.params, data_state, ctx.source, args.initial_checkpoint_path)
+        args.model, ctx.state.params, data_state, ctx.source)
     if args.inference_eval.period:
         ctx.evaluator = args.inference_evaluator(
             args.model, run.partitioner, task_name=data.mixture_or_task_name,

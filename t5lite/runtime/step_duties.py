@@ -38,6 +38,7 @@ import jax
 
 from t5lite.errors import TrainingError
 from t5lite.runtime import metrics, periods
+from t5lite.runtime.checkpointing.start import FRESH, Start
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +75,8 @@ def finite(values: Mapping[str, Any]) -> bool:
     return all(math.isfinite(float(values[k])) for k in keys if k in values)
 
 
-def started_from(source: str) -> str:
-    """Where a run's state came from (`restore_or_init`'s source), in words."""
-    kind, _, where = source.partition(":")
-    return {"resume": f"MODEL_DIR's checkpoint {where}",
-            "initial": f"INITIAL_CHECKPOINT_PATH {where}",
-            "upcycle": f"INITIAL_CHECKPOINT_PATH {where} (upcycled)"}.get(kind, "a fresh init")
-
-
 def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path,
-                 source: str = "init") -> None:
+                 source: Start = FRESH) -> None:
     """The NaN guard: TrainingError when `step`'s loss, gradient norm or parameter norm is
     not finite, naming the last good checkpoint (a save in flight is waited for first:
     it is part of what was kept), what the run started from (`source`), and the causes:
@@ -97,7 +90,7 @@ def check_finite(step: int, values: Mapping[str, float], ckpt, model_dir: Path,
     raise TrainingError(
         f"the loss or its gradient is not finite at step {step} (loss "
         f"{values.get('loss')}, grad norm {values.get('grad_norm')}); stopped "
-        f"without saving it. {kept}; this run started from {started_from(source)}. "
+        f"without saving it. {kept}; this run started from {source.in_words()}. "
         f"Causes: a checkpoint damaged on disk (python -m t5lite.info --verify {model_dir} "
         f"checks them; a damaged one is skipped at the next start), a learning rate too "
         f"high, or bad data (SKIP_BAD_STEPS=True skips such steps)")
@@ -131,7 +124,7 @@ class Reports:
     writes its metrics one step late too)."""
 
     def __init__(self, run, writer, progress, lock, dog, ckpt, model_dir: Path, step: int,
-                 device_kind: Optional[str] = None, source: str = "init"):
+                 device_kind: Optional[str] = None, source: Start = FRESH):
         self.run, self.writer, self.progress, self.lock = run, writer, progress, lock
         self.dog, self.ckpt, self.model_dir, self.source = dog, ckpt, model_dir, source
         self.device_kind = device_kind or jax.devices()[0].device_kind

@@ -37,6 +37,7 @@ from t5lite.formats.checkpoint_trees import check_state_matches, item_metadata_t
 from t5lite.optim.train_state import TrainState
 from t5lite.runtime.checkpointing import data_iterator_item, finetune_restore, upcycle
 from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
+from t5lite.runtime.checkpointing.start import FRESH, Start
 from t5lite.runtime.process import disk_space
 from t5lite.runtime.process.agreement import process_0_decides
 
@@ -316,7 +317,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
                     initial_checkpoint_path: Optional[PathLike] = None, model: Any = None,
                     initial_checkpoint_state: str = "params",
                     factoring: Optional[Mapping[str, Any]] = None
-                    ) -> Tuple[TrainState, Optional[dict], str]:
+                    ) -> Tuple[TrainState, Optional[dict], Start]:
     """The restore order: the latest complete checkpoint in MODEL_DIR that restores (state
     and data position; newer ones that do not are renamed `<step>.damaged-<ns>`, kept,
     and named in a warning; CheckpointDamagedError when none restores) -> else
@@ -326,8 +327,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     Adafactor options), or with 'upcycle' a dense checkpoint's parameters as a mixture of
     experts (`upcycle`) -> else `init_fn()`.
 
-    Returns (state, data_state or None, source) with source "resume:<step>",
-    "initial:<path>", "upcycle:<path>" or "init"."""
+    Returns (state, data_state or None, the `Start` that says which of these it was)."""
     damaged: List[Tuple[int, str]] = []
     for step in reversed(checkpointer.all_steps()):
         try:
@@ -346,7 +346,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
             log.warning("skipped damaged checkpoint %d (%s); kept as %s", bad, reason, name)
         if damaged:
             checkpointer.reload()
-        return state, data, f"resume:{step}"
+        return state, data, Start("resume", step=step)
     if damaged:
         raise CheckpointDamagedError(
             f"no checkpoint in {checkpointer.directory} restores: "
@@ -355,16 +355,16 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     if initial_checkpoint_path and initial_checkpoint_state == "train_state":
         state = finetune_restore.continue_t5x_run(initial_checkpoint_path, model,
                                                      abstract_state, init_fn, factoring)
-        return state, None, f"initial:{initial_checkpoint_path}"
+        return state, None, Start("t5x_continue", path=str(initial_checkpoint_path))
     if initial_checkpoint_path and initial_checkpoint_state == "upcycle":
         state = init_fn()  # the routers' fresh weights come from it
         params = upcycle.restore_upcycled(initial_checkpoint_path, model,
                                           abstract_state.params, lambda: state.params)
-        return state.replace(params=params), None, f"upcycle:{initial_checkpoint_path}"
+        return state.replace(params=params), None, Start("upcycle", path=str(initial_checkpoint_path))
     if initial_checkpoint_path:
         state = init_fn()  # a LoRA run's fresh adapters come from it (`lora_restore`)
         params = restore_params_for_finetuning(initial_checkpoint_path, model,
                                                abstract_state.params,
                                                fresh=lambda: state.params)
-        return state.replace(params=params), None, f"initial:{initial_checkpoint_path}"
-    return init_fn(), None, "init"
+        return state.replace(params=params), None, Start("initial", path=str(initial_checkpoint_path))
+    return init_fn(), None, FRESH

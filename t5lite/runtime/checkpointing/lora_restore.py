@@ -38,6 +38,7 @@ from t5lite.errors import CheckpointMismatchError, ConfigError
 from t5lite.formats import checkpoint_kinds
 from t5lite.formats.checkpoint_trees import Adapters, say_adapters
 from t5lite.models import lora
+from t5lite.runtime.checkpointing.start import Start
 
 KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
 ALPHA_KEY = "lora_alpha"  # beside it: the LORA_ALPHA the adapters were trained with
@@ -141,11 +142,11 @@ def check_base(recorded: Optional[str], now: str, where: str) -> None:
 
 
 def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Mapping[str, Any]],
-                      source: str, initial_checkpoint_path: Optional[str]
+                      start: Start
                       ) -> Tuple[Optional[Dict[str, Any]], Optional[Mapping[str, Any]]]:
     """(what the run records beside its data position, None without LoRA: the base
-    fingerprint and LORA_ALPHA; `data_state` without them) as a run starts from `source`
-    (`checkpoints.restore_or_init`): a resumed LoRA run's base must fingerprint, and its
+    fingerprint and LORA_ALPHA; `data_state` without them) as a run starts from `start`
+    (`checkpoints.restore_or_init`'s): a resumed LoRA run's base must fingerprint, and its
     LORA_ALPHA be, as its checkpoint records; so must the base under the adapters of a
     LoRA run's checkpoint given as INITIAL_CHECKPOINT_PATH, whose alpha
     `finetune_restore` checked as it loaded them (CheckpointMismatchError)."""
@@ -155,12 +156,12 @@ def start_fingerprint(model, params: Mapping[str, Any], data_state: Optional[Map
     if cfg is None or not lora.enabled(cfg):
         return None, data
     now = base_fingerprint(params["params"], cfg)
-    if source.startswith("resume:"):
-        where = f"MODEL_DIR's checkpoint {source.split(':', 1)[1]}"
+    if start.kind == "resume":
+        where = start.in_words()
         check_base((data_state or {}).get(KEY), now, where)
         check_alpha((data_state or {}).get(ALPHA_KEY), cfg, where)
-    elif source.startswith("initial:") and initial_checkpoint_path:
-        ckpt = checkpoint_kinds.open_checkpoint(initial_checkpoint_path)
+    elif start.kind in ("initial", "t5x_continue"):
+        ckpt = checkpoint_kinds.open_checkpoint(start.path)
         check_base(ckpt.recorded(KEY), now,  # (its alpha: checked as its adapters loaded)
                    f"INITIAL_CHECKPOINT_PATH {ckpt.where}")
     return {KEY: now, ALPHA_KEY: float(cfg.lora_alpha)}, data
