@@ -201,13 +201,18 @@ def test_llama_lora_from_hugging_face_exports_merged(tmp_path, capsys):
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
-    # convert --to=hf: the merged model; without the LoRA settings, one line
-    assert convert.main(["--to=hf", f"--input={run}", f"--output={tmp_path / 'no'}",
-                         f"--gin_file={model_gin}"]) != 0
-    line = _error(capsys.readouterr().err)
-    assert "LORA_RANK=4" in line and "rank 4 on out, query, value" in line, line
+    # convert --to=hf: the merged model; without the LoRA settings the same one (the
+    # checkpoint's adapters and recorded alpha adopted, as eval and infer adopt them)
     assert convert.main(["--to=hf", f"--input={run}", f"--output={hf_out}",
                          f"--gin_file={model_gin}", *LLAMA_LORA]) == 0
+    adopted = tmp_path / "adopted"
+    assert convert.main(["--to=hf", f"--input={run}", f"--output={adopted}",
+                         f"--gin_file={model_gin}"]) == 0
+    assert "holds LoRA rank 4 adapters on out, query, value" in capsys.readouterr().err
+    given, taken = _hf_tensors(hf_out), _hf_tensors(adopted)
+    assert sorted(given) == sorted(taken) and len(given) > 10
+    for name, value in given.items():
+        np.testing.assert_array_equal(taken[name], value, err_msg=name)
     theirs_model = transformers.LlamaForCausalLM.from_pretrained(str(hf_out)).eval()
     assert not [n for n in theirs_model.state_dict() if "lora" in n]
     parsing.parse_gin([str(model_gin)], ["ACTIVATION_DTYPE = 'float32'", "LORA_RANK = 4",
@@ -221,6 +226,15 @@ def test_llama_lora_from_hugging_face_exports_merged(tmp_path, capsys):
         theirs = theirs_model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)  # float32, merged vs adapted
 
+
+
+def _hf_tensors(directory):
+    """{name: array} of every .safetensors file of a Hugging Face directory."""
+    from safetensors.numpy import load_file
+    tensors = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    return tensors
 
 
 def _two_processes(args, logs):

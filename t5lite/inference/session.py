@@ -28,7 +28,6 @@ import numpy as np
 
 from t5lite.errors import ConfigError, check_number, check_positive_int
 from t5lite.models import decoding, lora
-from t5lite.models.model import model_for_config
 from t5lite.formats import checkpoint_kinds
 from t5lite.runtime.checkpointing import finetune_restore, lora_restore
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
@@ -157,26 +156,6 @@ def open_checkpoint_path(checkpoint_path: str):
     return checkpoint_kinds.open_checkpoint(checkpoint_path, "CHECKPOINT_PATH")
 
 
-def with_checkpoint_lora(model, ckpt):
-    """`model` with the LoRA adapters the checkpoint `ckpt` holds (rank and targets from
-    its tree, LORA_ALPHA as its run recorded it) when the config names none (LORA_RANK=0),
-    so a LoRA run's checkpoint evaluates and serves without its flags repeated. Adapters
-    the config names are checked against the checkpoint's as given (one line when they
-    differ); a checkpoint that records no LORA_ALPHA leaves the model as it is (the
-    restore then names the flags to set)."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or not hasattr(cfg, "lora_rank") or lora.enabled(cfg) or ckpt.adapters is None:
-        return model
-    alpha = ckpt.recorded(lora_restore.ALPHA_KEY)
-    if alpha is None:
-        return model
-    rank, targets = ckpt.adapters
-    log.info("CHECKPOINT_PATH %s holds LoRA rank %d adapters on %s (LORA_ALPHA %g as its run "
-             "recorded): the model takes them", ckpt.where, rank, ", ".join(targets), alpha)
-    return model_for_config(dataclasses.replace(cfg, lora_rank=rank, lora_targets=targets,
-                                                lora_alpha=float(alpha)))
-
-
 def restore_params(model, ckpt, partitioner: Partitioner):
     """The model's variables from CHECKPOINT_PATH's reader (`open_checkpoint_path`: a
     MODEL_DIR, a step directory or a `t5lite.convert` output), sharded by `partitioner`;
@@ -217,7 +196,7 @@ def load_session(model, checkpoint_path: str, *, batch_size: int,
     decoder, seed = ((decoding_settings.decoder(), int(decoding_settings.seed))
                      if decoding_settings else (decoding.GreedyDecoder(), 0))
     ckpt = open_checkpoint_path(checkpoint_path)
-    model = with_checkpoint_lora(model, ckpt)
+    model = lora_restore.adopt_adapters(model, ckpt)  # a LoRA run's, without its flags
     partitioner = mesh.partitioner(model=model)
     partitioner.data_layout(batch_size)  # it divides over the data shards: before loading
     params = restore_params(model, ckpt, partitioner)

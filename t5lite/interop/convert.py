@@ -138,12 +138,17 @@ def export_hf(checkpoint_path: str, output_dir: str, model) -> Path:
     directory or a converted checkpoint), read as `model`, written as a Hugging Face
     directory (`hf.save_pretrained`). A LoRA model's adapters (LORA_RANK, LORA_TARGETS,
     LORA_ALPHA as trained) are merged into the kernels first (`lora.merge_lora`): the
-    output is a plain model. Returns the output directory."""
+    output is a plain model; a LoRA run's checkpoint exported without its LORA_* settings
+    brings them itself, as eval and infer read it (`lora_restore.adopt_adapters`).
+    Returns the output directory."""
+    from t5lite.formats import checkpoint_kinds
     from t5lite.models import lora
-    from t5lite.runtime.checkpointing import finetune_restore
+    from t5lite.runtime.checkpointing import finetune_restore, lora_restore
     out = _new_output(output_dir)
-    params = finetune_restore.restore_params_for_finetuning(checkpoint_path, model,
-                                                            _host_abstract(model), what="--input")
+    ckpt = checkpoint_kinds.open_checkpoint(checkpoint_path, "--input")
+    model = lora_restore.adopt_adapters(model, ckpt, "--input")
+    params = finetune_restore.restore_params_for_finetuning(ckpt, model, _host_abstract(model),
+                                                            what="--input")
     if lora.enabled(model.config):
         params, merged_cfg = lora.merge_lora(params, model.config)
         model = model_for_config(merged_cfg)

@@ -27,7 +27,9 @@ recorded one. (Rank and targets are in the adapters' shapes and names: `check_ad
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
@@ -39,6 +41,8 @@ from t5lite.formats import checkpoint_kinds
 from t5lite.formats.checkpoint_trees import Adapters, say_adapters
 from t5lite.models import lora
 from t5lite.runtime.checkpointing.start import Start
+
+log = logging.getLogger(__name__)
 
 KEY = "lora_base_fingerprint"  # in the checkpoint's data item (JSON), beside the position
 ALPHA_KEY = "lora_alpha"  # beside it: the LORA_ALPHA the adapters were trained with
@@ -173,3 +177,25 @@ def recording(get_state: Callable[[], Mapping[str, Any]], record: Optional[Mappi
     if record is None:
         return get_state
     return lambda: {**get_state(), **record}
+
+
+def adopt_adapters(model, ckpt, what: str = "CHECKPOINT_PATH"):
+    """`model` with the LoRA adapters the checkpoint `ckpt` (a `checkpoint_kinds` reader)
+    holds (rank and targets from its tree, LORA_ALPHA as its run recorded it) when the
+    config names none (LORA_RANK=0), so a LoRA run's checkpoint evaluates, serves and
+    exports (`eval`, `infer`, `convert --to=hf`) without its flags repeated. Adapters the
+    config names are checked against the checkpoint's as given (one line when they
+    differ); a checkpoint that records no LORA_ALPHA leaves the model as it is (the
+    restore then names the flags to set)."""
+    from t5lite.models.model import model_for_config
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "lora_rank") or lora.enabled(cfg) or ckpt.adapters is None:
+        return model
+    alpha = ckpt.recorded(ALPHA_KEY)
+    if alpha is None:
+        return model
+    rank, targets = ckpt.adapters
+    log.info("%s %s holds LoRA rank %d adapters on %s (LORA_ALPHA %g as its run recorded): "
+             "the model takes them", what, ckpt.where, rank, ", ".join(targets), alpha)
+    return model_for_config(dataclasses.replace(cfg, lora_rank=rank, lora_targets=targets,
+                                                lora_alpha=float(alpha)))
