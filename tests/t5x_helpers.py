@@ -190,7 +190,7 @@ def t5x_moe_view(params: Mapping[str, Any]) -> Dict[str, np.ndarray]:
     out]). A dense T5's is T5X's `examples/t5` tree."""
     import re
 
-    from t5lite.models import param_paths
+    from t5lite.models.common import param_paths
     out = {}
     for name, value in param_paths.flatten(params).items():
         value = np.asarray(value, np.float32)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from t5lite.errors import CheckpointMismatchError
-from t5lite.models import layouts, param_paths
+from t5lite.models import layouts
+from t5lite.models.common import param_paths
 from t5lite.formats import t5x_params
 from t5lite.models.configs import T5Config
 from t5lite.models.model import model_for_config

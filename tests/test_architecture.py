@@ -2,7 +2,9 @@
 
 - the floors above data/ import only its face, data/edge.py;
 - imports run one way, room by room (a sub-room such as runtime/process/ is a room of its
-  own): errors <- models, optim <- data/files, formats, runtime/process <- data,
+  own): errors <- models/lora, moe, ..., optim <- models/common <- the two families
+  (models/encoder_decoder, models/decoder_only) <- models <- data/files, formats,
+  runtime/process <- data,
   runtime/checkpointing <- runtime <- inference / interop <- config <- tools <- commands;
   rooms on one floor do not import each other; function-local imports count;
 - no room's own modules pass 3,000 lines;
@@ -30,13 +32,17 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "t5lite"
 COMMANDS = {"train", "eval", "infer", "bench", "data_bench", "info", "convert", "vocab", "deps",
             "demo_data", "plot"}
-LAYERS = {"errors": 0, "models.activations": 0, "tools.hlo": 0, "models.decoding": 1, "models.moe": 1, "models.layouts": 1, "models.pipeline": 1, "models.flops": 1, "optim": 1,
-          "models": 2,
-          "data.files": 3, "formats": 3, "runtime.process": 3,
-          "data": 4, "runtime.checkpointing": 4,
-          "runtime": 5, "inference": 6, "interop": 6, "config": 7, "tools": 8}
+LAYERS = {"errors": 0, "models.activations": 0, "tools.hlo": 0,
+          "models.decoding": 1, "models.moe": 1, "models.layouts": 1, "models.pipeline": 1,
+          "models.flops": 1, "models.lora": 1, "optim": 1,
+          "models.common": 2,
+          "models.encoder_decoder": 3, "models.decoder_only": 3,
+          "models": 4,
+          "data.files": 5, "formats": 5, "runtime.process": 5,
+          "data": 6, "runtime.checkpointing": 6,
+          "runtime": 7, "inference": 8, "interop": 8, "config": 9, "tools": 10}
 SUB_ROOMS = {room for room in LAYERS if "." in room}
-COMMAND_LAYER = 9
+COMMAND_LAYER = 11
 ROOM_LINES = 3000
 FAMILY_NAMES = {"T5Config", "DecoderConfig", "EncoderDecoderModel", "DecoderOnlyModel"}
 

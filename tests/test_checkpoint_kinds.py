@@ -22,7 +22,7 @@ from t5lite.interop import checkpoint_format
 from t5lite.models import layouts
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel
-from t5lite.models.param_paths import flatten, unflatten
+from t5lite.models.common.param_paths import flatten, unflatten
 
 import t5x_helpers as tx
 from test_hf import random_variables

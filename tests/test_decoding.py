@@ -249,7 +249,7 @@ def test_learned_positions_bound_is_checked():
 def test_cross_attention_reads_its_cache():
     """After the cache-creating call, decode steps take the encoder keys/values from the
     cache: NaN encoder outputs in a step change nothing."""
-    from t5lite.models.t5 import T5
+    from t5lite.models.encoder_decoder.network import T5
     model, params = make_model(T5_TINY), params_for("t5")
     enc = batch_for("t5")["encoder_input_tokens"]
     encoded = model.module.apply(params, enc, method=T5.encode)
@@ -279,7 +279,7 @@ def test_cross_attention_reads_its_cache():
 def test_relpos_bias_rows_for_positions():
     """The decode-time T5 bias for queries at given positions equals those rows of the
     full [q, k] bias."""
-    from t5lite.models.attention import RelativePositionBias
+    from t5lite.models.common.attention import RelativePositionBias
     mod = RelativePositionBias(4, 8, 12, bidirectional=False)
     variables = mod.init(jax.random.PRNGKey(0), 16, 16)
     full = mod.apply(variables, 16, 16)[0]  # [heads, q, k]

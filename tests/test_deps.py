@@ -40,7 +40,7 @@ def test_shadowing_nightly_is_detected(tmp_path):
 
 def test_model_library_imports_no_tensorflow_seqio_t5_or_clu():
     code = (
-        "import t5lite.models.model, t5lite.models.layouts, t5lite.models.losses\n"
+        "import t5lite.models.model, t5lite.models.layouts, t5lite.models.common.losses\n"
         "import t5lite.models.flops, t5lite.interop.hf, t5lite.interop.checkpoint_format\n"
         "import jax, jax.numpy as jnp\n"
         "from t5lite.models.configs import T5Config\n"

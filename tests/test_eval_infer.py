@@ -29,7 +29,7 @@ import jax  # noqa: E402
 from t5lite.config import parsing  # noqa: E402
 from t5lite.inference.session import Session  # noqa: E402
 from t5lite.interop import checkpoint_format  # noqa: E402
-from t5lite.models import features  # noqa: E402
+from t5lite.models.common import features  # noqa: E402
 from t5lite.data.files import demo_corpus  # noqa: E402
 
 import train_helpers as th  # noqa: E402

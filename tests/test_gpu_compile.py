@@ -174,7 +174,7 @@ def test_the_residual_stream_is_not_copied_around_the_gemms_on_a_gpu():
     copies the stream first, since the next norm's backward keeps it; with
     `residual_add` in a training step without dropout nothing is copied and fewer bytes
     move."""
-    from t5lite.models.layers import residual_add, rms_norm
+    from t5lite.models.common.layers import residual_add, rms_norm
     spec = _replicated_h200()
     # [batch, length, embed]: the GEMMs see it reshaped to [tokens, embed], and XLA
     # then lets the reshape's single use decide the stream may be overwritten
@@ -205,7 +205,7 @@ def test_gemms_reading_one_input_add_their_gradients_in_place_on_a_gpu():
     where the add's partial sum is not already such a GEMM's result, and adds the rest in
     kernels of their own; with `layers.gemm_input_views` every GEMM but one adds in place,
     no add kernel is left and fewer bytes move."""
-    from t5lite.models.layers import gemm_input_views
+    from t5lite.models.common.layers import gemm_input_views
     spec = _replicated_h200()
     n = 6
     x = jax.ShapeDtypeStruct((8, 256, 512), jnp.bfloat16, sharding=spec)
@@ -236,7 +236,7 @@ def test_the_losss_backward_is_one_pass_over_the_logits_on_a_gpu():
     (`losses.cross_entropy_with_logits`) no scatter is left and the program moves a third
     of what autodiff of the gather makes (a zeroed float32 [tokens, vocab] array, the
     scatter into it, and their reads)."""
-    from t5lite.models import losses
+    from t5lite.models.common import losses
     spec = _replicated_h200()
     tokens, vocab = 2048, 8192
     logits = jax.ShapeDtypeStruct((tokens, vocab), jnp.bfloat16, sharding=spec)

@@ -120,7 +120,7 @@ def test_a_named_tasks_inputs_end_in_eos(setup, tmp_path):
     """MIXTURE_OR_TASK_NAME='mnli' with INPUT_FILE: each line is processed as the task's
     inputs (the first inputs - 1 tokens, then EOS), as in its prefix-LM training
     sequence; RAW_PROMPTS=True continues the same lines as they are."""
-    from t5lite.models import features
+    from t5lite.models.common import features
     texts = _prompts(9)
     path = tmp_path / "prompts.txt"
     path.write_text("".join(t + "\n" for t in texts))

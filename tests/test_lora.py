@@ -15,10 +15,11 @@ from jax.sharding import PartitionSpec as P
 from t5lite.config import command, parsing
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.errors import ConfigError
-from t5lite.models import layers, layouts, lora
+from t5lite.models import layouts, lora
+from t5lite.models.common import layers
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import model_for_config
-from t5lite.models.param_paths import flatten
+from t5lite.models.common.param_paths import flatten
 from t5lite.optim import optimizers
 from t5lite.runtime import partitioning, run, train_step
 from t5lite.runtime.partitioning import MeshSettings

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite.models import losses
+from t5lite.models.common import losses
 from t5lite.models.configs import T5Config
 from t5lite.models.model import EncoderDecoderModel
 

@@ -51,7 +51,7 @@ def env(tmp_path, monkeypatch, tmp_path_factory):
 
 def test_every_command_of_the_migration_guide_runs(env, tmp_path, capsys):
     from t5lite import convert, eval as evaluate, train
-    from t5lite.models import param_paths
+    from t5lite.models.common import param_paths
     vocab = VOCAB_SIZE + 100
     torch.manual_seed(7)
     hf = transformers.T5ForConditionalGeneration(transformers.T5Config(

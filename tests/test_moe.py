@@ -19,7 +19,7 @@ from t5lite.data.synthetic import SyntheticTask
 from t5lite.models import moe
 from t5lite.models.moe import routing
 from t5lite.models.configs import DecoderConfig
-from t5lite.models.layers import ACTIVATIONS
+from t5lite.models.common.layers import ACTIVATIONS
 from t5lite.models.model import DecoderOnlyModel
 from t5lite.runtime import partitioning, train_step
 

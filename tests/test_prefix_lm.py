@@ -180,7 +180,7 @@ def _greedy_without_cache(logits, prompt, new_tokens, width=16):
 
 
 def test_decoding_a_bidirectional_prefix_with_the_cache_equals_full_passes():
-    from t5lite.models import features
+    from t5lite.models.common import features
     model = DecoderOnlyModel(LLAMA_PREFIX)
     params = model.init(jax.random.PRNGKey(1))
     prompts = [ex["inputs"] for ex in EXAMPLES] + [[5, 1]]

@@ -280,7 +280,7 @@ def test_a_t5x_moe_checkpoint_restores_with_its_factored_adafactor_state(switch,
     [experts, mlp], T5X's factor rules)."""
     import t5x_helpers as tx
     from t5lite.formats import t5x_checkpoint, t5x_optimizer_state
-    from t5lite.models import param_paths
+    from t5lite.models.common import param_paths
     from t5lite.optim import optimizers
     from t5lite.runtime.checkpointing import finetune_restore
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
@@ -333,7 +333,7 @@ def test_a_t5x_moe_checkpoint_restores_with_its_factored_adafactor_state(switch,
 def test_a_switch_checkpoint_into_a_dense_model_is_one_line(switch, tmp_path):
     import t5x_helpers as tx
     from t5lite.errors import CheckpointMismatchError
-    from t5lite.models import param_paths
+    from t5lite.models.common import param_paths
     from t5lite.runtime.checkpointing import finetune_restore
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
     ckpt = tx.write_t5x_checkpoint(tmp_path / "checkpoint_1", param_paths.unflatten(

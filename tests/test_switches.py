@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5lite.models import layers as model_layers
+from t5lite.models.common import layers as model_layers
 from t5lite.models import layouts
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
@@ -251,7 +251,7 @@ def test_bf16_compute_close_to_float32(reference):
 def test_fp8_close_to_bf16_and_uses_f8(name, cfg):
     """Native FP8 (flax fp8 ops): logits within a few percent of bf16 on the same weights;
     the compiled HLO carries f8 types; the FP8 state lives in its own collection."""
-    from t5lite.models.precision import FP8_COLLECTION
+    from t5lite.models.common.precision import FP8_COLLECTION
     bf16_cfg = dataclasses.replace(cfg, dtype="bfloat16")
     fp8_cfg = dataclasses.replace(bf16_cfg, fp8=True)
     fp8_model = make_model(fp8_cfg)
@@ -388,7 +388,7 @@ def test_bfloat16_attention_logits_close_and_no_float32_scores(reference):
 def test_rms_norm_gradient_is_autodiffs(dtype):
     """`layers.rms_norm` writes its gradient out (it keeps x in its dtype for the backward
     pass): the same x and scale gradients as autodiff of the float32 formula."""
-    from t5lite.models.layers import rms_norm
+    from t5lite.models.common.layers import rms_norm
 
     def plain(x, scale):
         xf = x.astype(jnp.float32)

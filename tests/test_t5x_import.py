@@ -277,7 +277,7 @@ def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
     target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
-    from t5lite.models import param_paths
+    from t5lite.models.common import param_paths
     slots = tx.adafactor_slots(param_paths.flatten(target), np.random.default_rng(0))
     ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", target, step=1000,
                                    param_states=tx.param_states(slots))
@@ -331,7 +331,7 @@ def _doc_model_file(name: str) -> str:
 def _t5x_target(params):
     """t5lite's unfused, unscanned T5 params as T5X stores them: the same names, the
     attention kernels with their heads joined."""
-    from t5lite.models.param_paths import flatten, unflatten
+    from t5lite.models.common.param_paths import flatten, unflatten
     out = {}
     for name, value in flatten(params).items():
         value = np.asarray(value)

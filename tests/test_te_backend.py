@@ -19,7 +19,9 @@ import pytest
 
 import train_helpers as th
 from t5lite.errors import ConfigError
-from t5lite.models import configs, precision, te_backend
+from t5lite.models import configs
+from t5lite.models.common import precision
+from t5lite.models.common import te_backend
 from t5lite.models.model import model_for_config
 
 TE_MISSING = te_backend.unavailable_reason()

@@ -13,7 +13,7 @@ from t5lite.runtime import partitioning, train_step
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
-from t5lite.models.precision import FP8_COLLECTION
+from t5lite.models.common.precision import FP8_COLLECTION
 
 T5 = T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
               num_decoder_layers=2, mlp_dim=64, relpos_num_buckets=8, relpos_max_distance=16,
@@ -155,7 +155,7 @@ def test_state_is_created_sharded_donated_and_constrained(monkeypatch):
     step; and the layers' `with_logical_constraint`s are in the lowered train step, more
     than 20 more of them than with `Layout.constrain` a no-op. (Under the deprecated
     `with mesh:` Flax sees no mesh and drops every one of them, silently.)"""
-    from t5lite.models import layers
+    from t5lite.models.common import layers
 
     def build():
         model, task, lengths = _model(T5)

@@ -6,7 +6,7 @@ from typing import Dict, Mapping, Optional
 
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
-from t5lite.models.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
+from t5lite.models.common.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
 
 import_tensorflow()  # (hidden GPUs, quiet start-up) before SeqIO imports it
 import seqio  # noqa: E402

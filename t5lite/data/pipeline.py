@@ -67,7 +67,7 @@ from t5lite.data.data_layout import DataLayout
 from t5lite.data.data_shards import ShardPlan
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
-from t5lite.models.model_kinds import ENCODER_DECODER, MODEL_KINDS
+from t5lite.models.common.model_kinds import ENCODER_DECODER, MODEL_KINDS
 
 tf = import_tensorflow()
 import seqio  # noqa: E402

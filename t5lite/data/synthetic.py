@@ -34,7 +34,7 @@ import numpy as np
 
 from t5lite.data.data_layout import DataLayout
 from t5lite.errors import check_positive_int
-from t5lite.models.model_kinds import ENCODER_DECODER, MODEL_KINDS
+from t5lite.models.common.model_kinds import ENCODER_DECODER, MODEL_KINDS
 
 KINDS = MODEL_KINDS
 PAD_ID = 0

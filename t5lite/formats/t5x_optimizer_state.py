@@ -26,7 +26,7 @@ import optax
 from t5lite.errors import CheckpointMismatchError
 from t5lite.formats import t5x_params
 from t5lite.models import layouts
-from t5lite.models.param_paths import flatten, unflatten
+from t5lite.models.common.param_paths import flatten, unflatten
 from t5lite.optim import adafactor
 
 SLOTS = ("v_row", "v_col", "v", "m")

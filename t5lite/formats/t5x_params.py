@@ -30,7 +30,7 @@ import numpy as np
 
 from t5lite.errors import CheckpointMismatchError
 from t5lite.formats.checkpoint_trees import expert_counts
-from t5lite.models.param_paths import flatten, unflatten
+from t5lite.models.common.param_paths import flatten, unflatten
 
 _JOINED_IN = re.compile(r"(attention|self_attention|encoder_decoder_attention)/"
                         r"(query|key|value)/kernel$")

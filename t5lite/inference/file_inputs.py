@@ -36,7 +36,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from t5lite.data import edge
 from t5lite.errors import ConfigError, DataFormatError, UnknownTaskError
-from t5lite.models import features, model_kinds
+from t5lite.models.common import features
+from t5lite.models.common import model_kinds
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import numpy as np
 from t5lite.data import edge
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
-from t5lite.models import model_kinds
+from t5lite.models.common import model_kinds
 
 Batch = Dict[str, np.ndarray]
 

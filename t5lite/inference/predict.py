@@ -41,7 +41,7 @@ from t5lite.errors import (ConfigError, DataError, DiskFullError, check_bool,
 from t5lite.inference import file_inputs
 from t5lite.inference.session import DecodingSettings, load_session
 from t5lite.inference.task_eval import tfds_numpy
-from t5lite.models.features import decode_tokens
+from t5lite.models.common.features import decode_tokens
 from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space, run_lock
 from t5lite.runtime.partitioning import MeshSettings

@@ -23,7 +23,7 @@ import numpy as np
 from t5lite.data import edge
 from t5lite.errors import ConfigError
 from t5lite.inference.session import Session
-from t5lite.models.features import decode_tokens
+from t5lite.models.common.features import decode_tokens
 from t5lite.runtime import metrics
 from t5lite.runtime.process import disk_space
 

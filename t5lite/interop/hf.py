@@ -41,7 +41,7 @@ from t5lite.interop.hf_config import (  # noqa: F401  (read_hf_config, config_fr
 from t5lite.interop.hf_families import IGNORED, family_of, hf_shape, to_hf, to_ours
 from t5lite.models import layouts
 from t5lite.models.model import BaseModel, model_for_config
-from t5lite.models.param_paths import flatten, unflatten
+from t5lite.models.common.param_paths import flatten, unflatten
 from t5lite.runtime import metrics
 
 Model = BaseModel

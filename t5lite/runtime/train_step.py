@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from t5lite.models import precision
-from t5lite.models.precision import FP8_COLLECTION
+from t5lite.models.common import precision
+from t5lite.models.common.precision import FP8_COLLECTION
 from t5lite.optim import skipping
 from t5lite.runtime.partitioning import Partitioner
 from t5lite.optim.train_state import TrainState

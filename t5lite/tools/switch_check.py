@@ -28,7 +28,7 @@ import numpy as np
 from t5lite.data import edge
 from t5lite.models import layouts
 from t5lite.models.model import model_for_config
-from t5lite.models.precision import FP8_COLLECTION
+from t5lite.models.common.precision import FP8_COLLECTION
 
 VARIANTS: Dict[str, Dict[str, Any]] = {
     "float32": {"dtype": "float32"},

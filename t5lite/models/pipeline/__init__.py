@@ -2,7 +2,7 @@
 into chunks over the mesh's `stage` axis, each batch into microbatches that flow through
 them (`schedule.run`), and the settings that choose it (`settings`).
 
-The decoder-only stack runs through it (`t5lite.models.stack.run_stack`) when its config
+The decoder-only stack runs through it (`t5lite.models.common.stack.run_stack`) when its config
 sets PIPELINE_MICROBATCHES and the mesh has a stage axis over 1; its layers are stored
 stacked either way (`t5lite.models.layouts`), so what a device holds is a quarter of them
 on a four-stage mesh and a checkpoint moves between stage counts.

@@ -24,7 +24,7 @@ import numpy as np
 from t5lite.errors import CheckpointMismatchError, ConfigError
 from t5lite.formats import placement
 from t5lite.models import layouts
-from t5lite.models.param_paths import flatten, unflatten
+from t5lite.models.common.param_paths import flatten, unflatten
 from t5lite.runtime.checkpointing import finetune_restore
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The T5-style encoder-decoder wrapper (`T5Config`): its batches, FLOPs, inference
-batches and KV-cache decoding from the encoded inputs (contract: `t5lite.models.base_model`).
+batches and KV-cache decoding from the encoded inputs (contract: `t5lite.models.common.base_model`).
 """
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from t5lite.models import decoding, features, flops, model_kinds
-from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
-from t5lite.models.t5 import T5
+from t5lite.models import decoding, flops
+from t5lite.models.common import features
+from t5lite.models.common import model_kinds
+from t5lite.models.common.base_model import MODEL_EOS, Batch, BaseModel
+from t5lite.models.encoder_decoder.network import T5
 
 
 class EncoderDecoderModel(BaseModel):

@@ -3,7 +3,7 @@
 A targeted projection computes W x + (alpha / r) B(A(dropout(x))): A [*in, r] drawn as
 the kernels are (truncated normal, variance 1 / fan_in), B [r, *out] zeros, so a fresh
 adapter leaves the network's function unchanged. Both live beside the kernel in the
-projection's own scope, as `lora_a` / `lora_b` (`t5lite.models.layers.Dense`), with
+projection's own scope, as `lora_a` / `lora_b` (`t5lite.models.common.layers.Dense`), with
 the kernel's logical axis names for their outer axes and `lora_rank` (replicated) for r:
 
     .../attention/query/kernel  [embed, heads, kv]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax.linen import fp8_ops
 
-from t5lite.models import te_backend
+from t5lite.models.common import te_backend
 
 FP8_COLLECTION = fp8_ops.OVERWRITE_WITH_GRADIENT
 AMAX_HISTORY_LENGTH = 1024

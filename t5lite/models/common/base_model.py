@@ -35,8 +35,8 @@ branches on its type (T5X's FEATURE_CONVERTER_CLS idea):
                                input or target (T5: EOS appended; decoder-only: as is)
     inference_batch(...)       token lists -> the batch predict_batch / score_batch read
 
-The families: `t5lite.models.encoder_decoder_model.EncoderDecoderModel` and
-`t5lite.models.decoder_only_model.DecoderOnlyModel`; `t5lite.models.model` names both
+The families: `t5lite.models.encoder_decoder.model.EncoderDecoderModel` and
+`t5lite.models.decoder_only.model.DecoderOnlyModel`; `t5lite.models.model` names both
 and `model_for_config(cfg)` builds the wrapper of a config's family.
 """
 from __future__ import annotations
@@ -51,7 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.errors import ConfigError, check_number
-from t5lite.models import decoding, layouts, lora, losses, moe, te_backend
+from t5lite.models import decoding, layouts, lora, moe
+from t5lite.models.common import losses
+from t5lite.models.common import te_backend
 
 Batch = Mapping[str, jax.Array]
 MODEL_EOS = "model"  # predict_batch's default eos_id: the model's own (config.eos_id)
@@ -328,7 +330,7 @@ class BaseModel:
                         targets: Optional[Sequence[Sequence[int]]] = None
                         ) -> Dict[str, np.ndarray]:
         """Token lists -> the numpy batch `predict_batch` (no targets) or `score_batch`
-        (with targets) reads (`t5lite.models.features`)."""
+        (with targets) reads (`t5lite.models.common.features`)."""
         raise NotImplementedError
 
 

@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.models import lora
-from t5lite.models.configs import T5Config
-from t5lite.models.attention import Attention, RelativePositionBias
-from t5lite.models.masks import attention_mask, decode_mask, make_mask
-from t5lite.models.layers import (MLP, Dense, Embed, Layout, RMSNorm, get_dtype, moe_mlp,
+from t5lite.models.encoder_decoder.config import T5Config
+from t5lite.models.common.attention import Attention, RelativePositionBias
+from t5lite.models.common.masks import attention_mask, decode_mask, make_mask
+from t5lite.models.common.layers import (MLP, Dense, Embed, Layout, RMSNorm, get_dtype, moe_mlp,
                                   residual_add)
-from t5lite.models.precision import fp8_mode
-from t5lite.models.stack import run_layers
+from t5lite.models.common.precision import fp8_mode
+from t5lite.models.common.stack import run_layers
 
 Array = jax.Array
 

@@ -1,9 +1,9 @@
 """Attention: relative position bias (T5), RoPE (LLaMA), masks, and the multi-head /
 grouped-query `Attention` module with its KV cache and fused-kernel paths.
 
-Shapes use the logical axis names of `t5lite.models.layers` (`batch`, `q_length`,
+Shapes use the logical axis names of `t5lite.models.common.layers` (`batch`, `q_length`,
 `kv_length`, `heads`, `kv`, `embed`, `stack`, `relpos_buckets`); masks
-(`t5lite.models.masks`) are [batch, 1, q_length, kv_length] booleans (True: attend) or
+(`t5lite.models.common.masks`) are [batch, 1, q_length, kv_length] booleans (True: attend) or
 `MaskIds`, which each kernel turns into what it takes.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from t5lite.models import te_backend
-from t5lite.models.layers import Dense, Layout, gemm_input_views
+from t5lite.models.common import te_backend
+from t5lite.models.common.layers import Dense, Layout, gemm_input_views
 from t5lite.models.lora import LoraSpec
-from t5lite.models.masks import NEG_INF, MaskIds, as_dense
+from t5lite.models.common.masks import NEG_INF, MaskIds, as_dense
 
 Array = jax.Array
 

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 from t5lite.models import layouts, moe, pipeline
-from t5lite.models.layers import gemm_input_views
-from t5lite.models.precision import FP8_COLLECTION
+from t5lite.models.common.layers import gemm_input_views
+from t5lite.models.common.precision import FP8_COLLECTION
 
 _PROJECTIONS = ("query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj")
 

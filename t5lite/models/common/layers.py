@@ -1,5 +1,5 @@
 """Building blocks shared by every network: dense projections, MLP, norms, embeddings
-and the batch/sequence layout helpers (attention: `t5lite.models.attention`).
+and the batch/sequence layout helpers (attention: `t5lite.models.common.attention`).
 
 Array shapes use logical axis names: `batch`, `length` (also `q_length`/`kv_length`),
 `embed`, `heads`, `kv` (head_dim), `stack` (q/k/v slot of a fused kernel), `mlp`, `vocab`,
@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models import lora as lora_lib
 from t5lite.models.activations import ACTIVATIONS, activated_product
-from t5lite.models import precision
+from t5lite.models.common import precision
 from t5lite.models import moe
 
 Array = jax.Array

@@ -1,6 +1,6 @@
 """The GPT / LLaMA-style decoder-only wrapper (`DecoderConfig`): its batches, FLOPs,
 inference batches (BOS + prompt) and KV-cache continuation of prompts (contract:
-`t5lite.models.base_model`).
+`t5lite.models.common.base_model`).
 """
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
-from t5lite.models import decoding, features, flops, model_kinds
-from t5lite.models.base_model import MODEL_EOS, Batch, BaseModel
-from t5lite.models.decoder import DecoderOnly
+from t5lite.models import decoding, flops
+from t5lite.models.common import features
+from t5lite.models.common import model_kinds
+from t5lite.models.common.base_model import MODEL_EOS, Batch, BaseModel
+from t5lite.models.decoder_only.network import DecoderOnly
 
 
 class DecoderOnlyModel(BaseModel):
