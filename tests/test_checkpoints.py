@@ -398,7 +398,6 @@ def test_a_start_says_where_the_state_came_from_in_the_start_line_and_in_words()
              (FRESH, "init", "a fresh init")]
     for start, line, words in cases:
         assert (str(start), start.in_words()) == (line, words)
-        assert start.from_initial_checkpoint == (start.path is not None)
     for bad in (dict(kind="resume"), dict(kind="init", step=3), dict(kind="initial"),
                 dict(kind="resume", step=3, path="/x"), dict(kind="continue", path="/x")):
         with pytest.raises(ValueError):

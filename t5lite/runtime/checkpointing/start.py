@@ -33,11 +33,6 @@ class Start:
             raise ValueError(f"Start({self.kind!r}): a path is given with an initial "
                              f"checkpoint only")
 
-    @property
-    def from_initial_checkpoint(self) -> bool:
-        """The parameters come from INITIAL_CHECKPOINT_PATH (whatever else does too)."""
-        return self.path is not None
-
     def __str__(self) -> str:
         """The start line's form: resume:40, initial:/ckpt/base, upcycle:/ckpt/dense,
         init (a T5X run continued reads initial:<path>, as it starts from that path)."""
