@@ -259,6 +259,46 @@ def test_model_families_are_told_apart_only_in_models():
                       + ", ".join(found)
 
 
+# What reads a t5lite step's files: its record (`read_record`), its Orbax metadata
+# (`item_metadata_tree`), its arrays (Orbax's PyTree / Standard restores), its data position
+# (the data item's JSON). Only formats/t5lite_step.py uses them, besides the modules that
+# define them and T5X's own Orbax layout (formats/t5x_checkpoint.py reads T5X's checkpoints,
+# never a t5lite step). The data iterators' files are their own item, read by
+# runtime/checkpointing/data_iterator_item.py.
+STEP_READING = {"read_record", "item_metadata_tree", "PyTreeCheckpointer",
+                "StandardCheckpointer", "PyTreeRestore", "StandardRestore", "JsonRestore",
+                "DATA_ITEM"}
+STEP_READERS = {"t5lite.formats.t5lite_step": STEP_READING,
+                "t5lite.formats.fingerprints": {"read_record"},
+                "t5lite.formats.checkpoint_trees": {"item_metadata_tree"},
+                "t5lite.formats.checkpoint_files": {"DATA_ITEM"},
+                "t5lite.formats.t5x_checkpoint": {"item_metadata_tree", "PyTreeCheckpointer",
+                                                  "PyTreeRestore"},
+                # writes the data item (JsonSave) and names it among the manager's items
+                "t5lite.runtime.checkpointing.checkpoints": {"DATA_ITEM"}}
+
+
+def _names_used(path: Path) -> Set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
+            else n.name for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.Name, ast.Attribute, ast.alias))}
+
+
+def test_one_module_reads_a_checkpoint_step():
+    found = []
+    for module, path in MODULES.items():
+        used = {name.split(".")[-1] for name in _names_used(path)} & STEP_READING
+        extra = used - STEP_READERS.get(module, set())
+        if extra:
+            found.append(f"{module}: {', '.join(sorted(extra))}")
+    assert not found, ("read a checkpoint step through formats/t5lite_step.T5liteStep "
+                       "(or open_checkpoint): " + "; ".join(found))
+    fake = ast.parse("from orbax.checkpoint import PyTreeCheckpointer as P\nx.JsonRestore()")
+    assert {"PyTreeCheckpointer", "JsonRestore"} <= {
+        n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name
+        for n in ast.walk(fake) if isinstance(n, (ast.Name, ast.Attribute, ast.alias))}
+
+
 def test_no_project_file_sends_users_to_shared():
     needle = "shared" + "/"  # not spelled out, so this file does not match itself
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,

@@ -35,22 +35,19 @@ A path that is none of these is FileNotFoundError in one line (what exists inste
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
 
 from t5lite.errors import CheckpointDamagedError, CheckpointMismatchError, ConfigError
-from t5lite.formats import checkpoint_files, fingerprints, t5x_checkpoint, t5x_params
-from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, DATA_ITEM, PathLike
-from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, item_metadata_tree,
-                                             layout_str, stored_adapters)
+from t5lite.formats import checkpoint_files, t5x_checkpoint, t5x_params
+from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM, PathLike
+from t5lite.formats.checkpoint_trees import (first_difference, flat_shapes, layout_str,
+                                             stored_adapters)
 from t5lite.formats.placement import (CANONICAL, convert_and_place, layout_config,
                                       model_layout)
+from t5lite.formats.t5lite_step import T5liteStep
 from t5lite.models import layouts
 
 log = logging.getLogger(__name__)
@@ -107,7 +104,8 @@ def _check_committed(path, item_dir, what: str) -> None:
 
 
 class T5liteCheckpoint:
-    """A t5lite checkpoint: a training run's `state` item or a converted `params` item."""
+    """A t5lite checkpoint: a training run's `state` item or a converted `params` item,
+    read through its step (`t5lite_step.T5liteStep`, the one reader of a step)."""
 
     kind = T5LITE
 
@@ -115,16 +113,14 @@ class T5liteCheckpoint:
         self.path, self.what, self.item_dir, self.item = path, what, item_dir, item
         self.where = str(item_dir.parent if item_dir.name in (PARAMS_ITEM, STATE_ITEM)
                          else item_dir)
-        meta = item_metadata_tree(item_dir)
-        stored = meta.get("params", {}) if item == STATE_ITEM else meta  # {"params": ...}
+        self._step = T5liteStep(item_dir)
+        stored = self._step.params_metadata
         if not isinstance(stored, Mapping) or "params" not in stored:
             raise FileNotFoundError(f"{what} {path}: {item_dir} holds no 'params' collection")
         self.stored = stored  # {"params": metadata}: shapes and dtypes, nothing read
         self.layout = layouts.detect_layout(stored)
         self.adapters = stored_adapters(stored["params"])
-        self.record = fingerprints.read_record(item_dir.parent)  # None: saved without one
-        self.prefix = "params/" if item == STATE_ITEM else ""  # its tree's place in the record
-        damaged = fingerprints.metadata_damage(self.record, stored, self.prefix)
+        damaged = self._step.damage_before_reading(params_only=True)
         if damaged:  # checked before the tree is compared with the model's
             self._refuse(damaged)
 
@@ -132,7 +128,7 @@ class T5liteCheckpoint:
         """`tree` (the {"params": ...} read) when its arrays are the ones saved (their
         fingerprints); else CheckpointDamagedError, one line naming the first that is
         not. A checkpoint saved before t5lite recorded fingerprints is not checked."""
-        damaged = fingerprints.content_damage(self.record, tree, self.prefix)
+        damaged = self._step.damage_in(tree, params_only=True)
         if damaged is not None:
             self._refuse(damaged)
         return tree
@@ -146,35 +142,22 @@ class T5liteCheckpoint:
     @property
     def step(self) -> int:
         """The step of the checkpoint (0 when its directory names none)."""
-        name = self.item_dir.parent.name
-        return int(name) if name.isdigit() else 0
+        return self._step.step
 
     def recorded(self, key: str) -> Optional[Any]:
-        """What a training checkpoint's data item (JSON) records under `key` (None: not a
+        """What a training checkpoint's data position records under `key` (None: not a
         training checkpoint, or nothing recorded)."""
-        f = self.item_dir.parent / DATA_ITEM / "metadata"  # the file Orbax's JsonSave writes
-        if self.item != STATE_ITEM or not f.exists():
-            return None
         try:
-            return json.loads(f.read_text()).get(key)
-        except (ValueError, AttributeError):
+            position = self._step.data_position()
+        except (ValueError, OSError):
             return None
+        return None if position is None else position.get(key)
 
     def read_stored(self, target: Any = None) -> Dict[str, Any]:
         """The stored `{"params": ...}` tree: numpy arrays as saved (`target` None), or
         restored into `target` (arrays or jax.ShapeDtypeStruct with shardings, the stored
         layout)."""
-        if target is None:
-            target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), self.stored)
-            restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                        target)
-        else:
-            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        wrap = (lambda t: {"params": t}) if self.item == STATE_ITEM else (lambda t: t)
-        with ocp.PyTreeCheckpointer() as ckpt:
-            out = ckpt.restore(self.item_dir, args=ocp.args.PyTreeRestore(
-                item=wrap(target), restore_args=wrap(restore_args), partial_restore=True))
-        return out["params"] if self.item == STATE_ITEM else out
+        return self._step.read(target, params_only=True)
 
     def read_params(self, model, abstract_params: Mapping[str, Any]) -> Dict[str, Any]:
         """The parameters as `model` has them, placed as `abstract_params` ({"params": ...}

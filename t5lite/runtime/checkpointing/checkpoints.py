@@ -33,7 +33,8 @@ from t5lite.formats import fingerprints, restore_noise
 from t5lite.formats.checkpoint_files import (CHECKPOINTS_DIR, DATA_ITEM, PARAMS_ITEM,
                                              STATE_ITEM, PathLike, absolute, complete_steps,
                                              set_aside_damaged, set_aside_uncommitted)
-from t5lite.formats.checkpoint_trees import check_state_matches, item_metadata_tree
+from t5lite.formats.checkpoint_trees import check_state_matches
+from t5lite.formats.t5lite_step import T5liteStep
 from t5lite.optim.train_state import TrainState
 from t5lite.runtime.checkpointing import data_iterator_item, finetune_restore, upcycle
 from t5lite.runtime.checkpointing.finetune_restore import restore_params_for_finetuning
@@ -283,30 +284,24 @@ class Checkpointer:
                 f"{self.step_dir(step)}: no complete checkpoint (complete steps: "
                 f"{self.all_steps() or 'none'})")
         target = abstract_state.as_dict()
-        record = fingerprints.read_record(self.step_dir(step))
-        metadata = item_metadata_tree(self.step_dir(step) / STATE_ITEM)
-        damaged = fingerprints.metadata_damage(record, metadata)
+        reader = T5liteStep(self.step_dir(step) / STATE_ITEM)
+        damaged = reader.damage_before_reading()
         if damaged:  # what the record says was saved is the truth, not the model
             raise CheckpointDamagedError(f"checkpoint {step} is damaged: {damaged}")
-        check_state_matches(metadata, target, str(self.step_dir(step)))
-        items = {STATE_ITEM: ocp.args.StandardRestore(target)}
-        has_data = (self.step_dir(step) / DATA_ITEM).is_dir()
-        if has_data:
-            items[DATA_ITEM] = ocp.args.JsonRestore()
-        has_iterator = (self.step_dir(step) / data_iterator_item.ITEM).is_dir()
-        if has_iterator:
-            items[data_iterator_item.ITEM] = data_iterator_item.DataIteratorRestore(
-                self.iterator_shards)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        data = dict(restored[DATA_ITEM] or {}) if has_data else {}
-        damaged = fingerprints.content_damage(record, restored[STATE_ITEM], data=data)
+        check_state_matches(reader.metadata, target, str(self.step_dir(step)))
+        state = reader.read(target)
+        data = reader.data_position() or {}
+        damaged = reader.damage_in(state, data=data)
         if damaged:  # (checkpoints saved before fingerprints: unchecked)
             raise CheckpointDamagedError(f"checkpoint {step} is damaged: {damaged} (its bytes "
                                          f"changed on disk since it was saved)")
-        iterator = restored[data_iterator_item.ITEM] if has_iterator else None
-        if iterator is not None:
-            data[data_iterator_item.STATE_KEY] = iterator
-        return TrainState(**restored[STATE_ITEM]), data
+        iterators = self.step_dir(step) / data_iterator_item.ITEM
+        if iterators.is_dir():
+            iterator = data_iterator_item.DataIteratorHandler().restore(
+                iterators, data_iterator_item.DataIteratorRestore(self.iterator_shards))
+            if iterator is not None:
+                data[data_iterator_item.STATE_KEY] = iterator
+        return TrainState(**state), data
 
 
 # ----------------------------------------------------------------------------- order

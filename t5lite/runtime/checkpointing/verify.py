@@ -11,18 +11,16 @@ CPU: no device is needed. Exit status 1 when one is damaged or unreadable.
 """
 from __future__ import annotations
 
-import json
 from typing import List, Optional, Tuple
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
 from t5lite.errors import ConfigError
-from t5lite.formats import checkpoint_files, fingerprints, restore_noise
-from t5lite.formats.checkpoint_files import DATA_ITEM, PARAMS_ITEM, STATE_ITEM
-from t5lite.formats.checkpoint_trees import item_metadata_tree
+from t5lite.formats import checkpoint_files, restore_noise
+from t5lite.formats.checkpoint_files import PARAMS_ITEM, STATE_ITEM
+from t5lite.formats.t5lite_step import T5liteStep
 from t5lite.runtime.checkpointing import data_iterator_item
 
 
@@ -39,40 +37,30 @@ def _steps(path: str) -> Tuple[epath.Path, List[int]]:
                       f"{checkpoint_files.CHECKPOINTS_DIR}/<step>/state or .../params)")
 
 
-def _read_whole(item_dir: epath.Path):
-    metadata = item_metadata_tree(item_dir)
-    request = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    with ocp.PyTreeCheckpointer() as ckpt:
-        return metadata, ckpt.restore(item_dir, args=ocp.args.PyTreeRestore(
-            item=request, restore_args=args))
-
-
 def verify_step(step_dir: epath.Path) -> Tuple[bool, str]:
     """(ok, what to say) for one committed step directory."""
-    record = fingerprints.read_record(step_dir)
-    if record is None:
+    step = T5liteStep.at(step_dir)
+    if step.record is None:
         return True, "not checked (saved before t5lite recorded fingerprints)"
-    if "unreadable" in record:
-        return False, f"DAMAGED: {record['unreadable']}"
-    item = step_dir / (STATE_ITEM if (step_dir / STATE_ITEM).is_dir() else PARAMS_ITEM)
+    if "unreadable" in step.record:
+        return False, f"DAMAGED: {step.record['unreadable']}"
     try:
         with restore_noise.failure_output_dropped():
-            metadata, tree = _read_whole(item)
+            tree = step.read()
     except Exception as e:  # noqa: BLE001 - whatever stops Orbax reading it is damage
         return False, f"DAMAGED: unreadable ({restore_noise.short_reason(e)})"
-    said = [f"{len(record['arrays'])} arrays, "
+    said = [f"{len(step.record['arrays'])} arrays, "
             f"{sum(np.asarray(x).nbytes for x in jax.tree_util.tree_leaves(tree)) / 1e6:.1f} MB"]
     position = {}  # the data position, when the record has its sum
-    data = step_dir / DATA_ITEM / "metadata"
-    if "data" in record and data.exists():
+    if "data" in step.record:
         try:
-            position = {"data": json.loads(data.read_text())}
-        except ValueError:
-            return False, f"DAMAGED: {DATA_ITEM}/metadata is not JSON"
-        said.append("data position")
-    damaged = (fingerprints.metadata_damage(record, metadata)
-               or fingerprints.content_damage(record, tree, **position))
+            data = step.data_position()
+        except ValueError as e:
+            return False, f"DAMAGED: {e}"
+        if data is not None:
+            position = {"data": data}
+            said.append("data position")
+    damaged = step.damage_before_reading() or step.damage_in(tree, **position)
     iterators = step_dir / data_iterator_item.ITEM
     sums = sorted(iterators.glob(f"*{data_iterator_item.SUM_SUFFIX}")) if iterators.is_dir() else []
     for recorded in sums:
