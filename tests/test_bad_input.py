@@ -111,6 +111,7 @@ WRONG_VALUES = {
     "CHECKPOINT_PERIOD": ["'x'", "0", "2.5"], "DCN_MESH_SHAPE": ["'x'", "[1,1]", "[1,'a',1]"],
     "DROPOUT_RATE": ["'x'", "1.5", "-0.1"], "EVAL_BATCH_SIZE": ["'x'", "0"],
     "EVAL_NUM_EXAMPLES": ["'x'", "0"], "EVAL_PERIOD": ["'x'", "-1"], "EVAL_SPLIT": ["3"],
+    "EVAL_STEPS": ["'x'", "0"],
     "EXTRA_IDS": ["'x'", "-1"], "FP8": ["'x'"], "FP8_BACKEND": ["'x'"], "FP8_RECIPE": ["'x'"],
     "FUSE_QKV": ["'x'"],
     "ICI_MESH_SHAPE": ["'x'", "[1,1]", "[0,1,1]", "[1.5,1,1]", "[1,1,1,1,1,1]"],

@@ -236,6 +236,19 @@ def test_the_mnli_finetuning_recipe_trains_and_evaluates_a_decoder_only_model(se
     assert [l.split("step ")[1].split(" ")[0] for l in evals] == ["2", "4"], err[-3000:]
     assert all("mnli/accuracy" in l for l in evals)
     assert th.complete_steps(run) == [4]
+    # the validation loss beside it, at the same steps, equal to MODE 'perplexity' on
+    # the checkpoint of step 4 (the prompt read, the answer scored)
+    val = th.scalars(run, "training_eval/mnli")
+    assert [s for s, _ in val["loss_per_token"]] == [2, 4], err[-3000:]
+    from t5lite import eval as eval_module
+    out = tmp_path / "perplexity"
+    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+        setup, out, "--gin.MODE='perplexity'", "--gin.SPLIT='validation_matched'",
+        f'--gin.CHECKPOINT_PATH="{run / "checkpoints" / "4"}"')) == 0
+    measured = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]
+    assert val["tokens"][-1][1] == measured["tokens"]
+    assert val["loss_per_token"][-1][1] == pytest.approx(measured["loss"], rel=1e-6)
+    assert val["accuracy"][-1][1] == pytest.approx(measured["accuracy"], rel=1e-6)
 
 
 @pytest.mark.parametrize("case", ["too_long", "unknown_task", "lm_task", "other_family"])

@@ -659,6 +659,53 @@ def test_finetuning_evaluates_every_eval_period_with_the_current_parameters(setu
         predictions[step] = [r["prediction"] for r in rows]
     # Training moved the parameters (lr 1e-3 from a random init): the decodes differ.
     assert predictions[2] != predictions[5] or predictions[2] != predictions[4]
+    # The validation loss at the same steps (EVAL_STEPS=20 batches of EVAL_BATCH_SIZE: the
+    # whole split here), equal to `t5lite.eval` MODE 'perplexity' on the last checkpoint.
+    val = th.scalars(run, "training_eval/mnli")
+    assert [s for s, _ in val["loss_per_token"]] == [2, 4, 5], sorted(val)
+    assert [v for _, v in val["examples"]] == [DEV] * 3
+    out = tmp_path / "perplexity_5"
+    assert _eval(setup, out, "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.MODE='perplexity'",
+                 "--gin.SPLIT='validation_matched'",
+                 f'--gin.CHECKPOINT_PATH="{run / "checkpoints" / "5"}"') == 0
+    measured = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]
+    last = {k: v[-1][1] for k, v in val.items()}
+    assert last["tokens"] == measured["tokens"]
+    for ours, theirs in (("loss_per_token", "loss"), ("perplexity", "perplexity"),
+                         ("accuracy", "accuracy")):
+        assert last[ours] == pytest.approx(measured[theirs], rel=1e-6), ours
+
+
+def test_validation_loss_alone_leaves_training_unchanged_and_resumes_to_the_same_points(
+        setup, tmp_path, capsys):
+    """A task without metrics (span corruption on Pile-style files) with EVAL_PERIOD=2:
+    the validation loss alone at steps 2 and 4. The parameters after 4 steps are the
+    ones of the same run without it, bit for bit; a run stopped at step 2 and resumed
+    logs the same validation points, to the bit."""
+    pile = _small_pile(tmp_path)
+    span = ("--gin.MIXTURE_OR_TASK_NAME='pile_span_corruption'", f'--gin.PILE_DIR="{pile}"',
+            "--gin.EVAL_SPLIT='validation'", "--gin.EVAL_STEPS=1")
+
+    def run(name, steps, *extra):
+        assert _finetune(setup, tmp_path / name, *span, f"--gin.TRAIN_STEPS={steps}",
+                         *extra) == 0, capsys.readouterr().err[-3000:]
+        return tmp_path / name
+
+    evaluated = run("evaluated", 4)
+    assert not (evaluated / "inference_eval").exists()  # nothing to decode for
+    val = th.scalars(evaluated, "training_eval/pile_span_corruption")
+    assert [s for s, _ in val["loss_per_token"]] == [2, 4]
+    assert [v for _, v in val["examples"]] == [BATCH] * 2  # one batch of the split's 12
+    assert all(0 < v for _, v in val["loss_per_token"])
+    plain = run("plain", 4, "--gin.EVAL_PERIOD=None")
+    assert not (plain / "training_eval").exists()
+    th.assert_trees_equal(th.load_state(evaluated, 4), th.load_state(plain, 4),
+                          "the state after 4 steps with and without the validation loss")
+    run("resumed", 2)
+    resumed = run("resumed", 4)
+    again = th.scalars(resumed, "training_eval/pile_span_corruption")
+    for name in ("loss_per_token", "accuracy", "perplexity", "tokens"):
+        assert again[name] == val[name], name
 
 
 def _small_pile(tmp_path):
@@ -671,7 +718,7 @@ def test_eval_period_misconfigurations_are_one_line(setup, tmp_path, capsys, cas
     run = tmp_path / "run"
     extra = {"synthetic": ["--gin.MIXTURE_OR_TASK_NAME='synthetic'"],
              "no_metrics": ["--gin.MIXTURE_OR_TASK_NAME='pile_span_corruption'",
-                            "--gin.EVAL_SPLIT='validation'",
+                            "--gin.EVAL_SPLIT='validation'", "--gin.EVAL_STEPS=None",
                             f'--gin.PILE_DIR="{_small_pile(tmp_path)}"'],
              "bad_split": ["--gin.EVAL_SPLIT='validation'"],
              "bad_period": ["--gin.EVAL_PERIOD=-3"]}[case]
@@ -679,7 +726,7 @@ def test_eval_period_misconfigurations_are_one_line(setup, tmp_path, capsys, cas
     err = capsys.readouterr().err
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert code != 0 and len(lines) == 1, err
-    expected = {"synthetic": "no metrics", "no_metrics": "no metric_fns",
+    expected = {"synthetic": "no metrics", "no_metrics": "nothing to evaluate",
                 "bad_split": "set EVAL_SPLIT", "bad_period": "EVAL_PERIOD"}[case]
     assert expected in lines[0]
     assert not (run / "checkpoints").exists() or th.complete_steps(run) == []

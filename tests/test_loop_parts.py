@@ -164,8 +164,8 @@ def test_an_evaluation_adds_its_metrics_to_the_last_ones_with_no_watchdog_limit(
     evaluation = Evaluation(evaluator, 3, LAST, Dog(events))
     state = SimpleNamespace(variables="vars")
     assert evaluation.run(6, state, {"loss": 2.0}) == {"loss": 2.0, "mnli/accuracy": 80.0}
-    assert events == [("during", "the inference evaluation", None), ("evaluate", 6, "vars"),
-                      ("end", "the inference evaluation")]
+    assert events == [("during", "the evaluation", None), ("evaluate", 6, "vars"),
+                      ("end", "the evaluation")]
 
 
 # ----------------------------------------------------------------------------- log

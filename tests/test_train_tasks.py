@@ -16,9 +16,13 @@ from t5lite.data.files import demo_corpus
 def _pile(tmp_path):
     text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=3)
     (tmp_path / "pile" / "train").mkdir(parents=True, exist_ok=True)
+    lines = [line.strip() for line in open(text)]
     with open(tmp_path / "pile" / "train" / "00.jsonl", "w") as f:
-        for line in open(text):
-            f.write(json.dumps({"text": line.strip(), "meta": {"pile_set_name": "t"}}) + "\n")
+        for line in lines:
+            f.write(json.dumps({"text": line, "meta": {"pile_set_name": "t"}}) + "\n")
+    with open(tmp_path / "pile" / "val.jsonl", "w") as f:  # the validation split
+        for line in lines[:12]:
+            f.write(json.dumps({"text": line[::-1], "meta": {"pile_set_name": "t"}}) + "\n")
     return tmp_path / "pile"
 
 
@@ -127,10 +131,13 @@ def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
     default) train on one stream. Two processes to step 4, then one: steps 5-8 train on
     the uninterrupted run's batches (the same target tokens each step, the loss within
     float reordering of the gradient's sum over devices); one process to step 4, then two:
-    the same. Each process restores its shards from the states the other count saved."""
+    the same. Each process restores its shards from the states the other count saved.
+    The validation loss (EVAL_PERIOD=4) agrees as closely, on one process and two,
+    resumed or not, at the same steps."""
     vocab = vocabulary(tmp_path_factory)
     common = ("--gin.CHECKPOINT_PERIOD=4", "--gin.KEEP_CHECKPOINTS=None",
-              "--gin.ACTIVATION_DTYPE='float32'")
+              "--gin.ACTIVATION_DTYPE='float32'", "--gin.EVAL_PERIOD=4",
+              "--gin.EVAL_STEPS=1")
 
     def one(model_dir, steps):
         return _cmd(tmp_path, vocab, f'--gin.MODEL_DIR="{model_dir}"',
@@ -181,6 +188,16 @@ def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
         np.testing.assert_allclose([v for s, v in after["loss"] if s > 4],
                                    [v for s, v in whole["loss"] if s > 4], rtol=1e-5,
                                    err_msg=moved)
+    val = {run: th.scalars(tmp_path / run, "training_eval/pile_span_corruption")
+           for run in ("whole", "shrunk", "grown")}
+    assert [s for s, _ in val["whole"]["loss_per_token"]] == [4, 8]
+    assert [s for s, _ in val["shrunk"]["loss_per_token"]] == [4, 8]  # two, then one
+    assert [s for s, _ in val["grown"]["loss_per_token"]] == [8]  # from the whole's step 4
+    for run in ("shrunk", "grown"):
+        whole_at = dict(val["whole"]["loss_per_token"])
+        for step, value in val[run]["loss_per_token"]:
+            assert value == pytest.approx(whole_at[step], rel=1e-5), (run, step)
+        assert val[run]["tokens"][-1][1] == val["whole"]["tokens"][-1][1] > 0
 
 
 # -------------------------------------------- a preempted or extended run resumes exactly

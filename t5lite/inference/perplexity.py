@@ -3,6 +3,7 @@ its exponential (`t5lite.eval` with MODE 'perplexity').
 
     loss       = -(sum of log p(token | what precedes it)) / (number of those tokens)
     perplexity = exp(loss)
+    accuracy   = (tokens whose argmax is the token) / (number of those tokens)
 
 The tokens are those the training loss counts (`decoder_loss_weights`): every token of a
 language-modeling task, the answer tokens of an inputs -> targets task (a decoder-only
@@ -36,20 +37,22 @@ Batch = Dict[str, np.ndarray]
 
 
 def measure(session: Session, batches: Iterable[Batch]) -> Dict[str, float]:
-    """{"loss", "perplexity", "tokens", "examples"} of `batches` (each at most the
-    session's batch size)."""
-    log_likelihood, tokens, examples = 0.0, 0.0, 0
+    """{"loss", "perplexity", "accuracy", "tokens", "examples"} of `batches` (each at
+    most the session's batch size): the token-weighted mean cross entropy, its
+    exponential, and the share of those tokens the argmax predicts."""
+    log_likelihood, correct, tokens, examples = 0.0, 0.0, 0.0, 0
     for batch in batches:
-        scores = session.score(batch)
-        log_likelihood += float(np.sum(scores.astype(np.float64)))
+        sums = session.teacher_forced(batch)
+        log_likelihood += float(np.sum(sums["log_likelihood"].astype(np.float64)))
+        correct += float(np.sum(sums["correct"].astype(np.float64)))
         tokens += float(np.sum(batch["decoder_loss_weights"], dtype=np.float64))
-        examples += len(scores)
+        examples += len(sums["log_likelihood"])
     if not tokens:
         raise ConfigError("no token to measure: the split or file holds no example with "
                           "target tokens")
     loss = -log_likelihood / tokens
-    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens,
-            "examples": float(examples)}
+    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / tokens,
+            "tokens": tokens, "examples": float(examples)}
 
 
 def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, int],
@@ -62,8 +65,21 @@ def split_batches(model, name: str, split: str, feature_lengths: Mapping[str, in
                                   model_kind=model.FEATURE_CONVERTER_KIND,
                                   bos_id=model.bos_id, pack=False, shuffle=False, seed=0,
                                   repeat=False, drop_remainder=False)
-    model.check_vocabulary(iterator.vocabulary)
-    return _first_rows(iterator, num_examples)
+    try:
+        model.check_vocabulary(iterator.vocabulary)  # before a checkpoint is restored
+    except BaseException:
+        iterator.close()
+        raise
+    return _closing(_first_rows(iterator, num_examples), iterator)
+
+
+def _closing(batches: Iterator[Batch], iterator) -> Iterator[Batch]:
+    """`batches`, then `iterator` closed: its tf.data threads end when the batches do
+    (or when the consumer stops early), not in some later garbage collection."""
+    try:
+        yield from batches
+    finally:
+        iterator.close()
 
 
 def is_pairs_file(path: str) -> bool:

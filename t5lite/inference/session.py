@@ -6,6 +6,7 @@
                            mesh=MeshSettings.data_parallel())
     tokens = session.predict(batch_numpy)       # [rows, targets] on the host
     scores = session.score(batch_numpy)         # [rows]
+    sums = session.teacher_forced(batch_numpy)  # {log_likelihood, correct, tokens}: [rows]
 
 Batches given to `predict` / `score` may hold fewer than `batch_size` rows (the last
 batch of a split): they are padded with zero rows, and the padding rows are dropped from
@@ -111,6 +112,7 @@ class Session:
         self._predict = make_predict_fn(self.model, self.partitioner, decoder=self.decoder,
                                         max_decode_length=self.feature_lengths["targets"])
         self._score = self.partitioner.partition(self.model.score_batch)
+        self._teacher_forced = self.partitioner.partition(self.model.teacher_forced)
         self._layout = self.partitioner.data_layout(self.batch_size)  # this process's rows
 
     # -- batches ----------------------------------------------------------------------
@@ -139,6 +141,12 @@ class Session:
         """Summed log-likelihood of the targets [rows] (`model.score_batch`)."""
         arrays, rows = self._global(batch)
         return _to_host(self._score(self.params, arrays))[:rows]
+
+    def teacher_forced(self, batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """Per example [rows]: log_likelihood, correct and tokens (`model.teacher_forced`)."""
+        arrays, rows = self._global(batch)
+        out = self._teacher_forced(self.params, arrays)
+        return {k: _to_host(v)[:rows] for k, v in out.items()}
 
 
 def _to_host(x: jax.Array) -> np.ndarray:

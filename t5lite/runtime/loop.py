@@ -20,13 +20,14 @@ library behind `python -m t5lite.train` (configs/runs/pretrain.gin binds it).
       and on SIGTERM, SIGHUP or a first   (a second Ctrl-C stops at once, unsaved;
       Ctrl-C                                with several processes, a signal to any
                                             stops all after one agreed step)
-      every EVAL_PERIOD and the last        the inference evaluator's metrics
+      every EVAL_PERIOD and the last        the validation loss (EVAL_STEPS batches of
+                                            EVAL_SPLIT) and the task's metrics
 
 Evaluation during training is injected, so that this layer knows nothing of inference:
 `inference_evaluator(model, partitioner, task_name=..., feature_lengths=...,
 batch_size=..., output_dir=..., settings=inference_eval)` builds a callable
-`(step, variables) -> {"<task>/<metric>": value}` with a `close()`
-(`t5lite.inference.train_eval.InferenceEvaluation`; gin binds it). The loop reads only
+`(step, variables) -> {"training_eval/<task>/<name>": value, "<task>/<metric>": value}`
+with a `close()` (`t5lite.inference.train_eval.InferenceEvaluation`; gin binds it). The loop reads only
 `inference_eval.period` (`step_duties.EvalPeriod`); the settings class,
 InferenceEvalSettings, lives with the evaluator.
 """
@@ -74,8 +75,8 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           allow_changed_inputs: bool, watchdog: WatchdogSettings,
           skip_steps: SkipSettings, data_shards: Optional[int] = None) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
-    a checkpoint. With `inference_eval.period`, decode its split of the task every that
-    many steps and after the last. A resume whose vocabulary or data files differ from
+    a checkpoint. With `inference_eval.period`, evaluate every that many steps and after
+    the last (the validation loss; the task's metrics where it has them). A resume whose vocabulary or data files differ from
     the checkpoint's refuses (DataError) unless `allow_changed_inputs`. Returns the last
     logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`). Every
     keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
@@ -189,8 +190,8 @@ class RunContext:
 
 def _check_evaluation(args: TrainArgs) -> None:
     if args.inference_eval.period and args.mixture_or_task_name == SYNTHETIC_TASK:
-        raise ConfigError("EVAL_PERIOD: the 'synthetic' task has no metrics to evaluate; set "
-                          "EVAL_PERIOD=None")
+        raise ConfigError("EVAL_PERIOD: the 'synthetic' task has no validation split and no "
+                          "metrics to evaluate; set EVAL_PERIOD=None")
     if args.inference_eval.period and args.inference_evaluator is None:
         raise ConfigError("EVAL_PERIOD is set but no inference evaluator is bound: set "
                           "train.inference_evaluator = @InferenceEvaluation (runs/pretrain.gin "

@@ -219,7 +219,7 @@ class Evaluation:
         return self.evaluator is not None and periods.due(step, self.period, self.last_step)
 
     def run(self, step: int, state, last: Dict[str, float]) -> Dict[str, float]:
-        with self.dog.during("the inference evaluation", None):
+        with self.dog.during("the evaluation", None):
             return {**last, **self.evaluator(step, state.variables)}
 
 

@@ -243,12 +243,21 @@ class BaseModel:
 
     def score_batch(self, params, batch: Batch) -> jax.Array:
         """Sum over target tokens of log p(target) with the loss weights: [batch]."""
+        return self.teacher_forced(params, batch)["log_likelihood"]
+
+    def teacher_forced(self, params, batch: Batch) -> Dict[str, jax.Array]:
+        """Per example [batch], over its target tokens with the loss weights:
+        `log_likelihood` (the sum of log p(target), `score_batch`), `correct` (how many
+        the argmax predicts) and `tokens` (the weights' sum). Cross entropy only: no
+        z-loss, no label smoothing, no dropout."""
         logits = self.logits(params, batch)
         targets = batch["decoder_target_tokens"]
         weights = self._weights(batch)
         logp = jax.nn.log_softmax(logits, axis=-1)
         tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        return jnp.sum(tok * weights, axis=-1)
+        return {"log_likelihood": jnp.sum(tok * weights, axis=-1),
+                "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights, axis=-1),
+                "tokens": jnp.sum(weights, axis=-1)}
 
     # -- decoding -------------------------------------------------------------------
     def _decode_setup(self, decoder: decoding.DecoderSpec):
