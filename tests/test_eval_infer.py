@@ -701,6 +701,9 @@ def test_validation_loss_alone_leaves_training_unchanged_and_resumes_to_the_same
     assert not (plain / "training_eval").exists()
     th.assert_trees_equal(th.load_state(evaluated, 4), th.load_state(plain, 4),
                           "the state after 4 steps with and without the validation loss")
+    position = [(run_dir / "checkpoints" / "4" / "data" / "metadata").read_text()
+                for run_dir in (evaluated, plain)]
+    assert position[0] == position[1]  # the training stream's position, untouched
     run("resumed", 2)
     resumed = run("resumed", 4)
     again = th.scalars(resumed, "training_eval/pile_span_corruption")

@@ -286,20 +286,30 @@ def _text_files(tmp_path):
 def test_pretrains_on_text_files_and_resumes_as_if_uninterrupted(tmp_path, tmp_path_factory):
     """text_span_corruption on a list of text files (Parquet and json.gz, the gin list as
     a user writes it): stopped at step 4 and run on to 8, the parameters equal an
-    uninterrupted 8-step run's."""
+    uninterrupted 8-step run's. Its validation loss reads TEXT_VALIDATION_FILES (here the
+    json.gz file); without them, EVAL_PERIOD is refused in one line naming them."""
     vocab, files = vocabulary(tmp_path_factory), _text_files(tmp_path)
 
-    def argv(name, steps):
+    def argv(name, steps, *extra):
         return ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
                 '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
                 f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
                 f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
                 "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
-                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}"]
-    # the three runs in one interpreter, one after another (th.run_mains)
-    runs = th.run_mains([argv("run", 4), argv("run", 8), argv("whole", 8)])
-    for proc in runs:
+                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", *extra]
+    held_out = [f for f in files if f.endswith(".json.gz")]
+    validated = ("--gin.EVAL_PERIOD=4", "--gin.EVAL_STEPS=1",
+                 f"--gin.TEXT_VALIDATION_FILES={held_out!r}")
+    # the runs in one interpreter, one after another (th.run_mains)
+    runs = th.run_mains([argv("run", 4), argv("run", 8), argv("whole", 8, *validated),
+                         argv("unheld", 2, "--gin.EVAL_PERIOD=2")])
+    for proc in runs[:3]:
         assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:4 at step 4" in runs[1].stderr
     th.assert_trees_equal(th.load_state(tmp_path / "run", 8)["params"],
                           th.load_state(tmp_path / "whole", 8)["params"], "params")
+    val = th.scalars(tmp_path / "whole", "training_eval/text_span_corruption")
+    assert [s for s, _ in val["loss_per_token"]] == [4, 8]
+    assert [v for _, v in val["examples"]] == [4, 4]
+    th.assert_one_error(runs[3], "TEXT_VALIDATION_FILES", "EVAL_STEPS=None")
+    assert not th.complete_steps(tmp_path / "unheld")

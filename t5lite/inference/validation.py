@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping
 
-from t5lite.errors import ConfigError
+from t5lite.errors import ConfigError, DataNotFoundError
 from t5lite.inference import perplexity
 from t5lite.inference.session import Session
 from t5lite.runtime.partitioning import Partitioner
@@ -43,8 +43,13 @@ class ValidationLoss:
                  feature_lengths: Mapping[str, int], batch_size: int, steps: int):
         lengths = {k: int(v) for k, v in feature_lengths.items() if v}
         self.task_name, self.split = task_name, split
-        self.batches: List[Dict[str, Any]] = list(perplexity.split_batches(
-            model, task_name, split, lengths, batch_size, num_examples=steps * batch_size))
+        try:
+            self.batches: List[Dict[str, Any]] = list(perplexity.split_batches(
+                model, task_name, split, lengths, batch_size, num_examples=steps * batch_size))
+        except DataNotFoundError as e:  # e.g. text files without TEXT_VALIDATION_FILES
+            raise DataNotFoundError(f"{e}; the validation loss reads EVAL_SPLIT {split!r} "
+                                    f"every EVAL_PERIOD steps (EVAL_STEPS=None turns it "
+                                    f"off)") from None
         if not self.batches:
             raise ConfigError(f"EVAL_SPLIT {split!r} of task {task_name!r} holds no example: "
                               f"nothing to measure the validation loss on (set "
