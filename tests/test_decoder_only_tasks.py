@@ -175,6 +175,58 @@ def test_perplexity_of_a_text_file_counts_every_token_and_eos(setup, tmp_path):
     assert got["loss"] == pytest.approx(loss, rel=1e-5)
 
 
+def test_windowed_perplexity_of_a_text_stream_sums_every_token_once(setup, tmp_path, capsys):
+    """STRIDE (Megatron's --overlapping-eval): the file is one stream, read in windows of
+    TASK_FEATURE_LENGTHS['targets'] tokens STRIDE apart. Each token's loss is computed
+    here on its own, by a forward pass over exactly the context the rule gives it (from
+    the start of the window that scores it: 0 within the first window, else that
+    window's start) and summed in NumPy: the command's loss, perplexity and word-level
+    perplexity equal it, for windows that overlap and windows that do not."""
+    from t5lite import eval as eval_module
+    from t5lite.data import vocabularies
+    lines = [demo_corpus._Writer(4).paragraph(2) for _ in range(3)]  # noqa: SLF001
+    path = tmp_path / "wiki.txt"
+    path.write_text("\n".join(lines) + "\n")
+    tokens = [int(t) for t in vocabularies.get_vocabulary(str(setup["vocab"])).encode(
+        path.read_text())]
+    window = 16
+    assert len(tokens) > 3 * window
+    results = {}
+    for stride in (window, 4):
+        def start_of(t):  # the window that scores token t begins here
+            return 0 if t < window else ((t - window) // stride + 1) * stride
+        loss, count = _hand_loss(setup, [(tokens[start_of(t):t], [tok])
+                                         for t, tok in enumerate(tokens)])
+        out = tmp_path / f"stride{stride}"
+        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+            setup, out, "--gin.MODE='perplexity'", f'--gin.INPUT_FILE="{path}"',
+            "--gin.MIXTURE_OR_TASK_NAME=None", f"--gin.STRIDE={stride}",
+            f"--gin.TASK_FEATURE_LENGTHS={{'targets': {window}}}")) == 0
+        got = json.loads((out / "metrics.json").read_text())["metrics"]["wiki.txt"]
+        assert got["tokens"] == count == len(tokens)
+        assert got["windows"] == 1 + -(-(len(tokens) - window) // stride)
+        assert got["loss"] == pytest.approx(loss, rel=1e-5)
+        assert got["perplexity"] == pytest.approx(np.exp(loss), rel=1e-5)
+        words = len(path.read_text().split())
+        assert got["words"] == words
+        assert got["word_perplexity"] == pytest.approx(np.exp(loss * count / words), rel=1e-5)
+        results[stride] = got["loss"]
+    assert results[window] != results[4]  # more context per token: another number
+    # a stride past the window would leave tokens unscored; a pairs file has no stream
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"inputs": "a", "targets": "b"}) + "\n")
+    for extra, needles in (([f'--gin.INPUT_FILE="{path}"', f"--gin.STRIDE={window + 1}"],
+                            ("STRIDE=17", "larger than the window", "STRIDE <= 16")),
+                           ([f'--gin.INPUT_FILE="{pairs}"', "--gin.STRIDE=4"],
+                            ("STRIDE", "pairs", "text file"))):
+        capsys.readouterr()
+        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(
+            setup, tmp_path / "bad", "--gin.MODE='perplexity'", "--gin.MIXTURE_OR_TASK_NAME=None",
+            f"--gin.TASK_FEATURE_LENGTHS={{'targets': {window}}}", *extra)) != 0
+        lines_out = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert len(lines_out) == 1 and all(n in lines_out[0] for n in needles), lines_out
+
+
 def test_two_processes_evaluate_as_one(setup, tmp_path):
     """Decoding and perplexity on 2 processes (1 device each, gloo on 127.0.0.1) against
     this process's 8 devices: the same predictions, metrics and perplexity."""

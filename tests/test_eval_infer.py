@@ -735,6 +735,17 @@ def test_eval_period_misconfigurations_are_one_line(setup, tmp_path, capsys, cas
     assert not (run / "checkpoints").exists() or th.complete_steps(run) == []
 
 
+def test_windowed_perplexity_is_refused_for_t5_in_one_line(setup, tmp_path, capsys):
+    """STRIDE reads one stream for a decoder-only model; T5 scores targets after inputs."""
+    text = tmp_path / "wiki.txt"
+    text.write_text("one stream of words\n")
+    assert _eval(setup, tmp_path / "out", "--gin.MODE='perplexity'", "--gin.STRIDE=4",
+                 f'--gin.INPUT_FILE="{text}"') != 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "decoder-only" in lines[0] and ".jsonl" in lines[0], lines
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
 def test_infer_sampling_is_seeded_and_top_k_1_is_greedy(setup, tmp_path):
     texts, _, txt, _ = _write_inputs(tmp_path)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import logging
 import time
 from pathlib import Path
@@ -37,15 +38,19 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
              output_dir: str, task_feature_lengths: Mapping[str, int], batch_size: int,
              split: str, num_examples: Optional[int], decoding: DecodingSettings,
              mesh: MeshSettings, data_settings: edge.DataSettings, mode: str,
-             input_file: Optional[str]) -> Dict[str, Dict[str, float]]:
+             input_file: Optional[str], stride: Optional[int] = None
+             ) -> Dict[str, Dict[str, float]]:
     """Decode `split` of the task or mixture, compute its metrics, write them (MODE
     'decode'), measure its perplexity (MODE 'perplexity'; of INPUT_FILE when given), or
-    evaluate 'lambada' / 'boolq' zero-shot (MODE 'zero_shot'; SPLIT not read). Returns
+    evaluate 'lambada' / 'boolq' zero-shot (MODE 'zero_shot'; SPLIT not read). With
+    `stride` (STRIDE), MODE 'perplexity' reads a text INPUT_FILE as one stream in
+    overlapping windows (`perplexity.stream_windows`). Returns
     {task: {metric: value}}. Every keyword is bound by configs/runs/eval.gin, the one
     home of their defaults."""
     check_feature_lengths(task_feature_lengths)
     check_positive_int("BATCH_SIZE", batch_size)
     check_positive_int("NUM_EXAMPLES", num_examples, optional=True)
+    check_positive_int("STRIDE", stride, optional=True)
     for macro, value in (("CHECKPOINT_PATH", checkpoint_path), ("OUTPUT_DIR", output_dir),
                          ("MIXTURE_OR_TASK_NAME", mixture_or_task_name),
                          ("INPUT_FILE", input_file), ("SPLIT", split), ("MODE", mode)):
@@ -60,6 +65,12 @@ def evaluate(*, model, checkpoint_path: str, mixture_or_task_name: Optional[str]
     if mode != "zero_shot" and mixture_or_task_name in zero_shot.TASKS:
         raise ConfigError(f"{mixture_or_task_name!r} is a zero-shot set, not a SeqIO task: "
                           f"evaluate it with MODE='zero_shot'")
+    if stride is not None and mode != "perplexity":
+        raise ConfigError(f"STRIDE is read by MODE 'perplexity' (a text INPUT_FILE read as "
+                          f"one stream), not MODE {mode!r}; drop STRIDE or set MODE")
+    if mode == "perplexity" and stride is not None:
+        return _stream_perplexity(model, checkpoint_path, output_dir, task_feature_lengths,
+                                  batch_size, mesh, data_settings, input_file, stride)
     if mode == "perplexity":
         return _perplexity(model, checkpoint_path, mixture_or_task_name, output_dir,
                            task_feature_lengths, batch_size, split, num_examples, mesh,
@@ -130,6 +141,56 @@ def _perplexity(model, checkpoint_path, name, output_dir, task_feature_lengths, 
              f" {split}" if split else "", measured["loss"], measured["perplexity"],
              measured["tokens"], measured["examples"])
     return out
+
+
+def _stream_perplexity(model, checkpoint_path, output_dir, task_feature_lengths, batch_size,
+                       mesh, data_settings, input_file, stride):
+    """MODE 'perplexity' with STRIDE: INPUT_FILE as one stream (`perplexity.stream_windows`)."""
+    from t5lite.models.common import model_kinds
+    if not input_file:
+        raise ConfigError("STRIDE reads a text INPUT_FILE as one stream: set INPUT_FILE (a "
+                          "task split is read example by example: drop STRIDE)")
+    if model.FEATURE_CONVERTER_KIND != model_kinds.DECODER_ONLY:
+        raise ConfigError("STRIDE: windows over one stream are a decoder-only model's "
+                          "(Megatron's --overlapping-eval); an encoder-decoder model scores "
+                          "targets after inputs: give a .jsonl INPUT_FILE without STRIDE")
+    if perplexity.is_pairs_file(input_file):
+        raise ConfigError(f"STRIDE reads a text INPUT_FILE as one stream, and {input_file} "
+                          f"holds inputs -> targets pairs: drop STRIDE, or give a text file")
+    window = int((task_feature_lengths or {}).get("targets") or 0)
+    if not window:
+        raise ConfigError(f"STRIDE needs TASK_FEATURE_LENGTHS['targets'] (the window), got "
+                          f"{dict(task_feature_lengths)}")
+    if stride > window:
+        raise ConfigError(f"STRIDE={stride} is larger than the window "
+                          f"(TASK_FEATURE_LENGTHS['targets']={window}): tokens between windows "
+                          f"would go unscored; set STRIDE <= {window}")
+    if not Path(input_file).is_file():
+        raise FileNotFoundError(f"INPUT_FILE {input_file} does not exist")
+    edge.import_tasks(data_settings)
+    vocab = edge.vocabulary()
+    model.check_vocabulary(vocab)  # before restoring
+    text = perplexity.stream_text(input_file)
+    tokens = [int(t) for t in vocab.encode(text)]
+    if not tokens:
+        raise ConfigError(f"INPUT_FILE {input_file} holds no text to measure")
+    session = load_session(model, checkpoint_path, batch_size=batch_size,
+                           feature_lengths={"targets": window}, mesh=mesh, decodes=False)
+    t0 = time.perf_counter()
+    measured = perplexity.measure(
+        session, perplexity.stream_batches(model, tokens, window, stride, batch_size))
+    words = len(text.split())
+    measured.update(words=float(words), windows=measured.pop("examples"),
+                    word_perplexity=math.exp(measured["loss"] * measured["tokens"] / words))
+    name = Path(input_file).name
+    _write(output_dir, {name: measured}, step=session.step, seconds=time.perf_counter() - t0,
+           checkpoint=str(checkpoint_path), split=None, mode="perplexity",
+           input_file=str(input_file), stride=stride, window=window)
+    log.info("%s: loss %.6g, perplexity %.6g over %d tokens in %d windows of %d, stride %d; "
+             "word perplexity %.6g over %d words", name, measured["loss"],
+             measured["perplexity"], measured["tokens"], measured["windows"], window, stride,
+             measured["word_perplexity"], words)
+    return {name: measured}
 
 
 def _zero_shot(model, checkpoint_path, name, output_dir, task_feature_lengths, batch_size,

@@ -18,13 +18,23 @@ tokens and EOS, the first `targets` kept, as a language-modeling task reads a do
 or jsonl with "inputs" and "targets" (any model: the targets' log-likelihood after the
 inputs, processed and scored as `t5lite.infer` MODE 'score' does per line: as the
 training task processes its inputs and targets, `t5lite.inference.file_inputs`).
+
+With STRIDE (`stream_windows`, Megatron's `--overlapping-eval`), a text file is one
+stream instead (decoder-only models; WikiText's way): its whole text tokenized once,
+read in windows of `targets` tokens that start STRIDE apart; the first window scores
+all its tokens (the first one after BOS), each later one only the tokens past the end of
+the window before it, so every token is scored once, with up to `targets` - STRIDE
+tokens of context before it. Besides the token-level numbers, `word_perplexity` is
+exp(total loss / the text's words, split at whitespace), WikiText's word-level figure.
+(Megatron scores neither the first token nor the first word and divides by the counts
+less one; here the first token is scored after BOS, as a language-modeling task's is.)
 """
 from __future__ import annotations
 
 import itertools
 import math
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, Mapping, Optional
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -117,6 +127,43 @@ def file_batches(model, path: str, vocabulary, feature_lengths: Mapping[str, int
                  for _, line, _ in read_lines(path) if line.strip())
     for chunk in _chunks(sequences, batch_size):
         yield model.inference_batch([[] for _ in chunk], lm, chunk)
+
+
+def stream_windows(tokens: List[int], window: int, stride: int) -> List[Tuple[int, int, int]]:
+    """(start, end, first scored) of each window over a stream of `len(tokens)` tokens:
+    tokens[start:end] are read, tokens[first:end] scored."""
+    windows, scored_to, start = [], 0, 0
+    while scored_to < len(tokens):
+        end = min(start + window, len(tokens))
+        windows.append((start, end, scored_to))
+        scored_to, start = end, start + stride
+    return windows
+
+
+def stream_batches(model, tokens: List[int], window: int, stride: int,
+                   batch_size: int) -> Iterator[Batch]:
+    """The windows of `stream_windows` as a decoder-only model's rows of `window` tokens:
+    BOS and the window shifted in, the window as targets, loss weights on its scored
+    tokens."""
+    bos = int(model.bos_id)
+    for chunk in _chunks(stream_windows(tokens, window, stride), batch_size):
+        rows = len(chunk)
+        target = np.zeros((rows, window), np.int32)
+        weights = np.zeros((rows, window), np.float32)
+        for i, (start, end, first) in enumerate(chunk):
+            target[i, :end - start] = tokens[start:end]
+            weights[i, first - start:end - start] = 1.0
+        inputs = np.concatenate([np.full((rows, 1), bos, np.int32), target[:, :-1]], axis=1)
+        causal = np.zeros((rows, window), np.int32)
+        causal[:, 0] = 1  # BOS: a prefix LM reads no prompt beyond it
+        yield {"decoder_target_tokens": target, "decoder_input_tokens": inputs,
+               "decoder_loss_weights": weights, "decoder_causal_attention": causal}
+
+
+def stream_text(path: str) -> str:
+    """A text INPUT_FILE whole (UTF-8; a bad line is one error naming it)."""
+    from t5lite.inference.file_inputs import read_lines
+    return "".join(line + ("\n" if complete else "") for _, line, complete in read_lines(path))
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
