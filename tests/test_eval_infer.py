@@ -778,7 +778,7 @@ _COMMON_WRONG = {"CHECKPOINT_PATH": ["3"], "OUTPUT_DIR": ["3"], "SPLIT": ["3"],
                  "BATCH_SIZE": ["'x'", "0", "None"], "MODE": ["3", "'x'"], "INPUT_FILE": ["3"],
                  "MIXTURE_OR_TASK_NAME": ["3"], "TASK_FEATURE_LENGTHS": ["'x'", "{'inputs': 0}"],
                  **_DECODING_WRONG}
-WRONG_VALUES = {"eval": {**_COMMON_WRONG, "NUM_EXAMPLES": ["'x'", "0"]},
+WRONG_VALUES = {"eval": {**_COMMON_WRONG, "NUM_EXAMPLES": ["'x'", "0"], "STRIDE": ["'x'", "0"]},
                 "infer": {**_COMMON_WRONG, "RAW_PROMPTS": ["'x'", "2"]}}
 
 
