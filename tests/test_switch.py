@@ -162,6 +162,38 @@ def test_switch_logits_match_transformers(switch):
     assert max_diff(logits(_no_drops(model), swapped, batch), reference, batch) > 100 * TOL
 
 
+def test_switch_routes_as_transformers_with_the_settings_its_load_names(tmp_path, caplog):
+    """transformers' capacity binding (expert_capacity 3 a sequence, sequences of 24 and
+    40 tokens over 4 experts): with T5X's routing, the t5lite default, the logits differ;
+    with the settings the load names in its one line (each sequence a group, its
+    expert_capacity, tokens in order), they are transformers' within TOL."""
+    torch.manual_seed(6)
+    hf_model = transformers.SwitchTransformersForConditionalGeneration(
+        transformers.SwitchTransformersConfig(**{**DIMS, "expert_capacity": 3})).eval()
+    far_from_init(hf_model)
+    hf_model.save_pretrained(str(tmp_path))
+    batch = t5_batch(0)
+    reference = hf_t5_logits(hf_model, batch)
+    with caplog.at_level(logging.INFO, logger="t5lite.interop.hf_switch"):
+        model, variables = hf.load_pretrained(tmp_path, dtype="float32")
+    said = [r.getMessage() for r in caplog.records if "transformers' own numbers" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    settings = {"MOE_GROUP_SIZE": "'sequence'", "EXPERT_CAPACITY": "3",
+                "BATCH_PRIORITIZED_ROUTING": "False"}
+    for macro, value in settings.items():
+        assert f"--gin.{macro}={value}" in said[0], said[0]
+    assert max_diff(logits(model, variables, batch), reference, batch) > 100 * TOL
+    as_transformers = EncoderDecoderModel(dataclasses.replace(
+        model.config, moe_group_size="sequence", expert_capacity=3,
+        batch_prioritized_routing=False))
+    assert max_diff(logits(as_transformers, variables, batch), reference, batch) < TOL
+    # and it does bind: room for every token gives other logits again
+    roomy = EncoderDecoderModel(dataclasses.replace(as_transformers.config, expert_capacity=64))
+    assert max_diff(logits(roomy, variables, batch), reference, batch) > 100 * TOL
+    out = hf.save_pretrained(as_transformers, variables, tmp_path / "back")
+    assert json.loads((out / "config.json").read_text())["expert_capacity"] == 3
+
+
 def test_switch_round_trip_is_exact(switch, tmp_path):
     hf_model, reference, path, config, state = switch
     model, variables = hf.load_pretrained(path)

@@ -4,20 +4,30 @@ reads the T5 part of the config, `t5lite.interop.hf_families` the weights.
 
 Read: T5 1.0's stacks (`dense_act_fn`, ungated) whose `*_sparse_step`-th layers (from
 layer 1; every layer when the step is 1) route each token to one expert by capacity,
-with T5X's settings: factors 1.25 (training) / 2.0 (eval), flaxformer's capacity rule,
-the encoder batch-prioritized. transformers' `expert_capacity` (per sequence) and router
-jitter are not carried over; a dropped token gives zero, as in T5X and transformers 5
-(transformers 4 passed it on scaled by its probability).
+with T5X's settings (the Switch checkpoints were trained in T5X / Mesh TensorFlow):
+factors 1.25 (training) / 2.0 (eval) over groups of MOE_GROUP_SIZE tokens, flaxformer's
+capacity rule, the encoder batch-prioritized. transformers routes otherwise: each
+sequence its own group, `expert_capacity` slots per expert in training and evaluation
+alike, tokens in order. Where either capacity binds, the two give other logits; the
+settings `transformers_routing` names (MOE_GROUP_SIZE='sequence', EXPERT_CAPACITY=its
+`expert_capacity`, BATCH_PRIORITIZED_ROUTING=False) give transformers' numbers, and
+loading a Switch model says so in one line. Router jitter is not carried over; a dropped
+token gives zero, as in T5X and transformers 5 (transformers 4 passed it on scaled by
+its probability).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import Any, Callable, Dict, Iterator, List, Mapping
 
 import numpy as np
 
 from t5lite.models.moe.routing import expert_capacity
+from t5lite.models.moe.settings import SEQUENCE_GROUPS
+
+log = logging.getLogger(__name__)
 
 # the weight table's name of a sparse layer's stacked [expert, out, in] kernels
 STACKED = "stacked"
@@ -71,14 +81,26 @@ def with_experts(cfg, hf: Mapping[str, Any]):
             raise ValueError(f"num_sparse_{stack}_layers: the {stack}'s sparse layers "
                              f"{layers[stack]} differ from the encoder's pattern (t5lite's "
                              f"MOE_EVERY / MOE_FIRST hold for both stacks)")
+    log.info("Switch: routed with T5X's capacity (factors %g / %g over groups of "
+             "MOE_GROUP_SIZE=%s tokens, the encoder batch-prioritized); transformers' own "
+             "numbers, where its capacity binds: %s", cfg.capacity_factor,
+             cfg.eval_capacity_factor, cfg.moe_group_size,
+             " ".join(f"--gin.{k}={v!r}" for k, v in transformers_routing(hf).items()))
     return cfg
+
+
+def transformers_routing(hf: Mapping[str, Any]) -> Dict[str, Any]:
+    """The macros that route as transformers' Switch does (each sequence its own group,
+    its `expert_capacity` slots per expert, tokens in order)."""
+    return {"MOE_GROUP_SIZE": SEQUENCE_GROUPS,
+            "EXPERT_CAPACITY": _count(hf, "expert_capacity", 64),
+            "BATCH_PRIORITIZED_ROUTING": False}
 
 
 def switch_hf_config(cfg, t5_hf_config: Callable) -> Dict[str, Any]:
     """A T5Config with experts as a SwitchTransformersConfig dict (`t5_hf_config` gives
     T5's fields); one line for what transformers' Switch cannot hold. Its
-    `expert_capacity` (per sequence) is the slots of a MOE_GROUP_SIZE group at
-    EVAL_CAPACITY_FACTOR."""
+    `expert_capacity` (per sequence): `_hf_capacity`."""
     problems = []
     if cfg.moe_top_k != 1 or cfg.routing != "capacity":
         problems.append(f"MOE_TOP_K={cfg.moe_top_k}, ROUTING={cfg.routing!r} (Switch routes "
@@ -105,12 +127,24 @@ def switch_hf_config(cfg, t5_hf_config: Callable) -> Dict[str, Any]:
             "num_experts": cfg.num_experts,
             "num_sparse_encoder_layers": sparse["encoder"],
             "num_sparse_decoder_layers": sparse["decoder"],
-            "expert_capacity": expert_capacity(cfg.moe_group_size, cfg.num_experts,
-                                               cfg.eval_capacity_factor, cfg.capacity_rule),
+            "expert_capacity": _hf_capacity(cfg),
             "router_bias": False, "router_jitter_noise": 0.0, "router_dtype": "float32",
             "router_ignore_padding_tokens": False,
             "router_aux_loss_coef": cfg.router_aux_loss,
             "router_z_loss_coef": cfg.router_z_loss}
+
+
+def _hf_capacity(cfg) -> int:
+    """transformers' `expert_capacity` (per sequence): EXPERT_CAPACITY when set, else the
+    slots of a MOE_GROUP_SIZE group at EVAL_CAPACITY_FACTOR."""
+    if cfg.expert_capacity:
+        return int(cfg.expert_capacity)
+    if cfg.moe_group_size == SEQUENCE_GROUPS:
+        raise ValueError("transformers' SwitchTransformers needs an expert_capacity, and "
+                         "MOE_GROUP_SIZE='sequence' without EXPERT_CAPACITY sets none: set "
+                         "EXPERT_CAPACITY")
+    return expert_capacity(cfg.moe_group_size, cfg.num_experts, cfg.eval_capacity_factor,
+                           cfg.capacity_rule)
 
 
 def _sparse_layers(cfg) -> Iterator[str]:

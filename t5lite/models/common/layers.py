@@ -359,6 +359,7 @@ def moe_mlp(cfg, deterministic: bool, encoder: bool = False) -> "moe.MoeMLP":
                       routing_kind=cfg.routing, capacity_factor=cfg.capacity_factor,
                       eval_capacity_factor=cfg.eval_capacity_factor,
                       group_size=cfg.moe_group_size, capacity_rule=cfg.capacity_rule,
+                      expert_capacity=cfg.expert_capacity,
                       batch_prioritized=encoder and cfg.batch_prioritized_routing,
                       dtype=get_dtype(cfg.dtype), use_bias=getattr(cfg, "use_bias", False),
                       dropout_rate=(cfg.dropout_rate if cfg.expert_dropout_rate is None

@@ -9,7 +9,9 @@ Parameters (under a layer's `mlp`, where a dense layer has its MLP)::
     wi*/bias [expert, mlp], wo/bias [expert, embed]        with use_bias
 
 Tokens are taken in [batch, length] order (the routing never depends on the layout or
-the mesh) and cut into routing groups of at most `group_size` tokens (`group_size_for`).
+the mesh) and cut into routing groups of at most `group_size` tokens (`group_size_for`),
+or ('sequence') each sequence its own group; an expert takes `expert_capacity` tokens of
+a group when it is set, else the slots the capacity factor gives.
 'capacity' routing gathers each group's tokens into its experts' slots
 [expert, group, slot, embed] by index (`routing.dispatch`; XLA moves them with an
 all-to-all when the expert axis is sharded) and gathers the outputs back
@@ -24,7 +26,7 @@ matmuls are FP8); the router's logits and softmax are float32 whatever the dtype
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
 import jax
@@ -33,6 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models.activations import activated_product
 from t5lite.models.moe import routing
+from t5lite.models.moe.settings import SEQUENCE_GROUPS
 
 Array = jax.Array
 MOE_STATS = ("aux_loss", "z_loss", "dropped_fraction", "expert_load")
@@ -58,8 +61,9 @@ class MoeMLP(nn.Module):
     routing_kind: str  # 'capacity' | 'dropless'
     capacity_factor: float
     eval_capacity_factor: float
-    group_size: int
+    group_size: Union[int, str]  # 'sequence': each sequence its own group
     capacity_rule: str = "gshard"  # routing.expert_capacity's
+    expert_capacity: Optional[int] = None  # slots per expert and group, instead of the factors
     batch_prioritized: bool = False  # routing.capacity_routing's (an encoder's only)
     dtype: jnp.dtype = jnp.bfloat16
     use_bias: bool = False
@@ -70,7 +74,8 @@ class MoeMLP(nn.Module):
     def __call__(self, x: Array) -> Array:
         batch, length, embed = x.shape
         flat = x.reshape(batch * length, embed)
-        group = group_size_for(self.group_size, flat.shape[0])
+        group = length if self.group_size == SEQUENCE_GROUPS else \
+            group_size_for(self.group_size, flat.shape[0])
         # the groups split like the batch: each device routes its own tokens
         xg = _split_like_batch(flat.reshape(-1, group, embed))  # [groups, group, embed]
         router, _ = ExpertParams((embed, self.num_experts), ("embed", "expert_logits"),
@@ -82,7 +87,8 @@ class MoeMLP(nn.Module):
         experts = self._experts(embed)
         if self.routing_kind == "capacity":
             cf = self.eval_capacity_factor if self.deterministic else self.capacity_factor
-            cap = routing.expert_capacity(group, self.num_experts, cf, self.capacity_rule)
+            cap = (min(self.expert_capacity, group) if self.expert_capacity else
+                   routing.expert_capacity(group, self.num_experts, cf, self.capacity_rule))
             r = routing.capacity_routing(probs, self.top_k, cap, self.batch_prioritized)
             slot = _split_like_batch(r.slot)
             dispatched = routing.dispatch(xg.astype(self.dtype), slot, self.num_experts * cap)

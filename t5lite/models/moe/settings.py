@@ -3,12 +3,13 @@ values and their one-line checks (`check` needs only the config's attributes).""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 EXPERT_MLPS = {"relu": ("relu",), "gelu": ("gelu",), "gelu_exact": ("gelu_exact",),
                "swiglu": ("silu", "linear"), "geglu": ("gelu", "linear")}
 ROUTINGS = ("capacity", "dropless")
 CAPACITY_RULES = ("gshard", "t5x")
+SEQUENCE_GROUPS = "sequence"  # MOE_GROUP_SIZE: each sequence routed as its own group
 
 
 # fields an encoder's layers read only: a decoder-only config leaves them at their default
@@ -46,8 +47,12 @@ class MoeFields:
     # the encoder's slots go to the most confident tokens first (T5X's batch-prioritized
     # routing), not in token order; an encoder-decoder's encoder only
     batch_prioritized_routing: bool = _setting(False, "BATCH_PRIORITIZED_ROUTING")
-    # the most tokens routed together (`moe.group_size_for`)
-    moe_group_size: int = _setting(1024, "MOE_GROUP_SIZE")
+    # the most tokens routed together (`moe.group_size_for`); 'sequence': each sequence
+    # its own group, whatever its length (transformers' Switch)
+    moe_group_size: Union[int, str] = _setting(1024, "MOE_GROUP_SIZE")
+    # slots per expert and group, in training and evaluation alike, instead of the
+    # factors (transformers' Switch `expert_capacity`); None: from the factors
+    expert_capacity: Optional[int] = _setting(None, "EXPERT_CAPACITY")
     # GShard's load balancing, and ST-MoE's router z-loss, averaged over MoE layers
     router_aux_loss: float = _setting(0.01, "ROUTER_AUX_LOSS")
     router_z_loss: float = _setting(0.0, "ROUTER_Z_LOSS")
@@ -85,7 +90,14 @@ def check(cfg) -> None:
     whole("MOE_EVERY (moe_every)", cfg.moe_every, 1)
     whole("MOE_FIRST (moe_first)", cfg.moe_first, 0)
     whole("MOE_TOP_K (moe_top_k)", cfg.moe_top_k, 1)
-    whole("MOE_GROUP_SIZE (moe_group_size)", cfg.moe_group_size, 1)
+    if cfg.moe_group_size != SEQUENCE_GROUPS:
+        try:
+            whole("MOE_GROUP_SIZE (moe_group_size)", cfg.moe_group_size, 1)
+        except ValueError as e:
+            raise ValueError(f"{e} (or '{SEQUENCE_GROUPS}': each sequence its own group)") \
+                from None
+    if cfg.expert_capacity is not None:
+        whole("EXPERT_CAPACITY (expert_capacity)", cfg.expert_capacity, 1)
     positive("CAPACITY_FACTOR (capacity_factor)", cfg.capacity_factor)
     positive("EVAL_CAPACITY_FACTOR (eval_capacity_factor)", cfg.eval_capacity_factor)
     positive("ROUTER_AUX_LOSS (router_aux_loss)", cfg.router_aux_loss, low_ok=True)
