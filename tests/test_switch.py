@@ -283,7 +283,8 @@ def test_cli_from_hf_and_back(switch, tmp_path):
 
 def test_a_converted_switch_trains_with_the_moe_macros_set(switch, tmp_path, capsys):
     """The converted model.gin takes the documented macros (docs/moe.md): a run from the
-    converted checkpoint with --gin.CAPACITY_FACTOR=1.5 and a switch (REMAT_POLICY) trains,
+    converted checkpoint with --gin.CAPACITY_FACTOR=1.5 and a switch (REMAT_POLICY) trains
+    (in two microbatches, which change its routing: one warning line),
     and its config.gin records both (before, the converted file wrote the MoE fields as
     values and the run ended with "the gin files define no macro CAPACITY_FACTOR")."""
     from t5lite import convert, train
@@ -292,11 +293,17 @@ def test_a_converted_switch_trains_with_the_moe_macros_set(switch, tmp_path, cap
                          "--dtype=float32"]) == 0
     code = train.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/synthetic_pretrain.gin",
                        f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{ckpt}"',
-                       "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=8",
+                       "--gin.TRAIN_STEPS=1", "--gin.BATCH_SIZE=16",
                        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
                        "--gin.CheckpointSettings.async_save=False",
-                       "--gin.CAPACITY_FACTOR=1.5", "--gin.REMAT_POLICY='full'"])
-    assert code == 0, capsys.readouterr().err[-3000:]
+                       "--gin.CAPACITY_FACTOR=1.5", "--gin.REMAT_POLICY='full'",
+                       "--gin.NUM_MICROBATCHES=2"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    # microbatches of 8 x 16 encoder tokens hold half a routing group of the whole batch:
+    # the start-up line says so, once
+    said = [l for l in err.splitlines() if "changes the mixture-of-experts routing" in l]
+    assert len(said) == 1 and "NUM_MICROBATCHES=2" in said[0] and "MOE_GROUP_SIZE" in said[0], err[-3000:]
     config = (run / "config.gin").read_text().splitlines()
     assert "CAPACITY_FACTOR = 1.5" in config and "REMAT_POLICY = 'full'" in config
     assert "T5Config.capacity_factor = %CAPACITY_FACTOR" in config

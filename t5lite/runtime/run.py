@@ -139,5 +139,8 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
     iterator = make_iterator(model, data, layout)
     lengths = iterator.sequence_lengths  # decoder-only on a prefix-LM task: inputs + targets
     model.check_train_lengths(lengths, data.task_feature_lengths)
+    change = model.microbatch_routing_change(data.batch_size, lengths, num_microbatches)
+    if change:  # the one case where gradient accumulation changes the step
+        log.warning("%s", change)
     return TrainingRun(model, partitioner, step_fns, iterator, data, layout, lengths["targets"],
                        model.train_flops_per_example(lengths))

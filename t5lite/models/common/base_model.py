@@ -222,6 +222,13 @@ class BaseModel:
         """The routers' statistics sown by the MoE layers -> `moe.metrics`'s scalars."""
         return moe.metrics(stats, self.config)
 
+    def microbatch_routing_change(self, batch_size: int, stack_lengths: Mapping[str, int],
+                                  num_microbatches: int) -> Optional[str]:
+        """What NUM_MICROBATCHES changes in a mixture of experts' routing, in one line
+        (`moe.microbatch_routing_change`); None for a dense model or no change."""
+        return moe.microbatch_routing_change(self.config, batch_size, stack_lengths,
+                                             num_microbatches)
+
     def normalizer(self, batch: Batch) -> jax.Array:
         """What the loss sums of `batch` are divided by (LOSS_NORMALIZING_FACTOR)."""
         return losses.normalizer(self._weights(batch), self.loss_normalizing_factor)

@@ -221,6 +221,38 @@ def group_size_for(group_size: int, tokens: int) -> int:
         groups += 1
     return tokens // groups
 
+def microbatch_routing_change(cfg, batch_size: int, stack_lengths, num_microbatches: int
+                              ) -> Optional[str]:
+    """What NUM_MICROBATCHES changes in the routing, in one line (None: nothing). Each
+    microbatch is routed on its own: its tokens form groups by `group_size_for`, as the
+    whole batch's do. Where both come out the same size, a microbatch holds whole groups
+    of the whole batch (the microbatches are its rows in order): the same routing,
+    capacity and drops, and the routers' losses, means over groups, average to the whole
+    batch's. Where they do not, capacity and the load-balancing loss differ.
+    `stack_lengths`: the length of each stack's sequences ({"inputs", "targets"} or
+    {"targets"})."""
+    if not cfg.num_experts or num_microbatches <= 1 or cfg.moe_group_size == SEQUENCE_GROUPS:
+        return None
+    rows = batch_size // num_microbatches
+    names = ({"inputs": "encoder ", "targets": "decoder "} if len(stack_lengths) > 1
+             else {})
+    for key, length in sorted(stack_lengths.items()):
+        stack = names.get(key, "")
+        micro, whole = rows * int(length), batch_size * int(length)
+        ours, theirs = (group_size_for(cfg.moe_group_size, micro),
+                        group_size_for(cfg.moe_group_size, whole))
+        if ours != theirs:
+            fits = max(d for d in range(1, micro + 1) if micro % d == 0 and whole % d == 0
+                       and d <= cfg.moe_group_size)
+            return (f"NUM_MICROBATCHES={num_microbatches} changes the mixture-of-experts "
+                    f"routing: a microbatch's {micro} {stack}tokens are routed in groups of "
+                    f"{ours}, the whole batch's {whole} in groups of {theirs} "
+                    f"(MOE_GROUP_SIZE={cfg.moe_group_size}), so capacity, drops and the "
+                    f"load-balancing loss are not the one-microbatch step's; "
+                    f"MOE_GROUP_SIZE={fits} (or 'sequence') gives the same step")
+    return None
+
+
 def layer_stats(stats) -> dict:
     """The "intermediates" a network's MoE layers sowed -> {stat: [moe layers] float32},
     in layer order (a scanned stack's sow holds all its layers at once); {} when none."""
