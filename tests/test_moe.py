@@ -302,8 +302,8 @@ def test_shipped_moe_settings_give_the_one_microbatch_step(gin_file):
     1,024 tokens, one step on 16 sequences of 256 tokens: 2 and 4 microbatches each hold
     whole groups of the whole batch, and give its step (loss, router losses, drops,
     gradient norm, parameters after SGD: the gradients); nothing to warn of. With
-    32-token sequences a microbatch holds less than a group: the start-up line says what changes and which
-    MOE_GROUP_SIZE gives the same step, and the steps do differ."""
+    32-token sequences a microbatch holds less than a group: the start-up line says what
+    changes and which MOE_GROUP_SIZE gives the same step, and the steps do differ."""
     cfg = _shipped(gin_file)
     assert cfg.moe_group_size == 1024 and cfg.num_experts > 1
     cfg = dataclasses.replace(cfg, vocab_size=512)  # the routing's settings kept; a small head

@@ -303,7 +303,8 @@ def test_a_converted_switch_trains_with_the_moe_macros_set(switch, tmp_path, cap
     # microbatches of 8 x 16 encoder tokens hold half a routing group of the whole batch:
     # the start-up line says so, once
     said = [l for l in err.splitlines() if "changes the mixture-of-experts routing" in l]
-    assert len(said) == 1 and "NUM_MICROBATCHES=2" in said[0] and "MOE_GROUP_SIZE" in said[0], err[-3000:]
+    assert len(said) == 1, err[-3000:]
+    assert "NUM_MICROBATCHES=2" in said[0] and "MOE_GROUP_SIZE" in said[0], said[0]
     config = (run / "config.gin").read_text().splitlines()
     assert "CAPACITY_FACTOR = 1.5" in config and "REMAT_POLICY = 'full'" in config
     assert "T5Config.capacity_factor = %CAPACITY_FACTOR" in config

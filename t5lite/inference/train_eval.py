@@ -51,10 +51,10 @@ VALIDATION_SUBDIR = "training_eval"  # T5X's directory for its train_eval summar
 class InferenceEvalSettings:
     """Evaluation during training: EVAL_PERIOD (None or 0: never), EVAL_SPLIT,
     EVAL_BATCH_SIZE (None: BATCH_SIZE), EVAL_STEPS (the validation loss's batches:
-    runs/pretrain.gin binds T5X's 20; None: no validation loss) and EVAL_NUM_EXAMPLES (the inference
-    evaluation's examples; None: all). gin gives it to `train.inference_eval`; the
-    training loop reads only `period` (it may not import inference) and passes it on to
-    the evaluator it builds."""
+    runs/pretrain.gin binds T5X's 20; None: no validation loss) and EVAL_NUM_EXAMPLES
+    (the inference evaluation's examples; None: all). gin gives it to
+    `train.inference_eval`; the training loop reads only `period` (it may not import
+    inference) and passes it on to the evaluator it builds."""
 
     split: str
     period: Optional[int] = None
@@ -113,8 +113,9 @@ class InferenceEvaluation:
             self.validation = ValidationLoss(
                 model, partitioner, task_name=task_name, split=settings.split,
                 feature_lengths=feature_lengths, batch_size=batch_size, steps=settings.steps)
-            log.info("validation loss: %s %s, %d examples (EVAL_STEPS=%d batches of %d)", task_name,
-                     settings.split, self.validation.examples, settings.steps, batch_size)
+            log.info("validation loss: %s %s, %d examples (EVAL_STEPS=%d batches of %d)",
+                     task_name, settings.split, self.validation.examples, settings.steps,
+                     batch_size)
         self.evaluator = self.session = None
         if decodes:
             lengths = {"inputs": int(feature_lengths["inputs"]),

@@ -76,10 +76,11 @@ def train(*, model, model_dir: str, train_steps: int, batch_size: int,
           skip_steps: SkipSettings, data_shards: Optional[int] = None) -> Dict[str, float]:
     """Train `model` for `train_steps` optimizer steps; resume from MODEL_DIR if it holds
     a checkpoint. With `inference_eval.period`, evaluate every that many steps and after
-    the last (the validation loss; the task's metrics where it has them). A resume whose vocabulary or data files differ from
-    the checkpoint's refuses (DataError) unless `allow_changed_inputs`. Returns the last
-    logged metrics (and the last inference-evaluation metrics, `<task>/<metric>`). Every
-    keyword is bound by configs/runs/pretrain.gin, the one home of their defaults."""
+    the last (the validation loss; the task's metrics where it has them). A resume whose
+    vocabulary or data files differ from the checkpoint's refuses (DataError) unless
+    `allow_changed_inputs`. Returns the last logged metrics (and the last evaluation's,
+    `training_eval/<task>/<name>` and `<task>/<metric>`). Every keyword is bound by
+    configs/runs/pretrain.gin, the one home of their defaults."""
     args = TrainArgs(
         model=model, model_dir=model_dir, train_steps=train_steps, batch_size=batch_size,
         task_feature_lengths=task_feature_lengths, mixture_or_task_name=mixture_or_task_name,
