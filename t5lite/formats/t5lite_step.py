@@ -37,16 +37,12 @@ from t5lite.formats import fingerprints
 from t5lite.formats.checkpoint_files import DATA_ITEM, PARAMS_ITEM, STATE_ITEM
 from t5lite.formats.checkpoint_trees import item_metadata_tree
 
-_WHOLE = object()  # content_damage's "no data position given"
-
-
 class T5liteStep:
     """A step's item directory (`state` or `params`) and what was saved beside it."""
 
     def __init__(self, item_dir: epath.Path):
         self.item_dir = epath.Path(item_dir)
-        self.item = self.item_dir.name if self.item_dir.name in (STATE_ITEM, PARAMS_ITEM) \
-            else PARAMS_ITEM  # a converted item written under another name
+        self.item = self.item_dir.name  # STATE_ITEM or PARAMS_ITEM (checkpoint_files)
         self.step_dir = self.item_dir.parent
         self.record = fingerprints.read_record(self.step_dir)  # None: saved without one
         self._metadata = None
@@ -121,11 +117,9 @@ class T5liteStep:
         return value
 
     def damage_in(self, tree: Mapping[str, Any], params_only: bool = False,
-                  data: Any = _WHOLE) -> Optional[str]:
+                  **position: Any) -> Optional[str]:
         """The first array of `tree` (what `read` returned) whose fingerprint is not the
-        recorded one, or the data position's (`data`, when given); None when all match
+        recorded one, or the data position's (`data=`, when given); None when all match
         or there is no record."""
         _, prefix = self._part(params_only)
-        if data is _WHOLE:
-            return fingerprints.content_damage(self.record, tree, prefix)
-        return fingerprints.content_damage(self.record, tree, prefix, data=data)
+        return fingerprints.content_damage(self.record, tree, prefix, **position)

@@ -242,8 +242,9 @@ def microbatch_routing_change(cfg, batch_size: int, stack_lengths, num_microbatc
         ours, theirs = (group_size_for(cfg.moe_group_size, micro),
                         group_size_for(cfg.moe_group_size, whole))
         if ours != theirs:
-            fits = max(d for d in range(1, micro + 1) if micro % d == 0 and whole % d == 0
-                       and d <= cfg.moe_group_size)
+            # the largest group a microbatch splits evenly (the whole batch, k of them, too)
+            fits = next(d for d in range(min(cfg.moe_group_size, micro), 0, -1)
+                        if micro % d == 0)
             return (f"NUM_MICROBATCHES={num_microbatches} changes the mixture-of-experts "
                     f"routing: a microbatch's {micro} {stack}tokens are routed in groups of "
                     f"{ours}, the whole batch's {whole} in groups of {theirs} "
