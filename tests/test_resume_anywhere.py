@@ -13,7 +13,8 @@ file of 2-row groups, a one-member .jsonl.gz.
                     records (more shards than files); the in-memory source too
     pipeline level  every batch k of span corruption, packed and unpacked, one process
                     and process 1 of two, a mixture, and of text_span_corruption and
-                    text_lm on TEXT_FILES of the other formats; saved states whose reader
+                    text_lm on TEXT_FILES of the other formats, and a weighted blend of
+                    TEXT_FILES; saved states whose reader
                     is inside each file (Pile shards, then the other formats), over more
                     than two passes
 
@@ -377,6 +378,23 @@ def test_text_files_resume_exactly_from_every_batch(other_formats, tmp_path, mon
                                       model_kind=kind, seed=1, shuffle_buffer_size=4)
     # with 2 processes and 3 files, process 1 reads file 1 (whole files: file i, i+2, ...)
     _check_every_batch(make, monkeypatch, len(other_formats[process::processes]))
+
+
+@pytest.mark.parametrize("process,processes", [(0, 1), (1, 2)],
+                         ids=["1_process", "process_1_of_2"])
+def test_a_weighted_text_blend_resumes_exactly_from_every_batch(
+        other_formats, shards, tmp_path, monkeypatch, tmp_path_factory, process, processes):
+    """TEXT_FILES as a blend (t5lite/data/blend.py): the Pile-style shards at 0.7 and the
+    other formats at 0.3, each converted on its own, then blended row by row: the
+    schedule's position and every source's readers restore together."""
+    data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory),
+             text_files=json.dumps([[shards[0], 0.7], [other_formats[1], 0.3]]))
+
+    def make():
+        return pipeline.make_iterator("text_lm", split="train", feature_lengths={"targets": 16},
+                                      layout=DataLayout(8, process, processes),
+                                      model_kind="decoder_only", seed=1, shuffle_buffer_size=4)
+    _check_every_batch(make, monkeypatch, 2)
 
 
 @pytest.mark.parametrize("formats", ["pile", "text_files"])

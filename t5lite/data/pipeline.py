@@ -17,6 +17,9 @@ packed or not): encoder_input_tokens, decoder_input_tokens, decoder_target_token
 decoder_loss_weights (float32), and when packed {encoder,decoder}_segment_ids and
 {encoder,decoder}_positions. Tokens are int32.
 
+Blends (a SeqIO mixture, TEXT_FILES with weights): each source converted on its own, its
+rows taken in a fixed order by weight and counted from the position (t5lite/data/blend.py).
+
 Sharding: the global stream is cut into S data shards (DATA_SHARDS; by default the number
 of data feeds of the run that began it), shard s reading shard s of S of the task
 (seqio.ShardInfo: its own files when the source has at least S of them, else every S-th
@@ -72,7 +75,10 @@ from t5lite.models.common.model_kinds import ENCODER_DECODER, MODEL_KINDS
 tf = import_tensorflow()
 import seqio  # noqa: E402
 
-from t5lite.data import input_identity, stream_errors, tasks  # noqa: E402  (registers the tasks)
+from t5lite.data import (blend, input_identity, iterator_bytes,  # noqa: E402
+                         stream_errors, tasks)  # (importing tasks registers them)
+from t5lite.data.iterator_bytes import (restore_iterator, save_iterator,  # noqa: E402,F401
+                                        shard_states)
 from t5lite.data.features import (check_lengths, feature_converter, has_inputs,  # noqa: E402,F401
                                   sequence_lengths)
 
@@ -121,6 +127,7 @@ class SeqioIterator:
         self._saved: Optional[Dict[int, bytes]] = None  # shard -> state to restore on start
         self._unsaveable = False
         self._inputs: Optional[Dict[str, Any]] = None  # input_identity.stream_inputs, once
+        self._blend: Optional[tuple] = None  # (Schedule, [a provider a source]), once
 
     @property
     def vocabulary(self):
@@ -157,11 +164,16 @@ class SeqioIterator:
             sequence_length=self.feature_lengths, split=self.split, shuffle=self.shuffle,
             seed=self.seed, num_epochs=None if self.repeat else 1, use_cached=self.use_cached,
             shard_info=seqio.ShardInfo(index=shard, num_shards=self.plan.count))
-        if self.shuffle_buffer_size and isinstance(self.provider, seqio.Task):
-            kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size  # (mixtures: per task)
-        ds = self.provider.get_dataset(**kwargs)
-        ds = feature_converter(self.model_kind, self.pack, has_inputs(self.provider),
-                               self.bos_id)(ds, self.feature_lengths)
+        if self.shuffle_buffer_size:
+            kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size
+        convert = feature_converter(self.model_kind, self.pack, has_inputs(self.provider),
+                                    self.bos_id)
+        schedule, parts = self.blend()
+        if schedule is None:
+            ds = convert(self.provider.get_dataset(**kwargs), self.feature_lengths)
+        else:  # each source converted to rows on its own, then blended row by row
+            ds = blend.blended([convert(p.get_dataset(**kwargs), self.feature_lengths)
+                                for p in parts], schedule)
         ds = ds.batch(self.plan.rows_per_shard, drop_remainder=self.drop_remainder)
         if skip:
             ds = ds.skip(skip)
@@ -175,8 +187,26 @@ class SeqioIterator:
         options.autotune.enabled = False
         # a stage whose state lives outside tf.data (a Python generator) makes saving fail,
         # never save a state that would not restore the same stream
-        options.experimental_external_state_policy = _FAIL
+        options.experimental_external_state_policy = iterator_bytes.FAIL
         return ds.with_options(options).prefetch(2)
+
+    def blend(self) -> tuple:
+        """(Schedule, [a seqio task a source]) when the stream blends sources
+        (t5lite/data/blend.py): a SeqIO mixture (its tasks at its rates), or a text task
+        whose TEXT_FILES weighs its globs; (None, None) otherwise."""
+        if self._blend is None:
+            self._blend = blend.sources_of(self.provider, self.split)
+        return self._blend
+
+    def source_rows(self, position: Optional[int] = None) -> Dict[str, int]:
+        """{source: rows of the global stream it supplied} in the first `position` batches
+        (None: those consumed so far); {} for a stream of one source."""
+        schedule, _ = self.blend()
+        if schedule is None:
+            return {}
+        position = self.position if position is None else int(position)
+        rows = schedule.counts(position * self.plan.rows_per_shard) * self.plan.count
+        return dict(zip(schedule.names, (int(r) for r in rows)))
 
     def __iter__(self) -> "SeqioIterator":
         return self
@@ -317,7 +347,7 @@ class SeqioIterator:
                      "this process reads shard(s) %d-%d of them", plan.count,
                      plan.shards.start, plan.shards.stop - 1)
             self.plan = plan
-        states = _shard_states(state.get(ITERATOR_KEY), plan.count)
+        states = shard_states(state.get(ITERATOR_KEY), plan.count)
         if states and state.get(FORMAT_KEY) != ITERATOR_FORMAT:
             log.warning("the checkpoint's data iterator state was written by an earlier "
                         "t5lite (its readers' positions are not this one's): replaying "
@@ -351,31 +381,6 @@ ITERATOR_KEY = "iterator"  # a checkpoint stores it per shard (runtime/checkpoin
 # (t5lite/data/files/jsonl_cursor.py). A state without it (or another) is replayed, not restored.
 FORMAT_KEY, ITERATOR_FORMAT = "iterator_format", 2
 INPUTS_KEY = "inputs"  # input_identity.stream_inputs of the stream
-_FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
-
-
-def save_iterator(iterator) -> bytes:
-    """A tf.data iterator's state as bytes (tf.errors.OpError if a stage cannot be saved)."""
-    from tensorflow.python.ops import gen_dataset_ops
-    variant = gen_dataset_ops.serialize_iterator(iterator._iterator_resource,
-                                                 external_state_policy=_FAIL.value)
-    return tf.io.serialize_tensor(variant).numpy()
-
-
-def restore_iterator(iterator, state: bytes) -> None:
-    """Put a new iterator over the same dataset where `save_iterator` found the saved one."""
-    from tensorflow.python.ops import gen_dataset_ops
-    gen_dataset_ops.deserialize_iterator(iterator._iterator_resource,
-                                         tf.io.parse_tensor(state, tf.variant))
-
-
-def _shard_states(saved: Any, count: int) -> Optional[Dict[int, bytes]]:
-    """{shard: bytes} of a saved "iterator" entry ({"count", "states"}; its keys may have
-    become strings and its bytes lists on a trip through JSON), None when it has none or
-    is of another shard count."""
-    if not isinstance(saved, Mapping) or int(saved.get("count", -1)) != count:
-        return None
-    return {int(s): bytes(b) for s, b in saved.get("states", {}).items()}
 
 
 def _json(value):

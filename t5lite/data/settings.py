@@ -8,7 +8,9 @@ variables for what it leaves None. Nothing here is module state: the value trave
     c4_dir           C4_DIR             T5LITE_C4_DIR   (allenai/c4's json.gz files)
     text_files       TEXT_FILES         T5LITE_TEXT_FILES   (globs; a list in gin, joined
     text_validation_files  TEXT_VALIDATION_FILES  T5LITE_TEXT_VALIDATION_FILES   by ':'
-                                         in the environment, as PATH is)
+                                         in the environment, as PATH is; TEXT_FILES
+                                         also (glob, weight) pairs or '@<weights file>':
+                                         a blend, t5lite/data/blend.py)
     text_field       TEXT_FIELD         T5LITE_TEXT_FIELD   (default "text")
     mnli_dir         MNLI_DIR           T5LITE_MNLI_DIR
     squad_dir        SQUAD_DIR          T5LITE_SQUAD_DIR
@@ -21,6 +23,9 @@ variables for what it leaves None. Nothing here is module state: the value trave
 
     demo_dir         DEMO_DATA_DIR      (none: the generated demo corpus, written there
                                          on first use, supplies every path not given)
+    mixtures         MIXTURES           (none: {name: [(task, rate), ...]}, SeqIO mixtures
+                                         registered under those names, T5X's rates from
+                                         Gin; blended as t5lite/data/blend.py says)
 
 A configured value wins over the environment; `None` falls back to it. The environment
 is read when a dataset is built, not when the value is made: `DataSettings.resolve()`
@@ -39,9 +44,11 @@ there. No TensorFlow here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from t5lite.data import blend
 from t5lite.errors import ConfigError
 
 # setting -> (gin macro, environment variable)
@@ -71,7 +78,8 @@ class DataSettings:
     TEXT_VALIDATION_FILES, TEXT_FIELD, MNLI_DIR, SQUAD_DIR, LAMBADA_DIR, BOOLQ_DIR,
     TFDS_DATA_DIR, EXTRA_IDS, DEMO_DATA_DIR); None: the environment variable (or the
     default). TEXT_FILES and TEXT_VALIDATION_FILES take a glob or a list of globs (kept as
-    a tuple: the value is hashable)."""
+    a tuple: the value is hashable); TEXT_FILES also a blend: (glob, weight) pairs, or
+    '@<a Megatron data weights file>' (t5lite/data/blend.py)."""
 
     vocabulary_path: Optional[str] = None
     pile_dir: Optional[str] = None
@@ -86,9 +94,14 @@ class DataSettings:
     tfds_data_dir: Optional[str] = None
     extra_ids: Optional[int] = None
     demo_dir: Optional[str] = None
+    mixtures: Optional[Mapping[str, Sequence[Tuple[str, float]]]] = None
 
     def __post_init__(self):
+        if self.mixtures is not None:
+            object.__setattr__(self, "mixtures", _mixtures(self.mixtures))
         for field in dataclasses.fields(self):
+            if field.name == "mixtures":
+                continue
             value = getattr(self, field.name)
             macro = SETTINGS[field.name][0] if field.name in SETTINGS else "DEMO_DATA_DIR"
             if value is None:
@@ -97,6 +110,10 @@ class DataSettings:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ConfigError(f"{macro} must be a whole number >= 0 (or None), got "
                                       f"{value!r}")
+            elif field.name == "text_files" and isinstance(value, (list, tuple)) and \
+                    any(isinstance(v, (list, tuple)) for v in value):
+                pairs = blend.weighted_globs(value, macro)  # a blend: checked here
+                object.__setattr__(self, field.name, tuple((g, float(w)) for g, w in pairs))
             elif field.name in ("text_files", "text_validation_files") and \
                     isinstance(value, (list, tuple)):
                 if not value or not all(isinstance(v, str) for v in value):
@@ -125,8 +142,31 @@ class DataSettings:
         return ResolvedDataSettings(tuple(values), tuple(origins))
 
 
+def _mixtures(value) -> Tuple[Tuple[str, Tuple[Tuple[str, float], ...]], ...]:
+    """MIXTURES checked and made hashable: ((name, ((task, rate), ...)), ...)."""
+    example = "{'pile_and_c4': [('pile_span_corruption', 0.7), ('c4_span_corruption', 0.3)]}"
+    if isinstance(value, tuple):  # already checked
+        return value
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"MIXTURES must map a mixture's name to its (task, rate) pairs, "
+                          f"e.g. {example}; got {value!r}")
+    out = []
+    for name, pairs in value.items():
+        if not isinstance(pairs, (list, tuple)) or not pairs or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str)
+                for p in pairs):
+            raise ConfigError(f"MIXTURES[{name!r}] must be a list of (task, rate) pairs, "
+                              f"e.g. {example}; got {pairs!r}")
+        blend.Schedule([t for t, _ in pairs], [r for _, r in pairs], f"MIXTURES[{name!r}]")
+        out.append((name, tuple((t, float(r)) for t, r in pairs)))
+    return tuple(out)
+
+
 def _as_text(value) -> Optional[str]:
-    """A configured value as the environment would write it (globs joined as PATH is)."""
+    """A configured value as the environment would write it (globs joined as PATH is; a
+    blend's (glob, weight) pairs as JSON)."""
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], tuple):
+        return json.dumps([list(pair) for pair in value])
     if isinstance(value, (list, tuple)):
         value = os.pathsep.join(os.fspath(v) for v in value)
     if value is None or value == "":
@@ -157,9 +197,29 @@ class ResolvedDataSettings:
 
     def get_globs(self, name: str) -> List[str]:
         """A glob-list setting (text_files, text_validation_files): its globs, `~`
-        expanded."""
+        expanded (a blend's: every source's)."""
+        pairs = self.get_blend(name)
+        if pairs is not None:
+            return [g for g, _ in pairs]
         return [os.path.expanduser(g) for g in (self.raw(name) or "").split(os.pathsep)
                 if g.strip()]
+
+    def get_blend(self, name: str) -> Optional[List[Tuple[str, float]]]:
+        """[(glob, weight)] of a glob-list setting that weighs its globs ((glob, weight)
+        pairs, written as JSON; '@<weights file>': read now); None for plain globs."""
+        raw = (self.raw(name) or "").strip()
+        what = f"{SETTINGS[name][0]}, {self.source_of(name)}"
+        if raw.startswith("["):
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                raise ConfigError(f"{what}: {raw!r} is neither globs nor a JSON list of "
+                                  f"(glob, weight) pairs") from None
+            return blend.weighted_globs([tuple(v) if isinstance(v, list) else v
+                                         for v in value], what)
+        if raw.startswith("@"):
+            return blend.weighted_globs(raw, what)
+        return None
 
     def text_field(self) -> str:
         """The JSON field (or Parquet column) of the texts in TEXT_FILES: default

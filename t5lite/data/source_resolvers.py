@@ -15,6 +15,7 @@ import os
 import re
 from typing import List, Mapping, Sequence
 
+from t5lite.data import blend
 from t5lite.data.files import readers
 from t5lite.data.settings import ResolvedDataSettings, how_to_set
 from t5lite.data.sources import (ExamplesSource, TextFilesSource, TfdsDirSource,
@@ -85,17 +86,23 @@ def resolve_text_files(splits: Sequence[str],
     """The files the TEXT_FILES (train) and TEXT_VALIDATION_FILES (validation) globs
     match, each a format of CORPUS_SUFFIXES, their TEXT_FIELD read."""
     layout = {"train": "text_files", "validation": "text_validation_files"}
-    files = {}
+    files, blends = {}, {}
     for split in splits:
         globs = data.get_globs(layout[split])
         if globs:
             files[split] = _match_text_files(data.source_of(layout[split]), globs)
+        weighted = data.get_blend(layout[split]) if globs else None
+        if weighted:  # each glob a source of the blend (t5lite/data/blend.py)
+            names = blend.source_names([g for g, _ in weighted])
+            blends[split] = [(name, weight, _match_text_files(data.source_of(layout[split]),
+                                                              [pattern]))
+                             for name, (pattern, weight) in zip(names, weighted)]
     if "train" in splits and "train" not in files:
         raise DataNotFoundError(
             f"no text files: {how_to_set('text_files')} to a glob (or a list of "
             f"globs) of {', '.join(CORPUS_SUFFIXES)} files")
     return _PartialSplits(
-        TextFilesSource(files, field=data.text_field()),
+        TextFilesSource(files, field=data.text_field(), blends=blends),
         {"train": ("TEXT_FILES",), "validation": ("TEXT_VALIDATION_FILES (not set)",)},
         "the TEXT_FILES settings", "text")
 
@@ -220,6 +227,13 @@ class _PartialSplits(seqio.DataSource):
     def list_shards(self, split: str) -> Sequence[str]:
         self._check(split)
         return self._inner.list_shards(split)
+
+    def blend(self, split: str):
+        self._check(split)
+        return getattr(self._inner, "blend", lambda _: None)(split)
+
+    def part(self, split: str, files: Sequence[str]) -> seqio.DataSource:
+        return self._inner.part(split, files)
 
     def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
                     shard_info=None, *, sequence_length=None, use_cached=False, num_epochs=1):

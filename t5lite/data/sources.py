@@ -51,11 +51,24 @@ class TextFilesSource(seqio.DataSource):
     """
 
     def __init__(self, split_files: Mapping[str, Sequence[str]], field: str = "text",
-                 cycle_length: int = 8):
+                 cycle_length: int = 8,
+                 blends: Optional[Mapping[str, Sequence[tuple]]] = None):
+        """`blends`: {split: [(name, weight, files)]} for a split whose files are a blend
+        (TEXT_FILES with weights, t5lite/data/blend.py): the pipeline reads each group as
+        a source of its own (`part`); read whole, the split is every group's files."""
         self._files = {k: list(v) for k, v in split_files.items()}
         self._field = field
         self._cycle_length = cycle_length
+        self._blends = {k: [tuple(g) for g in v] for k, v in (blends or {}).items()}
         super().__init__(splits=tuple(self._files))
+
+    def blend(self, split: str) -> Optional[List[tuple]]:
+        """[(name, weight, files)] when `split` is a blend, else None."""
+        return self._blends.get(split)
+
+    def part(self, split: str, files: Sequence[str]) -> "TextFilesSource":
+        """The source of one group of a blend: `files` as split `split`."""
+        return TextFilesSource({split: files}, self._field, self._cycle_length)
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
@@ -293,6 +306,14 @@ class DeferredSource(seqio.DataSource):
         if split not in self.splits:
             raise DataError(f"{self._description} has no split {split!r}; its splits are "
                             f"{', '.join(self.splits)}")
+
+    def blend(self, split: str) -> Optional[List[tuple]]:
+        """The resolved source's blend of `split` (TextFilesSource.blend), else None."""
+        self._check_split(split)
+        return getattr(self.resolve(), "blend", lambda _: None)(split)
+
+    def part(self, split: str, files: Sequence[str]) -> seqio.DataSource:
+        return self.resolve().part(split, files)
 
     def list_shards(self, split: str) -> Sequence[str]:
         self._check_split(split)

@@ -161,6 +161,23 @@ def register_tasks(data: Optional[settings.DataSettings] = None) -> None:
          output_features=_features(vocab, inputs=True),
          postprocess_fn=t5_postprocessors.qa,
          metric_fns=[t5_metrics.squad])
+    _add_mixtures(data.mixtures or ())
+
+
+def _add_mixtures(mixtures) -> None:
+    """The MIXTURES of the settings, registered as SeqIO mixtures (replacing any of the
+    same name); a name of a task, or a task that is not registered, in one line."""
+    for name, pairs in mixtures:
+        if name in seqio.TaskRegistry.names():
+            raise DataError(f"MIXTURES: {name!r} is a task's name; give the mixture "
+                            f"another")
+        unknown = [t for t, _ in pairs if t not in seqio.TaskRegistry.names()
+                   and t not in seqio.MixtureRegistry.names()]
+        if unknown:
+            get_provider(unknown[0])  # the error listing t5lite's tasks
+        if name in seqio.MixtureRegistry.names():
+            seqio.MixtureRegistry.remove(name)
+        seqio.MixtureRegistry.add(name, list(pairs))
 
 
 def configure(data: Optional[settings.DataSettings] = None) -> None:

@@ -131,6 +131,11 @@ class Reports:
         self.late: Optional[tuple] = None
         self.t_last, self.last_logged = time.perf_counter(), step
         self.drops = DropWarning()
+        # a blend's rows of each source (t5lite/data/blend.py), from the data position:
+        # the batches of steps before `step` are the iterator's `position` so far
+        iterator = getattr(run, "iterator", None)
+        self.source_rows = getattr(iterator, "source_rows", None)
+        self.position_at_start = step - getattr(iterator, "position", step)
 
     def read(self, step: int, step_metrics) -> Dict[str, float]:
         values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
@@ -148,6 +153,11 @@ class Reports:
                                          run.flops_per_example, jax.device_count(),
                                          self.device_kind))
         self.writer.write_scalars(step, values)
+        if self.source_rows is not None:  # TensorBoard only: not on the progress line
+            rows = self.source_rows(step - self.position_at_start)
+            if rows:
+                self.writer.write_scalars(step, {f"data/rows/{k}": float(v)
+                                                 for k, v in rows.items()})
         self.writer.flush()  # on disk now: a crash must not lose the curve so far
         self.drops.check(step, values)
         self.lock.touch()
