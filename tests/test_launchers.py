@@ -1,4 +1,5 @@
-"""The shell launchers users start from (scripts_gpu/), run on the CPU at the `tiny` size:
+"""The shell launchers users start from (scripts_gpu/), run on the CPU at the `tiny` size
+(cut further by trailing gin flags, MODEL below):
 single-node pretraining then finetuning from it, one process per device started by
 hand, and the SLURM examples under a stand-in `srun` (tests/fake_slurm/srun) that gives
 each task the environment a real one does, so that jax.distributed.initialize() finds
@@ -25,6 +26,13 @@ LAUNCHERS = ("singlenode_pretrain_pile.sh", "singlenode_ft_frompile.sh",
              "multiprocess_pretrain_pile.sh", "example_slurm_pretrain_pile.sub",
              "example_slurm_ft_frompile.sub")
 TIMEOUT = 300
+# Every training run here ends with these flags: the tiny recipe's model cut to one layer
+# each side and a 512-entry vocabulary (the test vocabulary's 400 ids: 300 pieces and 100
+# sentinels), where T5's 32128 would make most of each step, checkpoint and weight
+# comparison. What a launcher builds is checked all the same; a finetuning run loads its
+# pretrained weights, so both take them.
+MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+         "--gin.T5Config.num_decoder_layers=1")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +186,7 @@ def test_single_node_pretraining_then_finetuning_from_it(data, tmp_path):
     model_dir, logs = tmp_path / "tiny", tmp_path / "logs"
     # SIZE PREC NUM_GPUS BSIZE_PER_GPU LOGDIR MODEL_DIR GRAD_ACCUM FP8 TRANSPOSE FUSE PACK
     proc = _run("singlenode_pretrain_pile.sh", "tiny", "fp32", 2, 2, logs, model_dir,
-                2, 0, 1, 1, 1, "--gin.TRAIN_STEPS=4", "--gin.CHECKPOINT_PERIOD=4",
+                2, 0, 1, 1, 1, "--gin.TRAIN_STEPS=4", "--gin.CHECKPOINT_PERIOD=4", *MODEL,
                 devices=2, env=data)
     assert proc.returncode == 0, th.describe(proc)
     log = (logs / "tiny_fp32_gpu2_bs2.log").read_text()
@@ -193,7 +201,7 @@ def test_single_node_pretraining_then_finetuning_from_it(data, tmp_path):
     proc = _run("singlenode_ft_frompile.sh", "mnli", "tiny", "fp32", 2, 2, logs, model_dir,
                 1, 1, 0, 1, 1, 0, "--gin.TRAIN_STEPS=2", "--gin.CHECKPOINT_PERIOD=2",
                 "--gin.EVAL_PERIOD=None", "--gin.adafactor.learning_rate=0.0",
-                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
+                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}", *MODEL,
                 devices=2, env=data)
     assert proc.returncode == 0, th.describe(proc)
     ft_dir = model_dir / "ft_mnli"
@@ -208,7 +216,7 @@ def test_single_node_pretraining_then_finetuning_from_it(data, tmp_path):
 # the launcher's two-process run of the tiny model, 4 steps, checkpoints at 2 and 4
 LAUNCHER_ARGS = ("tiny", "fp32", 2, 2)
 LAUNCHER_FLAGS = ("--gin.TRAIN_STEPS=4", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
-                  "--peer_timeout_seconds=5")
+                  "--peer_timeout_seconds=5", *MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +227,7 @@ def slurm_pretrained(data, tmp_path_factory):
     completed process, job id and MODEL_DIR. The SLURM test checks it, and it is the
     uninterrupted run the multiprocess launcher's resumed run must match."""
     pretrained, job = tmp_path_factory.mktemp("slurm_pretrain") / "pretrain", _slurm_job_id()
-    proc = _run("example_slurm_pretrain_pile.sub", "--gin.CHECKPOINT_PERIOD=2",
+    proc = _run("example_slurm_pretrain_pile.sub", "--gin.CHECKPOINT_PERIOD=2", *MODEL,
                 env=_slurm_env(data, job, MODEL_DIR=str(pretrained), T5_SIZE="tiny",
                                PREC="fp32", BSIZE_PER_GPU="2", TRAIN_STEPS="4"), slurm=True)
     return proc, job, pretrained
@@ -337,7 +345,7 @@ def test_slurm_examples_pretrain_then_finetune_across_two_tasks(data, tmp_path,
     finetuned, job = tmp_path / "mnli", _slurm_job_id()
     proc = _run("example_slurm_ft_frompile.sub", "--gin.CHECKPOINT_PERIOD=2",
                 "--gin.EVAL_PERIOD=None", "--gin.adafactor.learning_rate=0.0",
-                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
+                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}", *MODEL,
                 env=_slurm_env(data, job, MODEL_DIR=str(finetuned),
                                PRETRAINED_DIR=str(pretrained), T5_SIZE="tiny", PREC="fp32",
                                BSIZE_PER_GPU="1", NUM_MICROBATCHES="2", TRAIN_STEPS="2"),
