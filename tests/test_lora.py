@@ -22,7 +22,6 @@ from t5lite.models.model import model_for_config
 from t5lite.models.common.param_paths import flatten
 from t5lite.optim import optimizers
 from t5lite.runtime import partitioning, run, train_step
-from t5lite.runtime.partitioning import MeshSettings
 
 T5 = T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
               num_decoder_layers=2, mlp_dim=64, relpos_num_buckets=8, relpos_max_distance=16,
@@ -61,11 +60,18 @@ def _adapters(params):
     return {k: v for k, v in flatten(params).items() if k.rsplit("/", 1)[-1].startswith("lora_")}
 
 
+def _init(model):
+    """`model.init(PRNGKey(0))` in one compiled program (op by op, a tiny T5's init
+    compiled each of its ops on CPU, several seconds)."""
+    return jax.jit(model.init)(jax.random.PRNGKey(0))
+
+
 def _randomize_b(params, seed=1):
-    """Nonzero B everywhere (a fresh adapter is the identity, which would hide bugs)."""
-    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 1000))
+    """Nonzero B everywhere (a fresh adapter is the identity, which would hide bugs);
+    drawn by NumPy (a jax draw compiled a program for each shape)."""
+    rng = np.random.RandomState(seed)
     return jax.tree_util.tree_map_with_path(
-        lambda p, x: 0.1 * jax.random.normal(next(keys), x.shape)
+        lambda p, x: jnp.asarray(0.1 * rng.normal(size=x.shape), x.dtype)
         if str(p[-1].key) == "lora_b" else x, params)
 
 
@@ -80,7 +86,7 @@ def _randomize_b(params, seed=1):
 def test_fresh_adapters_give_the_base_logits_exactly(family, switches):
     cfg = dataclasses.replace(FAMILIES[family], **switches)
     model = model_for_config(_lora(cfg))
-    params = model.init(jax.random.PRNGKey(0))
+    params = _init(model)
     adapters = _adapters(params["params"])
     assert adapters and all(not np.any(v) for k, v in adapters.items() if k.endswith("lora_b"))
     base = {"params": model.split_trainable(params["params"])[1]}
@@ -94,7 +100,7 @@ def test_fused_adapters_are_one_per_projection(family):
     """Trained (nonzero) adapters convert between the fused and unfused layouts and give
     the same logits: the fused kernel keeps q, k and v's own adapters."""
     cfg = _lora(FAMILIES[family])
-    params = _randomize_b(model_for_config(cfg).init(jax.random.PRNGKey(0)))
+    params = _randomize_b(_init(model_for_config(cfg)))
     fused_cfg = dataclasses.replace(cfg, fuse_qkv=True, scan_layers=True)
     fused = layouts.convert_params(params, cfg, fused_cfg)
     att = fused["params"]["decoder"]["layers"]["self_attention"]["qkv"]
@@ -137,7 +143,7 @@ def test_one_projection_against_numpy(n_in):
 def test_lora_dropout_only_in_training():
     cfg = _lora(LLAMA, lora_dropout=0.5)
     model = model_for_config(cfg)
-    params = _randomize_b(model.init(jax.random.PRNGKey(0)))
+    params = _randomize_b(_init(model))
     batch = _batch(cfg)
     plain = model_for_config(dataclasses.replace(cfg, lora_dropout=0.0))
     np.testing.assert_array_equal(model.logits(params, batch), plain.logits(params, batch))
@@ -165,10 +171,15 @@ def _train(cfg, mesh_shape=(1, 1, 1), steps=3, num_microbatches=1, tx=None):
     return model, first, jax.device_get(state), losses, state
 
 
+# Some projections of each family adapted, the rest not. The llama's are the checkpoint
+# test's too: the same train step, compiled once.
+SOME_TARGETS = {"t5": ("query", "value", "out", "wi_0", "wo"),
+                "llama": ("query", "value", "out", "wi_1")}
+
+
 @pytest.mark.parametrize("family", ["t5", "llama"])
 def test_training_moves_only_the_adapters_and_merges(family):
-    cfg = _lora(FAMILIES[family], lora_targets=("query", "value", "out") + (
-        ("wi_0", "wo") if family == "t5" else ("wi_1",)))
+    cfg = _lora(FAMILIES[family], lora_targets=SOME_TARGETS[family])
     model, first, last, losses, _ = _train(cfg)
     assert np.all(np.isfinite(losses))
     before, after = flatten(first.params["params"]), flatten(last.params["params"])
@@ -199,7 +210,7 @@ def test_training_moves_only_the_adapters_and_merges(family):
 def test_merge_in_the_fused_and_scanned_layouts(switches):
     cfg = _lora(dataclasses.replace(LLAMA, **switches))
     model = model_for_config(cfg)
-    params = _randomize_b(model.init(jax.random.PRNGKey(0)))
+    params = _randomize_b(_init(model))
     merged, merged_cfg = lora.merge_lora(params, cfg)
     batch = _batch(cfg)
     np.testing.assert_allclose(model_for_config(merged_cfg).logits(merged, batch),
@@ -233,7 +244,7 @@ def test_no_gradient_of_the_base_is_computed():
 
 def test_checkpoints_hold_base_and_adapters_and_resume_exactly(tmp_path):
     from t5lite.runtime.checkpointing.checkpoints import Checkpointer
-    cfg = _lora(LLAMA, lora_targets=("query", "value"))
+    cfg = _lora(LLAMA, lora_targets=SOME_TARGETS["llama"])
     model = model_for_config(cfg)
     part = partitioning.Partitioner(partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
     fns = train_step.make_train_step(model, optax.adam(1e-2), part, lengths=_lengths(cfg))
@@ -260,9 +271,22 @@ def test_checkpoints_hold_base_and_adapters_and_resume_exactly(tmp_path):
     jax.tree_util.tree_map(np.testing.assert_array_equal, resumed, whole)
 
 
+_RUNS = {}
+
+
+def _two_steps(cfg, mesh_shape):
+    """_train(cfg, mesh_shape, steps=2), run once for the module: the data-parallel
+    reference of the sharded step and of the microbatches."""
+    if (cfg, mesh_shape) not in _RUNS:
+        _RUNS[cfg, mesh_shape] = _train(cfg, mesh_shape, steps=2)
+    return _RUNS[cfg, mesh_shape]
+
+
 def test_microbatches_match_the_whole_batch():
+    """Two microbatches (one device) take the whole batch's steps (its steps taken data
+    parallel on 8 devices, test_fsdp_tensor_step_matches_data_parallel's reference)."""
     cfg = _lora(LLAMA)
-    *_, one, losses_1, _ = _train(cfg, steps=2)
+    *_, one, losses_1, _ = _two_steps(cfg, (8, 1, 1))
     *_, two, losses_2, _ = _train(cfg, steps=2, num_microbatches=2)
     np.testing.assert_allclose(losses_2, losses_1, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),
@@ -322,7 +346,7 @@ def test_adapters_shard_like_their_kernels():
 @pytest.mark.parametrize("family", ["t5", "llama"])
 def test_fsdp_tensor_step_matches_data_parallel(family):
     cfg = _lora(FAMILIES[family])
-    *_, ref, ref_losses, _ = _train(cfg, (8, 1, 1), steps=2)
+    *_, ref, ref_losses, _ = _two_steps(cfg, (8, 1, 1))
     *_, got, losses, sharded = _train(cfg, (1, 4, 2), steps=2)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),

@@ -396,8 +396,10 @@ def test_routing_groups_depend_on_the_tokens_alone():
     assert moe.group_size_for(4, 7) == 1  # a prime: single tokens
     cfg = dataclasses.replace(MOE, moe_group_size=6)
     model = DecoderOnlyModel(cfg)
-    variables = model.init(jax.random.PRNGKey(0), 2, {"targets": 8})
-    assert model.logits(variables, model.dummy_batch(2, {"targets": 8})).shape == (2, 8, 64)
+    # compiled, the init and the forward (op by op they took seconds of CPU)
+    variables = jax.jit(lambda key: model.init(key, 2, {"targets": 8}))(jax.random.PRNGKey(0))
+    batch = model.dummy_batch(2, {"targets": 8})
+    assert jax.jit(model.logits)(variables, batch).shape == (2, 8, 64)
 
 
 def test_too_many_drops_warn_once(caplog):
@@ -608,36 +610,36 @@ def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     step 2, resumes there and ends at step 4 with the very same state, and the log line
     shows the routers' statistics.
 
-    On 8 devices the GLaM's and the Switch's first runs share one interpreter
-    (th.run_mains), and so do their second runs; on one device the Switch's two runs are
-    real subprocesses."""
-    import shutil
+    All the runs of a device count share one interpreter (th.run_mains): the first runs,
+    then (th.Between) the copies made, then the second runs. (A process of its own for
+    each run proves nothing more here: test_train_cli.py's crash and preemption tests
+    resume real subprocesses.)"""
     import train_helpers as th
     mesh = "[2, 1, 1, 4]" if devices == 8 else "[1, 1, 1, 1]"
+    runs = RESUME_RUNS[devices]
     cmds = []
-    for i, (gin_file, lengths, _) in enumerate(RESUME_RUNS[devices]):
+    for i, (gin_file, lengths, _) in enumerate(runs):
         args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
                 "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
                 "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
         cmd = th.train_command(tmp_path / f"a{i}", *args, steps=4)
         cmd[3] = f"--gin_file={gin_file}"
-        cmds.append(cmd)
-
-    def run_all(cmds):
-        if devices == 1:
-            return [th.run(cmd, devices=devices, cwd=th.REPO) for cmd in cmds]
-        return th.run_mains([cmd[3:] for cmd in cmds], devices=devices,
-                            timeout=len(cmds) * th.DEFAULT_TIMEOUT)
-
-    firsts = run_all(cmds)
-    for i, ((_, _, layer_stat), first) in enumerate(zip(RESUME_RUNS[devices], firsts)):
+        cmds.append(cmd[3:])
+    seconds = [[c.replace(str(tmp_path / f"a{i}"), str(tmp_path / f"b{i}")) for c in cmd]
+               for i, cmd in enumerate(cmds)]
+    # each first run's directory copied, without its step 4 (a first run that left no
+    # checkpoint to copy fails the run_mains call, which then says why)
+    copies = [(str(tmp_path / f"a{i}"), str(tmp_path / f"b{i}"),
+               str(th.checkpoints_dir(tmp_path / f"b{i}") / "4")) for i in range(len(runs))]
+    copies = th.Between(f"import shutil\nfor a, b, step_4 in {copies!r}:\n"
+                        "    shutil.copytree(a, b)\n    shutil.rmtree(step_4)\n")
+    done = th.run_mains(cmds + [copies] + seconds, devices=devices,
+                        timeout=2 * len(cmds) * th.DEFAULT_TIMEOUT)
+    firsts, seconds = done[:len(cmds)], done[len(cmds):]
+    for i, ((_, _, layer_stat), first) in enumerate(zip(runs, firsts)):
         assert first.returncode == 0, th.describe(first)
         assert th.complete_steps(tmp_path / f"a{i}") == [2, 4]
         assert layer_stat in first.stderr and "moe/aux_loss" in first.stderr
-        shutil.copytree(tmp_path / f"a{i}", tmp_path / f"b{i}")
-        shutil.rmtree(th.checkpoints_dir(tmp_path / f"b{i}") / "4")
-    seconds = run_all([[c.replace(str(tmp_path / f"a{i}"), str(tmp_path / f"b{i}"))
-                        for c in cmd] for i, cmd in enumerate(cmds)])
     for i, second in enumerate(seconds):
         assert second.returncode == 0, th.describe(second)
         assert "start: resume:2 at step 2" in second.stderr, th.describe(second)

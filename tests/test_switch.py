@@ -250,16 +250,18 @@ def test_a_tiny_switch_trains_with_both_stacks_statistics(switch):
     loss reaches the routers of both stacks."""
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
     batch = t5_batch(1)
-    loss, metrics = model.loss_fn(variables, batch, jax.random.PRNGKey(0))
+
+    def aux(params):  # the routers' objective, and the step's loss and metrics beside it
+        loss, metrics = model.loss_fn(params, batch, jax.random.PRNGKey(0))
+        return metrics["moe/objective"], (loss, metrics)
+
+    # one compiled program (op by op, the loss and its gradient took 30 s on CPU)
+    grads, (loss, metrics) = jax.jit(jax.grad(aux, has_aux=True))(variables)
     names = sorted(k for k in metrics if k.startswith("moe/dropped_fraction/"))
     assert names == [f"moe/dropped_fraction/{s}/layer_{i}" for s in ("decoder", "encoder")
                      for i in (1, 3)]
     assert np.isfinite(float(loss)) and 0 < float(metrics["moe/dropped_fraction"]) < 1
-
-    def aux(params):
-        return model.loss_fn(params, batch, jax.random.PRNGKey(0))[1]["moe/objective"]
-
-    grads = jax.grad(aux)(variables)["params"]
+    grads = grads["params"]
     for stack in ("encoder", "decoder"):
         assert float(np.abs(grads[stack]["layers_3"]["mlp"]["router"]["kernel"]).sum()) > 0
 
@@ -407,13 +409,26 @@ def dense_checkpoint(tmp_path_factory):
 
 
 def _upcycle(path, cfg):
+    """(model, upcycled params, the fresh params the routers came from). The fresh
+    parameters (random, as test_hf.random_variables draws them: a `model.init` compiled
+    a program for each config, 5-7 s of CPU op by op) are drawn only when
+    restore_upcycled asks for them (a refused upcycling never does)."""
+    from test_hf import random_variables
     from t5lite.runtime.checkpointing import upcycle
     model = EncoderDecoderModel(cfg)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = {"params": jax.tree.map(lambda a: jax.ShapeDtypeStruct(
         a.shape, a.dtype, sharding=device), model.abstract_variables()["params"])}
-    fresh = model.init(jax.random.PRNGKey(3), 2, {"inputs": 8, "targets": 8})
-    return model, upcycle.restore_upcycled(path, model, abstract, lambda: fresh), fresh
+    drawn = []
+
+    def fresh():
+        if not drawn:
+            drawn.append(random_variables(model, 3))
+        return drawn[0]
+
+    params = upcycle.restore_upcycled(path, model, abstract, fresh)
+    assert drawn  # the routers came from the fresh init
+    return model, params, drawn[0]
 
 
 @pytest.mark.parametrize("layout", [{}, {"fuse_qkv": True}])
@@ -493,9 +508,9 @@ def test_decoding_a_switch_with_its_cache_gives_the_full_forward_argmax(switch):
     tokens = np.asarray(model.predict_batch(variables, batch, max_decode_length=8,
                                             eos_id=None))
     inputs = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-    full = np.asarray(model.logits(variables, {
+    full = logits(model, variables, {  # the full forward pass, compiled (test_hf.logits)
         "encoder_input_tokens": batch["encoder_input_tokens"],
-        "decoder_input_tokens": inputs, "decoder_target_tokens": jnp.ones_like(inputs)}))
+        "decoder_input_tokens": inputs, "decoder_target_tokens": jnp.ones_like(inputs)})
     np.testing.assert_array_equal(np.argmax(full, -1), tokens)
     assert len(np.unique(tokens)) > 3  # not a constant answer
 

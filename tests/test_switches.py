@@ -29,6 +29,13 @@ def make_model(cfg):
     return (EncoderDecoderModel if isinstance(cfg, T5Config) else DecoderOnlyModel)(cfg)
 
 
+def init_params(cfg):
+    """`cfg`'s parameters at PRNGKey(0), drawn in one compiled program (op by op, a tiny
+    T5's init took seconds of CPU; the programs of configs that differ only in settings
+    the init does not read are the same, and compile once)."""
+    return jax.jit(make_model(cfg).init)(jax.random.PRNGKey(0))
+
+
 def t5_batch(packed=False):
     rng = np.random.RandomState(0)
     enc = rng.randint(2, 96, size=(3, 20)).astype(np.int32)
@@ -64,9 +71,7 @@ CASES = [("t5", T5_TINY), ("llama_gqa", LLAMA_TINY), ("gpt", GPT_TINY)]
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def reference(request):
     cfg = request.param[1]
-    model = make_model(cfg)
-    params = model.init(jax.random.PRNGKey(0))
-    return cfg, params
+    return cfg, init_params(cfg)
 
 
 _COMPUTED = {}
@@ -91,7 +96,7 @@ def _base_loss_and_grads(cfg, packed=False):
     key = ("grads", cfg, packed)
     if key not in _COMPUTED:
         model = make_model(cfg)
-        params = model.init(jax.random.PRNGKey(0))
+        params = init_params(cfg)
         batch = batch_for(cfg, packed)
         _COMPUTED[key] = (params, jax.value_and_grad(lambda p: model.loss_fn(p, batch)[0])(
             params))
@@ -225,7 +230,7 @@ def test_jax_nn_attention_implementation_same_logits(reference):
 def test_dropout_only_with_rng():
     cfg = dataclasses.replace(T5_TINY, dropout_rate=0.3)
     model = make_model(cfg)
-    params = model.init(jax.random.PRNGKey(0))
+    params = init_params(cfg)
     batch = t5_batch()
     a = model.logits(params, batch)
     np.testing.assert_array_equal(a, model.logits(params, batch))
@@ -255,7 +260,7 @@ def test_fp8_close_to_bf16_and_uses_f8(name, cfg):
     bf16_cfg = dataclasses.replace(cfg, dtype="bfloat16")
     fp8_cfg = dataclasses.replace(bf16_cfg, fp8=True)
     fp8_model = make_model(fp8_cfg)
-    variables = fp8_model.init(jax.random.PRNGKey(0))
+    variables = jax.jit(fp8_model.init)(jax.random.PRNGKey(0))  # compiled: cheaper than op by op
     assert set(variables) == {"params", FP8_COLLECTION}
     batch = batch_for(cfg)
     params = {"params": variables["params"]}
@@ -265,13 +270,14 @@ def test_fp8_close_to_bf16_and_uses_f8(name, cfg):
     def rel(a, b):
         return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
-    got = fp8_model.logits(variables, batch)
+    # the compiled forward: its logits here, its HLO below
+    compiled = jax.jit(fp8_model.logits).lower(variables, batch).compile()
+    got = compiled(variables, batch)
     # Measured relative L2 error of FP8 vs bf16 logits on these tiny models (width 32, so
     # little averaging): t5 0.124, llama_gqa 0.089, gpt 0.043; bf16 vs f32: 0.006-0.012.
     assert rel(got, ref) < 0.2, rel(got, ref)
     assert rel(got, ref) > 2 * rel(ref, f32)  # the matmuls really were quantized
-    hlo = jax.jit(fp8_model.logits).lower(variables, batch).compile().as_text()
-    assert "f8e4m3fn" in hlo
+    assert "f8e4m3fn" in compiled.as_text()
     grad_hlo = jax.jit(jax.grad(lambda v: fp8_model.loss_fn(v, batch)[0])).lower(
         variables).compile().as_text()
     assert "f8e5m2" in grad_hlo  # output gradients quantized to e5m2
@@ -334,7 +340,7 @@ def test_attention_mask_as_lengths_reaches_jax_nn_as_lengths(monkeypatch):
     [batch, 1, q, k] (one bias for every head) and the self-attention still says it is
     causal, so cuDNN skips the blocks above the diagonal."""
     cfg = dataclasses.replace(T5_TINY, attention_impl="dot_product", attention_mask="lengths")
-    params = make_model(cfg).init(jax.random.PRNGKey(0))
+    params = init_params(cfg)
     calls = _jax_nn_calls(monkeypatch, cfg, t5_batch(), params)
     layers = cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
     assert len(calls) == layers and all(c["mask"] is None for c in calls)
@@ -423,7 +429,7 @@ def test_the_residual_add_is_kept_out_of_the_gemm_only_when_training_without_dro
     tests/test_gpu_compile.py."""
     def barriers(c, rng):
         model = make_model(c)
-        params = model.init(jax.random.PRNGKey(0))
+        params = model.abstract_variables()  # traced only: shapes are enough
         jaxpr = jax.make_jaxpr(lambda p: model.loss_fn(p, batch_for(c), rng)[0])(params)
         return str(jaxpr).count("optimization_barrier")
 
