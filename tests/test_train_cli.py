@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import signal
 import sys
 import time
@@ -35,10 +36,13 @@ def _documented_command(model_dir, model):
 
 @pytest.fixture(scope="module")
 def t5_run(tmp_path_factory):
-    """Tiny T5 trained by the documented command (20 steps); shared with the mismatch test."""
+    """Tiny T5 trained by the documented command (20 steps), from a directory outside the
+    repository and with the repository on PYTHONPATH (as an uninstalled checkout is
+    used); shared with the bad-input test (a MODEL_DIR of another size)."""
     model_dir = tmp_path_factory.mktemp("documented") / "t5"
     proc = th.run(_documented_command(model_dir, "t5"), devices=1,
-                  cwd=tmp_path_factory.getbasetemp(), extra_env={"PYTHONWARNINGS": "default"})
+                  cwd=tmp_path_factory.getbasetemp(),
+                  extra_env={"PYTHONWARNINGS": "default", "PYTHONPATH": str(th.REPO)})
     return model_dir, proc
 
 
@@ -93,20 +97,14 @@ def _check_documented_run(model_dir, proc, model):
         assert 0.5 < v / math.log(TINY_VOCAB[model]) < 4, sc["loss_per_token"]
 
 
-def test_documented_command_trains_t5(t5_run):
+def test_documented_command_trains_t5_with_the_repository_on_pythonpath(t5_run):
+    """The documented command, run from another directory with the repository on
+    PYTHONPATH (an uninstalled checkout; once a test of its own)."""
     model_dir, proc = t5_run
     _check_documented_run(model_dir, proc, "t5")
     # run with every warning shown once (PYTHONWARNINGS=default): none is printed, no
     # deprecated API (`with mesh:`, ...) among them
     assert "Warning" not in proc.stderr, th.describe(proc)
-
-
-def test_documented_command_with_the_repository_on_pythonpath(tmp_path):
-    """An uninstalled checkout used through PYTHONPATH, run from another directory."""
-    cmd = _documented_command(tmp_path / "run", "t5")[:-2] + ["--gin.TRAIN_STEPS=1"]
-    proc = th.run(cmd, cwd=tmp_path, extra_env={"PYTHONPATH": str(th.REPO)}, timeout=240)
-    assert proc.returncode == 0, th.describe(proc)
-    assert th.complete_steps(tmp_path / "run") == [1]
 
 
 @pytest.mark.slow
@@ -149,69 +147,30 @@ def test_loss_decreases(tmp_path, model):
     np.testing.assert_allclose(lr, 1e-2, rtol=1e-6)
 
 
-# ----------------------------------------------------------------------------- 2. SIGKILL
+# ----------------------------------------------------------------------------- 2. faults
 
 
-def test_sigkill_then_restart_matches_an_uninterrupted_run(tmp_path):
-    """Run A trains 30 steps; run B, same config, is SIGKILLed after a checkpoint at step
-    >= 10 is committed (and before step 30), then restarted to completion. Both end in
-    the same state, bit for bit, and B's data position continued (30, not 30 - k)."""
-    steps, period = 30, 5
-    args = (f"--gin.CHECKPOINT_PERIOD={period}", "--gin.LOG_PERIOD=1",
-            "--gin.KEEP_CHECKPOINTS=None")
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    # default (asynchronous) checkpointing: a kill may land in the middle of a save
-    cmd_a = th.train_command(a_dir, *args, steps=steps, sync_checkpoints=False)
-    cmd_b = th.train_command(b_dir, *args, steps=steps, sync_checkpoints=False)
-    a = th.start(cmd_a, tmp_path / "a.log")
-    b = th.start(cmd_b, tmp_path / "b.log")
-    try:
-        th.wait_for(lambda: any(s >= 10 for s in th.complete_steps(b_dir)),
-                    "a checkpoint at step >= 10", proc=b, log_path=tmp_path / "b.log")
-        th.kill(b, signal.SIGKILL)
-        assert b.returncode == -signal.SIGKILL, th.read_log(tmp_path / "b.log")
-        killed_at = th.complete_steps(b_dir)
-        assert steps not in killed_at and not (b_dir / "checkpoints" / str(steps)).exists(), \
-            f"run B finished before the kill: {killed_at}"
-        assert th.finish(a) == 0, th.tail(th.read_log(tmp_path / "a.log"))
-    finally:
-        th.kill(a)
-        th.kill(b)
-
-    proc = th.run(cmd_b)
-    assert proc.returncode == 0, th.describe(proc)
-    m = re.search(r"start: resume:(\d+) at step (\d+)", proc.stderr)
-    assert m and m.group(1) == m.group(2), th.describe(proc)
-    resumed = int(m.group(1))
-    assert resumed == max(killed_at) and 10 <= resumed < steps, (resumed, killed_at)
-    assert th.logged_steps(proc.stderr) == list(range(resumed + 1, steps + 1))
-
-    assert th.complete_steps(a_dir)[-1] == th.complete_steps(b_dir)[-1] == steps
-    assert th.data_step(a_dir, steps) == th.data_step(b_dir, steps) == steps
-    state_a, state_b = th.load_state(a_dir, steps), th.load_state(b_dir, steps)
-    assert int(state_b["step"]) == steps
-    th.assert_trees_equal(state_a, state_b, "final state of the interrupted run")
-    # every loss B logged (before the kill and after the restart) is A's loss of that step
-    la = dict(th.scalars(a_dir)["loss"])
-    lb = th.scalars(b_dir)["loss"]
-    assert {s for s, _ in lb} == set(la) == set(range(1, steps + 1))
-    assert all(v == la[s] for s, v in lb), [(s, v, la[s]) for s, v in lb if v != la[s]]
+# The tests of resumes, signals and processes train tiny T5 with the demo model's
+# 512-entry vocabulary (configs/demo_model.gin) instead of its 32128: that embedding and
+# its logits are most of a step's cost on a CPU (measured, a checkpoint every 5 steps:
+# 0.34 -> 0.08 CPU s a step) and none of these tests is about them.
+SMALL_VOCAB = "--gin.T5Config.vocab_size=512"
+# Steps so quick that a checkpoint saved in the background is committed several steps
+# later: each stop of the fault test lands about 10 steps after the one before (measured:
+# the SIGKILL at 10, then 16, 26, 36 and 45), so its run is long enough to spare.
+SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD = 80, 5
 
 
-# ----------------------------------------------------------------------------- 3. SIGTERM
-
-
-SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD = 60, 5
-
-
-def _signal_run(tmp_path):
-    """(MODEL_DIR, log path, argv) of the run the signal tests interrupt: every step
-    logged, a checkpoint every SIGNAL_RUN_PERIOD steps, all kept, saved asynchronously."""
-    model_dir, log = tmp_path / "run", tmp_path / "run.log"
-    cmd = th.train_command(model_dir, f"--gin.CHECKPOINT_PERIOD={SIGNAL_RUN_PERIOD}",
-                           "--gin.LOG_PERIOD=1", "--gin.KEEP_CHECKPOINTS=None",
-                           steps=SIGNAL_RUN_STEPS, sync_checkpoints=False)
-    return model_dir, log, cmd
+def _signal_run(tmp_path, name="run"):
+    """(MODEL_DIR, argv) of the run the fault tests interrupt: every step logged, a
+    checkpoint every SIGNAL_RUN_PERIOD steps, all kept, saved asynchronously (the
+    default: a fault may land in the middle of a save)."""
+    model_dir = tmp_path / name
+    cmd = th.train_command(model_dir, SMALL_VOCAB,
+                           f"--gin.CHECKPOINT_PERIOD={SIGNAL_RUN_PERIOD}", "--gin.LOG_PERIOD=1",
+                           "--gin.KEEP_CHECKPOINTS=None", steps=SIGNAL_RUN_STEPS,
+                           sync_checkpoints=False)
+    return model_dir, cmd
 
 
 def _interrupted(cmd, log, model_dir, start, until, signals):
@@ -235,33 +194,57 @@ def _interrupted(cmd, log, model_dir, start, until, signals):
     return rc, th.read_log(log)
 
 
-@pytest.mark.slow
-def test_sigterm_ctrl_c_and_sighup_save_the_current_step_and_the_same_command_resumes(
+def test_sigkill_sigterm_ctrl_c_and_sighup_then_the_same_command_matches_an_uninterrupted_run(
         tmp_path):
-    """One run's life under stop signals. SIGTERM (a scheduler's preemption), then on the
-    resumed run a first Ctrl-C, then SIGHUP (its terminal closed): each time the step is
-    saved, the exit is clean (status 0, no traceback), and the same command resumes from
-    it, logging every step after it. Then a second Ctrl-C while the first one's step is
-    being saved: stopped at once (130, one line), every checkpoint saved before it kept
-    and restorable. The same command then finishes the run, its data position at the
-    last step. (Four tests before, each with its own run and resume.)"""
+    """One run's life under faults, each time resumed by the same command. SIGKILL (a
+    crash) once its first checkpoint is committed: the rerun resumes from the latest
+    complete checkpoint, logging every step after it. Then SIGTERM (a scheduler's
+    preemption), on the resumed run a first Ctrl-C, then SIGHUP (its terminal closed):
+    each time the step is saved, the exit is clean (status 0, no traceback), and the same
+    command resumes from it. Then a second Ctrl-C while the first one's step is being
+    saved: stopped at once (130, one line), every checkpoint saved before it kept and
+    restorable. The same command then finishes the run: its final state is that of run
+    A (the same command, never interrupted, run alongside the first part), bit for bit,
+    its data position the last step (not one a resume skipped or replayed), and every
+    loss it logged, before and after each stop, A's loss of that step. (Once the SIGKILL
+    test, with its own A, and the signal test, itself four tests before.)"""
     steps, period = SIGNAL_RUN_STEPS, SIGNAL_RUN_PERIOD
-    model_dir, log, cmd = _signal_run(tmp_path)
-    start = 0
+    model_dir, cmd = _signal_run(tmp_path)
+    a_dir, cmd_a = _signal_run(tmp_path, "a")
+    a = th.start(cmd_a, tmp_path / "a.log")
+    try:
+        # the killed run starts once A has saved a checkpoint: every program it compiles,
+        # A has compiled (into the compilation cache) by then
+        th.wait_for(lambda: bool(th.complete_steps(a_dir)), "run A's first checkpoint",
+                    proc=a, log_path=tmp_path / "a.log")
+        killed = th.start(cmd, tmp_path / "killed.log")
+        try:
+            th.wait_for(lambda: bool(th.complete_steps(model_dir)), "the first checkpoint",
+                        proc=killed, log_path=tmp_path / "killed.log")
+            th.kill(killed, signal.SIGKILL)
+        finally:
+            th.kill(killed)
+        assert killed.returncode == -signal.SIGKILL, th.read_log(tmp_path / "killed.log")
+        assert th.finish(a) == 0, th.tail(th.read_log(tmp_path / "a.log"))
+    finally:
+        th.kill(a)
+    killed_at = th.complete_steps(model_dir)
+    assert killed_at[0] == period and steps not in killed_at and \
+        not (model_dir / "checkpoints" / str(steps)).exists(), killed_at
+    assert th.complete_steps(a_dir)[-1] == steps and th.data_step(a_dir, steps) == steps
+
+    start = max(killed_at)
     for i, (name, sig) in enumerate([("SIGTERM", signal.SIGTERM), ("Ctrl-C", signal.SIGINT),
                                      ("SIGHUP", signal.SIGHUP)]):
-        # a checkpoint committed and a couple of steps past it (the first run: the first
-        # periodic one), so that the stop step is not a periodic one
+        # a checkpoint of this run committed and a couple of steps past it, so that the
+        # stop step is not a periodic one
         def until(logged, saved, start=start):
             past = [s for s in saved if s > start]
             return bool(past) and max(logged or [0]) >= past[0] + 2
         rc, text = _interrupted(cmd, tmp_path / f"{i}.log", model_dir, start, until, [sig])
         assert rc == 0, th.tail(text)
         assert "Traceback" not in text and not th.error_lines(text), th.tail(text)
-        if start:
-            assert f"start: resume:{start} at step {start}" in text, th.tail(text)
-        else:
-            assert th.complete_steps(model_dir)[0] == period
+        assert f"start: resume:{start} at step {start}" in text, th.tail(text)
         assert ("Ctrl-C: saving this step, then exiting" in text) == (name == "Ctrl-C"), text
         m = re.search(rf"{name}: saved step (\d+); exiting", text)
         assert m, th.tail(text)
@@ -300,6 +283,16 @@ def test_sigterm_ctrl_c_and_sighup_save_the_current_step_and_the_same_command_re
     assert th.logged_steps(again.stderr) == list(range(saved[-1] + 1, steps + 1))
     assert th.complete_steps(model_dir)[-1] == steps
     assert th.data_step(model_dir, steps) == steps
+
+    state_a, state = th.load_state(a_dir, steps), th.load_state(model_dir, steps)
+    assert int(state["step"]) == steps
+    th.assert_trees_equal(state_a, state, "final state of the interrupted run")
+    # every loss logged (before the kill and each stop, and after each resume) is A's loss
+    # of that step
+    la = dict(th.scalars(a_dir)["loss"])
+    lb = th.scalars(model_dir)["loss"]
+    assert {s for s, _ in lb} == set(la) == set(range(1, steps + 1))
+    assert all(v == la[s] for s, v in lb), [(s, v, la[s]) for s, v in lb if v != la[s]]
 
 
 def test_a_signal_the_process_ignores_stays_ignored():
@@ -364,39 +357,65 @@ def test_nan_loss_stops_with_one_line_and_keeps_good_checkpoints(tmp_path):
 
 
 BAD_INPUT = {
-    # name: (extra flags, device count, exit status, needles of the error line)
-    "gin_typo": (["--gin.BATCH_SIZ=8"], 1, 2, ["BATCH_SIZ", "did you mean BATCH_SIZE"]),
-    "unknown_configurable": (["--gin.NoSuchThing.rate=1"], 1, 2, ["NoSuchThing"]),
-    "missing_gin_file": (["--gin_file=configs/models/t5_1_1/tinyy.gin"], 1, 2,
+    # name: (extra flags, exit status, needles of the error line); on BAD_INPUT_DEVICES
+    "gin_typo": (["--gin.BATCH_SIZ=8"], 2, ["BATCH_SIZ", "did you mean BATCH_SIZE"]),
+    "unknown_configurable": (["--gin.NoSuchThing.rate=1"], 2, ["NoSuchThing"]),
+    "missing_gin_file": (["--gin_file=configs/models/t5_1_1/tinyy.gin"], 2,
                          ["gin file not found", "tinyy.gin"]),
-    "unknown_task": (['--gin.MIXTURE_OR_TASK_NAME="c4_v220_span_corruption"'], 1, 2,
+    "unknown_task": (['--gin.MIXTURE_OR_TASK_NAME="c4_v220_span_corruption"'], 2,
                      ["c4_v220_span_corruption", "MIXTURE_OR_TASK_NAME"]),
-    "batch_not_divisible": (["--gin.ICI_MESH_SHAPE=[8,1,1]", "--gin.BATCH_SIZE=12"], 8, 1,
-                            ["BATCH_SIZE=12", "8 data shards", "multiple of 8"]),
-    "mesh_not_device_count": (["--gin.ICI_MESH_SHAPE=[3,1,1]"], 8, 1,
-                              ["ICI_MESH_SHAPE=(3, 1, 1)", "3 devices", "8 are present"]),
-    "microbatches_not_dividing": (["--gin.NUM_MICROBATCHES=3"], 1, 1,
+    "batch_not_divisible": (["--gin.ICI_MESH_SHAPE=[2,1,1]", "--gin.BATCH_SIZE=9"], 1,
+                            ["BATCH_SIZE=9", "2 data shards", "multiple of 2"]),
+    "mesh_not_device_count": (["--gin.ICI_MESH_SHAPE=[3,1,1]"], 1,
+                              ["ICI_MESH_SHAPE=(3, 1, 1)", "3 devices", "2 are present"]),
+    "microbatches_not_dividing": (["--gin.NUM_MICROBATCHES=3"], 1,
                                   ["BATCH_SIZE=8", "NUM_MICROBATCHES=3"]),
     # the base / large / decoder-only Pile recipes set it: on a CPU, one line, not jax's
     # "no MLIR translation rule" traceback at the first step
-    "cudnn_on_a_cpu": (["--gin.ATTENTION_IMPL='cudnn'"], 1, 2,
+    "cudnn_on_a_cpu": (["--gin.ATTENTION_IMPL='cudnn'"], 2,
                        ["ATTENTION_IMPL='cudnn'", "devices are cpu", "ATTENTION_IMPL=\"'xla'\""]),
 }
+BAD_INPUT_DEVICES = 2  # data shards to divide into, and a mesh of 3 has too few or too many
 
 
-@pytest.mark.parametrize("devices", sorted({case[1] for case in BAD_INPUT.values()}))
-def test_bad_input_ends_in_one_error_line(tmp_path, devices):
-    """The cases of a device count through `train.main` in one interpreter
-    (th.run_mains); the command's own subprocess: the next test's."""
-    cases = sorted(name for name, case in BAD_INPUT.items() if case[1] == devices)
+def test_bad_input_ends_in_one_error_line(tmp_path, t5_run):
+    """The cases, then two MODEL_DIRs that training must not touch, each refused
+    untouched: a converted (params-only) checkpoint (training there would delete it step
+    by step, KEEP_CHECKPOINTS; the message points to INITIAL_CHECKPOINT_PATH instead) and
+    the documented run's MODEL_DIR reused for a model of another size. All through
+    `train.main` in one interpreter (th.run_mains; once three tests and three
+    interpreters); the command's own subprocess: the next test's."""
+    from t5lite.interop import checkpoint_format
+    converted = tmp_path / "converted"
+    checkpoint_format.save_params(converted, {"params": {"w": np.ones((2, 3), np.float32)}})
+    reused, first = t5_run
+    assert first.returncode == 0, th.describe(first)
+    before = {converted: th.snapshot(converted), reused: th.snapshot(reused)}
+    time.sleep(0.01)  # an mtime written by these runs would differ
+
+    cases = sorted(BAD_INPUT)
     argvs = [th.train_command(tmp_path / name, *BAD_INPUT[name][0], steps=4)[3:]
              for name in cases]
-    for name, proc in zip(cases, th.run_mains(argvs, devices=devices, timeout=240)):
-        flags, _, status, needles = BAD_INPUT[name]
+    argvs += [th.train_command(converted, steps=4)[3:],
+              th.train_command(reused, "--gin.T5Config.emb_dim=32", steps=40)[3:]]
+    *procs, into_converted, into_reused = th.run_mains(argvs, devices=BAD_INPUT_DEVICES,
+                                                       timeout=240)
+    for name, proc in zip(cases, procs):
+        flags, status, needles = BAD_INPUT[name]
         th.assert_one_error(proc, *needles)
         assert proc.returncode == status, (name, th.describe(proc))
         assert not th.complete_steps(tmp_path / name), name
         assert not (tmp_path / name / "train").exists(), name
+
+    th.assert_one_error(into_converted, "converted parameter checkpoint",
+                        "INITIAL_CHECKPOINT_PATH", "new MODEL_DIR")
+    line = th.assert_one_error(into_reused, "new MODEL_DIR", str(reused / "checkpoints" / "20"))
+    assert into_reused.returncode == 1
+    m = re.search(r"(params/\S+) has shape \((\d+),?.*?\) in the checkpoint but \((\d+),?.*?\) "
+                  r"in the model", line)
+    assert m and (m.group(2), m.group(3)) == ("64", "32"), line
+    for model_dir, snapshot in before.items():
+        assert th.snapshot(model_dir) == snapshot, f"the failed run changed {model_dir}"
 
 
 def test_missing_initial_checkpoint_ends_in_one_error_line(tmp_path):
@@ -407,45 +426,52 @@ def test_missing_initial_checkpoint_ends_in_one_error_line(tmp_path):
     assert not th.complete_steps(tmp_path / "run")
 
 
-def test_model_dir_holding_converted_params_is_refused_untouched(tmp_path):
-    """A converted (params-only) checkpoint given as MODEL_DIR: training there would
-    delete it step by step (KEEP_CHECKPOINTS); the message points to
-    INITIAL_CHECKPOINT_PATH instead."""
-    from t5lite.interop import checkpoint_format
-    converted = tmp_path / "converted"
-    checkpoint_format.save_params(converted, {"params": {"w": np.ones((2, 3), np.float32)}})
-    before = th.snapshot(converted)
-    proc = th.run_train(converted, steps=4, timeout=240)
-    th.assert_one_error(proc, "converted parameter checkpoint", "INITIAL_CHECKPOINT_PATH",
-                        "new MODEL_DIR")
-    assert th.snapshot(converted) == before
-
-
-def test_reused_model_dir_of_another_size_is_refused_untouched(t5_run):
-    model_dir, first = t5_run
-    assert first.returncode == 0, th.describe(first)
-    before = th.snapshot(model_dir)
-    time.sleep(0.01)  # an mtime written by this run would differ
-    proc = th.run_train(model_dir, "--gin.T5Config.emb_dim=32", steps=40, timeout=240)
-    line = th.assert_one_error(proc, "new MODEL_DIR", str(model_dir / "checkpoints" / "20"))
-    assert proc.returncode == 1
-    m = re.search(r"(params/\S+) has shape \((\d+),?.*?\) in the checkpoint but \((\d+),?.*?\) "
-                  r"in the model", line)
-    assert m and (m.group(2), m.group(3)) == ("64", "32"), line
-    assert th.snapshot(model_dir) == before, "the failed run changed MODEL_DIR"
-
-
 # ----------------------------------------------------------------------------- 6. processes
 
 
-def test_two_processes_match_one_process(tmp_path):
-    """Two processes x 2 devices (ICI [2,1,1] x DCN [2,1,1]: data=4 across processes,
-    gloo collectives on 127.0.0.1, one checkpoint written together) against one process
-    x 4 devices (ICI [4,1,1]): same seed, same global batches, float32 activations, AdamW.
+PROCESS_RUN_STEPS = 10
+PROCESS_RUN_FLAGS = (SMALL_VOCAB, "--gin.CHECKPOINT_PERIOD=5", "--gin.LOG_PERIOD=5",
+                     "--gin.RANDOM_SEED=3", "--gin.ACTIVATION_DTYPE='float32'",
+                     "--gin.train.optimizer=@adamw()", "--gin.adamw.learning_rate=1e-3")
 
-    Measured after 10 AdamW steps (seeds 3 and 4): logged metrics within 1e-7 relative;
-    parameters within 1e-8 relative (L2 over all of them) and, per leaf, max |difference|
-    <= 1.4e-5 of the leaf's max |value| (the logits kernel). Asserted: 1e-6 relative for
+
+@pytest.fixture(scope="module")
+def two_processes_and_one(tmp_path_factory):
+    """PROCESS_RUN_STEPS steps of one run as two processes x 2 devices (ICI [2,1,1] x DCN
+    [2,1,1]: data=4 across processes, gloo collectives on 127.0.0.1, one checkpoint
+    written together) and, alongside, as one process x 4 devices (ICI [4,1,1]). Returns
+    (the two's MODEL_DIR, the one's, [the two's exit statuses], [their logs], the one's
+    CompletedProcess); the resume onto another mesh continues the two's checkpoint."""
+    tmp = tmp_path_factory.mktemp("processes")
+    multi_dir, single_dir = tmp / "multi", tmp / "single"
+    port = th.free_port()
+    procs = []
+    try:
+        for i in range(2):
+            cmd = th.train_command(multi_dir, *PROCESS_RUN_FLAGS, "--gin.ICI_MESH_SHAPE=[2,1,1]",
+                                   "--gin.DCN_MESH_SHAPE=[2,1,1]",
+                                   f"--coordinator_address=127.0.0.1:{port}",
+                                   "--process_count=2", f"--process_index={i}",
+                                   steps=PROCESS_RUN_STEPS)
+            procs.append(th.start(cmd, tmp / f"p{i}.log", devices=2))
+        single = th.run_train(single_dir, *PROCESS_RUN_FLAGS, "--gin.ICI_MESH_SHAPE=[4,1,1]",
+                              steps=PROCESS_RUN_STEPS, devices=4)
+        rcs = [th.finish(p) for p in procs]
+    finally:
+        for p in procs:
+            th.kill(p)
+    logs = [th.read_log(tmp / f"p{i}.log") for i in range(2)]
+    return multi_dir, single_dir, rcs, logs, single
+
+
+def test_two_processes_match_one_process(two_processes_and_one):
+    """Two processes x 2 devices against one process x 4 devices (the fixture): same seed,
+    same global batches, float32 activations, AdamW.
+
+    Measured after 10 AdamW steps (seeds 3 and 4, the 512-entry vocabulary): logged
+    metrics within 1e-7 relative; parameters within 2e-8 relative (L2 over all of them)
+    and, per leaf, max |difference| <= 6.2e-7 of the leaf's max |value| (with tiny T5's
+    32128 entries: 1e-8 and 1.4e-5, the logits kernel). Asserted: 1e-6 relative for
     the metrics, 1e-7 for the L2, 1e-4 of the leaf's scale per leaf. Not Adafactor: its
     epsilon (1e-30) normalizes gradients that are zero but for the last bits of float32
     sums taken in another order, so such a row of the embedding moves by O(lr) one way
@@ -453,27 +479,8 @@ def test_two_processes_match_one_process(tmp_path):
     the whole run otherwise equal). (With the default bfloat16 activations even 1 vs 4
     devices in one process drift apart by ~2% in grad norm within 10 steps: bf16 rounding
     flips amplify those last bits.)"""
-    steps = 10
-    common = ("--gin.CHECKPOINT_PERIOD=5", "--gin.LOG_PERIOD=5", "--gin.RANDOM_SEED=3",
-              "--gin.ACTIVATION_DTYPE='float32'", "--gin.train.optimizer=@adamw()",
-              "--gin.adamw.learning_rate=1e-3")
-    multi_dir, single_dir = tmp_path / "multi", tmp_path / "single"
-    port = th.free_port()
-    procs = []
-    try:
-        for i in range(2):
-            cmd = th.train_command(multi_dir, *common, "--gin.ICI_MESH_SHAPE=[2,1,1]",
-                                   "--gin.DCN_MESH_SHAPE=[2,1,1]",
-                                   f"--coordinator_address=127.0.0.1:{port}",
-                                   "--process_count=2", f"--process_index={i}", steps=steps)
-            procs.append(th.start(cmd, tmp_path / f"p{i}.log", devices=2))
-        single = th.run_train(single_dir, *common, "--gin.ICI_MESH_SHAPE=[4,1,1]",
-                              steps=steps, devices=4)
-        rcs = [th.finish(p) for p in procs]
-    finally:
-        for p in procs:
-            th.kill(p)
-    logs = [th.read_log(tmp_path / f"p{i}.log") for i in range(2)]
+    steps = PROCESS_RUN_STEPS
+    multi_dir, single_dir, rcs, logs, single = two_processes_and_one
     assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
     assert single.returncode == 0, th.describe(single)
     mesh = "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 1}"
@@ -514,7 +521,8 @@ def _two_processes_signalled(tmp_path, model_dir, sig, when, what, tag):
     procs, logs = [], [tmp_path / f"{tag}{i}.log" for i in range(2)]
     try:
         for i in range(2):
-            cmd = th.train_command(model_dir, f"--gin.CHECKPOINT_PERIOD={SIGNAL_RUN_PERIOD}",
+            cmd = th.train_command(model_dir, SMALL_VOCAB,
+                                   f"--gin.CHECKPOINT_PERIOD={SIGNAL_RUN_PERIOD}",
                                    "--gin.LOG_PERIOD=1", "--gin.KEEP_CHECKPOINTS=None",
                                    "--gin.DCN_MESH_SHAPE=[2,1,1]",
                                    f"--coordinator_address=127.0.0.1:{port}",
@@ -575,20 +583,21 @@ def test_a_signal_to_one_process_of_two_stops_both_at_the_same_saved_step(tmp_pa
 
 
 @pytest.mark.slow
-def test_resume_onto_another_mesh(tmp_path):
-    model_dir = tmp_path / "run"  # both runs in one interpreter, one after the other
-    first, second = th.run_mains([
-        th.train_command(model_dir, "--gin.ICI_MESH_SHAPE=[8,1,1]", "--gin.CHECKPOINT_PERIOD=5",
-                         steps=10)[3:],
-        th.train_command(model_dir, "--gin.ICI_MESH_SHAPE=[2,2,2]", "--gin.CHECKPOINT_PERIOD=5",
-                         steps=20)[3:]], devices=8)
-    assert first.returncode == 0, th.describe(first)
-    assert th.logged_steps(first.stderr) == [5, 10]
-    assert second.returncode == 0, th.describe(second)
-    assert ("start: resume:10 at step 10; mesh {'data': 2, 'fsdp': 2, 'tensor': 2, 'expert': 1, "
-            "'stage': 1}"
-            in second.stderr), th.describe(second)
-    assert th.logged_steps(second.stderr) == [15, 20]
+def test_resume_onto_another_mesh(tmp_path, two_processes_and_one):
+    """The two processes' checkpoint of step 10 (data=4 over 2 processes x 2 devices: the
+    fixture's) resumed by one process on another mesh, fsdp=2 x tensor=2 over 4 devices,
+    to step 20."""
+    multi_dir, _, rcs, logs, _ = two_processes_and_one
+    assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
+    assert th.logged_steps(logs[0]) == [5, 10]
+    model_dir = tmp_path / "run"
+    shutil.copytree(multi_dir, model_dir)
+    proc = th.run_train(model_dir, *PROCESS_RUN_FLAGS, "--gin.ICI_MESH_SHAPE=[1,2,2]",
+                        steps=20, devices=4)
+    assert proc.returncode == 0, th.describe(proc)
+    assert ("start: resume:10 at step 10; mesh {'data': 1, 'fsdp': 2, 'tensor': 2, 'expert': 1, "
+            "'stage': 1}; 1 process(es)" in proc.stderr), th.describe(proc)
+    assert th.logged_steps(proc.stderr) == [15, 20]
     assert th.complete_steps(model_dir) == [15, 20]  # KEEP_CHECKPOINTS = 2
     assert th.data_step(model_dir, 20) == 20
     loss = th.scalars(model_dir)["loss"]

@@ -1,6 +1,13 @@
-"""`python -m t5lite.train` on a real SeqIO task: Pile-style jsonl through span corruption,
-the data position in the checkpoint, and a vocabulary larger than the model's embedding
-refused in one line."""
+"""`python -m t5lite.train` on real SeqIO tasks: Pile-style jsonl through span corruption,
+the data position in the checkpoint, a vocabulary larger than the model's embedding
+refused in one line, text files, a run moved between one and two processes, and a run
+extended and preempted on the demo recipe's data.
+
+The one-process runs of all but the two-process test go through `train.main` one after
+another in one interpreter (the `one_process_runs` fixture, th.run_mains): TensorFlow,
+SeqIO and the tasks load once, not once a test (measured: a Pile run's first ~18 CPU s
+in an interpreter, each next one's ~6). The command's own subprocesses: the SIGTERM
+test's and the two-process test's."""
 import json
 import re
 import shutil
@@ -11,6 +18,13 @@ import pytest
 import train_helpers as th
 from data_helpers import vocabulary
 from t5lite.data.files import demo_corpus
+
+# The demo's model (configs/demo_model.gin): tiny T5 with float32 activations and a
+# 512-entry vocabulary, which holds these tests' 400 ids. Tiny T5's 32128 entries would
+# be most of each step's and each checkpoint's cost, for nothing these tests look at;
+# float32, which the two-process test needs, gives every one-process run of the Pile
+# and text tasks here one train step to compile.
+MODEL = "--gin_file=demo_model.gin"
 
 
 def _pile(tmp_path):
@@ -27,7 +41,7 @@ def _pile(tmp_path):
 
 
 def _cmd(tmp_path, vocab, *extra):
-    return [th.sys.executable, "-m", "t5lite.train", "--gin_file=models/t5_1_1/tiny.gin",
+    return [th.sys.executable, "-m", "t5lite.train", MODEL,
             "--gin_file=runs/pretrain.gin",
             '--gin.MIXTURE_OR_TASK_NAME="pile_span_corruption"',
             f'--gin.MODEL_DIR="{tmp_path / "run"}"', "--gin.TRAIN_STEPS=4",
@@ -36,30 +50,24 @@ def _cmd(tmp_path, vocab, *extra):
             f'--gin.PILE_DIR="{_pile(tmp_path)}"', f'--gin.VOCABULARY_PATH="{vocab}"', *extra]
 
 
-def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stream(
-        tmp_path, tmp_path_factory):
-    """One run's life on Pile jsonl: trained to step 4 with its data position saved; a
-    resume under another batch size, another vocabulary at the same path, or one data
-    file more each refuses in one line naming both sides (exit 2, nothing saved changes);
-    the unchanged command continues from the saved iterator state; ALLOW_CHANGED_INPUTS=
-    True resumes with changed inputs on purpose, saying so. The six runs one after another
-    in one interpreter (th.run_mains), the files changed between them there (th.Between);
-    the command's own subprocess is test_vocabulary_larger_than_the_model_is_one_line's."""
+def _pile_life(tmp_path, vocabulary_path):
+    """The runs of the Pile test's run, with th.Between steps that change its files (and
+    check that nothing saved changed) between them."""
     vocab = tmp_path / "spm.model"
-    shutil.copy(vocabulary(tmp_path_factory), vocab)
+    shutil.copy(vocabulary_path, vocab)
     pile = _pile(tmp_path) / "train"
     checkpoints, first_run = tmp_path / "run" / "checkpoints", tmp_path / "step_4"
     other = demo_corpus.write_text(str(tmp_path / "other.txt"), lines=800, seed=11)
     shutil.copy(pile / "00.jsonl", tmp_path / "01.jsonl")
 
     def saved_steps(*steps):  # nothing saved changed: the complete steps are still these
-        return th.Between(f"import os; assert sorted(int(p) for p in os.listdir({str(checkpoints)!r})"
-                          f" if p.isdigit()) == {list(steps)!r}")
+        return th.Between(f"import os; assert sorted(int(p) for p in "
+                          f"os.listdir({str(checkpoints)!r}) if p.isdigit()) == {list(steps)!r}")
 
     def argv(*extra):
         return _cmd(tmp_path, vocab, *extra)[3:]
 
-    first, changed, swapped, added, again, allowed = th.run_mains([
+    return [
         argv(),
         saved_steps(4),
         th.Between(  # step 4 as the first run left it (a later run's retention drops it)
@@ -81,10 +89,107 @@ def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stre
         argv("--gin.TRAIN_STEPS=6"),  # the unchanged command continues the saved stream
         saved_steps(4, 6),
         th.Between(  # changed inputs on purpose
-            f"import shutil; shutil.copy({str(tmp_path / '01.jsonl')!r}, {str(pile / '01.jsonl')!r})"),
+            f"import shutil; shutil.copy({str(tmp_path / '01.jsonl')!r}, "
+            f"{str(pile / '01.jsonl')!r})"),
         argv("--gin.TRAIN_STEPS=8", "--gin.ALLOW_CHANGED_INPUTS=True"),
-    ], cwd=tmp_path, extra_env={"PYTHONWARNINGS": "default"})
+    ]
 
+
+def _text_files(tmp_path):
+    """The demo corpus's lines as a Parquet file of 16-row groups and a C4-style json.gz."""
+    import gzip
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=5)
+    docs = [{"text": line.strip(), "url": f"https://example.com/{i}"}
+            for i, line in enumerate(open(text)) if line.strip()]
+    half = len(docs) // 2
+    pq.write_table(pa.Table.from_pylist(docs[:half]), tmp_path / "fineweb-00.parquet",
+                   row_group_size=16)
+    (tmp_path / "c4-train.00000-of-00001.json.gz").write_bytes(gzip.compress(
+        "".join(json.dumps(d) + "\n" for d in docs[half:]).encode()))
+    return [str(tmp_path / "fineweb-00.parquet"),
+            str(tmp_path / "c4-train.00000-of-00001.json.gz")]
+
+
+def _text_argv(tmp_path, files, vocab, name, steps, *extra):
+    return [MODEL, "--gin_file=runs/pretrain.gin",
+            '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
+            f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
+            f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
+            "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", *extra]
+
+
+def _text_runs(tmp_path, vocab):
+    """The text test's runs: stopped at 4 and run on to 8; 8 in one go, validated on the
+    json.gz file; validation asked for without TEXT_VALIDATION_FILES."""
+    files = _text_files(tmp_path)
+    held_out = [f for f in files if f.endswith(".json.gz")]
+    validated = ("--gin.EVAL_PERIOD=4", "--gin.EVAL_STEPS=1",
+                 f"--gin.TEXT_VALIDATION_FILES={held_out!r}")
+    return [_text_argv(tmp_path, files, vocab, "run", 4),
+            _text_argv(tmp_path, files, vocab, "run", 8),
+            _text_argv(tmp_path, files, vocab, "whole", 8, *validated),
+            _text_argv(tmp_path, files, vocab, "unheld", 2, "--gin.EVAL_PERIOD=2")]
+
+
+# -------------------------------------------- a preempted or extended run resumes exactly
+RESUME_STEPS, FINISHED_AT = 40, 6
+
+
+def _resume_cmd(tmp_path, vocab, model_dir, steps, *extra):
+    """The demo recipe on the demo's Pile-style data (two one-frame .jsonl.zst shards of
+    200 documents), as the issue that found the bug ran it."""
+    pile = tmp_path.parent / "demo_pile"
+    if not pile.exists():
+        demo_corpus.write_pile(str(pile), docs_per_file=200, eval_docs=2)
+    return [th.sys.executable, "-m", "t5lite.train", "--gin_file=demo_pretrain.gin",
+            "--gin.DEMO_DATA_DIR=None", f'--gin.VOCABULARY_PATH="{vocab}"',
+            f'--gin.PILE_DIR="{pile}"', f'--gin.MODEL_DIR="{model_dir}"',
+            "--gin.BATCH_SIZE=8", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
+            f"--gin.TRAIN_STEPS={steps}", *extra]
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(tmp_path_factory):
+    """The one-process runs of the tests below, one after another in one interpreter
+    (th.run_mains), the Pile test's first, so that the warnings it would print are its
+    own: {test: (its directory, [a CompletedProcess a run])}. The tests: "pile" (a run's
+    life on Pile jsonl), "text" (text files), "small_model" (a model's vocabulary smaller
+    than the task's), "demo" (the demo recipe: RESUME_STEPS steps uninterrupted, saved
+    only at the end, and a run finished at FINISHED_AT that saves every 2 steps, as the
+    SIGTERM test's continuation of it does: saving must not change what trains)."""
+    vocab = vocabulary(tmp_path_factory)
+    dirs = {test: tmp_path_factory.mktemp(test) for test in ("pile", "text", "small_model",
+                                                              "demo")}
+    demo = dirs["demo"]
+    plans = {
+        "pile": _pile_life(dirs["pile"], vocab),
+        "text": _text_runs(dirs["text"], vocab),
+        "small_model": [_cmd(dirs["small_model"], vocab, "--gin.T5Config.vocab_size=128")[3:]],
+        "demo": [_resume_cmd(demo, vocab, demo / "uninterrupted", RESUME_STEPS,
+                             f"--gin.CHECKPOINT_PERIOD={RESUME_STEPS}")[3:],
+                 _resume_cmd(demo, vocab, demo / "run", FINISHED_AT)[3:]],
+    }
+    runs = iter(th.run_mains([item for plan in plans.values() for item in plan],
+                             cwd=dirs["pile"], extra_env={"PYTHONWARNINGS": "default"},
+                             timeout=900))
+    return {test: (dirs[test], [next(runs) for item in plan if not isinstance(item, th.Between)])
+            for test, plan in plans.items()}
+
+
+def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stream(
+        one_process_runs):
+    """One run's life on Pile jsonl: trained to step 4 with its data position saved; a
+    resume under another batch size, another vocabulary at the same path, or one data
+    file more each refuses in one line naming both sides (exit 2, nothing saved changes);
+    the unchanged command continues from the saved iterator state; ALLOW_CHANGED_INPUTS=
+    True resumes with changed inputs on purpose, saying so. The six runs one after another
+    in the fixture's interpreter, the files changed between them there (th.Between)."""
+    tmp_path, (first, changed, swapped, added, again, allowed) = one_process_runs["pile"]
+    vocab, pile, first_run = tmp_path / "spm.model", tmp_path / "pile" / "train", \
+        tmp_path / "step_4"
     assert first.returncode == 0, th.describe(first)
     assert "Warning" not in first.stderr, th.describe(first)  # none, deprecations included
     saved = json.loads((first_run / "data" / "metadata").read_text())
@@ -115,9 +220,8 @@ def test_pile_pretraining_saves_its_data_position_and_a_resume_keeps_to_its_stre
     assert th.complete_steps(tmp_path / "run")[-1] == 8
 
 
-def test_vocabulary_larger_than_the_model_is_one_line(tmp_path, tmp_path_factory):
-    proc = th.run(_cmd(tmp_path, vocabulary(tmp_path_factory), "--gin.T5Config.vocab_size=128"),
-                  cwd=tmp_path)
+def test_vocabulary_larger_than_the_model_is_one_line(one_process_runs):
+    _, (proc,) = one_process_runs["small_model"]
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "vocabulary has 400 ids" in lines[0], th.describe(proc)
@@ -200,58 +304,27 @@ def test_a_run_moves_between_one_and_two_processes_on_one_data_stream(tmp_path,
         assert val[run]["tokens"][-1][1] == val["whole"]["tokens"][-1][1] > 0
 
 
-# -------------------------------------------- a preempted or extended run resumes exactly
-RESUME_STEPS = 40
+def _check_resumed(log, resumed_at, stopped_at):
+    """A run resumed at `resumed_at` on the saved iterator state, to `stopped_at`."""
+    assert "Traceback" not in log and not th.error_lines(log), th.tail(log)
+    assert f"data: continuing at batch {resumed_at} from the saved iterator state" in log, \
+        th.tail(log)
+    assert th.logged_steps(log) == list(range(resumed_at + 1, stopped_at + 1)), th.tail(log)
 
 
-def _resume_cmd(tmp_path, vocab, model_dir, steps, *extra):
-    """The demo recipe on the demo's Pile-style data (two one-frame .jsonl.zst shards of
-    200 documents), as the issue that found the bug ran it."""
-    pile = tmp_path.parent / "demo_pile"
-    if not pile.exists():
-        demo_corpus.write_pile(str(pile), docs_per_file=200, eval_docs=2)
-    return [th.sys.executable, "-m", "t5lite.train", "--gin_file=demo_pretrain.gin",
-            "--gin.DEMO_DATA_DIR=None", f'--gin.VOCABULARY_PATH="{vocab}"',
-            f'--gin.PILE_DIR="{pile}"', f'--gin.MODEL_DIR="{model_dir}"',
-            "--gin.BATCH_SIZE=8", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
-            f"--gin.TRAIN_STEPS={steps}", *extra]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The run both resume tests must match: RESUME_STEPS steps in one go, saved only at
-    the end (the resumed runs save every 2 steps: saving must not change what trains)."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    vocab = vocabulary(tmp_path_factory)
-    proc = th.run(_resume_cmd(tmp / "x", vocab, tmp / "run", RESUME_STEPS,
-                              f"--gin.CHECKPOINT_PERIOD={RESUME_STEPS}"))
-    assert proc.returncode == 0, th.describe(proc)
-    return th.load_state(tmp / "run", RESUME_STEPS), vocab
-
-
-def _check_same_as_uninterrupted(model_dir, uninterrupted, proc, resumed_at):
-    assert proc.returncode == 0, th.describe(proc)
-    assert "Traceback" not in proc.stderr and not th.error_lines(proc.stderr)
-    assert f"data: continuing at batch {resumed_at} from the saved iterator state" \
-        in proc.stderr, th.describe(proc)
-    assert th.logged_steps(proc.stderr) == list(range(resumed_at + 1, RESUME_STEPS + 1))
-    th.assert_trees_equal(uninterrupted[0], th.load_state(model_dir, RESUME_STEPS),
-                          "the resumed run's final state")
-
-
-def test_a_finished_run_extended_to_more_steps_matches_an_uninterrupted_one(
-        tmp_path, uninterrupted):
-    vocab, model_dir, finished_at = uninterrupted[1], tmp_path / "run", 6
-    first, more = th.run_mains([_resume_cmd(tmp_path, vocab, model_dir, steps)[3:]
-                                for steps in (finished_at, RESUME_STEPS)])
-    assert first.returncode == 0, th.describe(first)
-    _check_same_as_uninterrupted(model_dir, uninterrupted, more, finished_at)
-
-
-def test_sigterm_then_the_same_command_matches_an_uninterrupted_run(tmp_path,
-                                                                    uninterrupted):
-    vocab, model_dir, log = uninterrupted[1], tmp_path / "run", tmp_path / "first.log"
-    cmd = _resume_cmd(tmp_path, vocab, model_dir, RESUME_STEPS)
+def test_a_finished_run_extended_then_sigterm_then_the_same_command_matches_an_uninterrupted_one(
+        tmp_path, tmp_path_factory, one_process_runs):
+    """The two ways users meet a resume on real data (the demo recipe on its Pile-style
+    .jsonl.zst shards), one after the other on one run: a run finished at FINISHED_AT is
+    extended by raising TRAIN_STEPS to RESUME_STEPS; that run is stopped by SIGTERM at
+    step 8 or later and the same command run again. Its final state is the uninterrupted
+    run's (the fixture's), bit for bit. (Two tests before, each with its own run.)"""
+    demo, (uninterrupted, finished) = one_process_runs["demo"]
+    assert uninterrupted.returncode == 0, th.describe(uninterrupted)
+    assert finished.returncode == 0, th.describe(finished)
+    assert th.complete_steps(demo / "run")[-1] == FINISHED_AT
+    log = tmp_path / "extended.log"
+    cmd = _resume_cmd(demo, vocabulary(tmp_path_factory), demo / "run", RESUME_STEPS)
     proc = th.start(cmd, log)
     try:
         th.wait_for(lambda: max(th.logged_steps(th.read_log(log)) or [0]) >= 8, "step 8",
@@ -262,47 +335,24 @@ def test_sigterm_then_the_same_command_matches_an_uninterrupted_run(tmp_path,
         th.kill(proc)
     m = re.search(r"SIGTERM: saved step (\d+); exiting", th.read_log(log))
     assert m and 8 <= int(m.group(1)) < RESUME_STEPS, th.tail(th.read_log(log))
+    stopped = int(m.group(1))
+    _check_resumed(th.read_log(log), FINISHED_AT, stopped)
+
     again = th.run(cmd)
-    _check_same_as_uninterrupted(model_dir, uninterrupted, again, int(m.group(1)))
+    assert again.returncode == 0, th.describe(again)
+    _check_resumed(again.stderr, stopped, RESUME_STEPS)
+    th.assert_trees_equal(th.load_state(demo / "uninterrupted", RESUME_STEPS),
+                          th.load_state(demo / "run", RESUME_STEPS),
+                          "the resumed run's final state")
 
 
-def _text_files(tmp_path):
-    """The demo corpus's lines as a Parquet file of 16-row groups and a C4-style json.gz."""
-    import gzip
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    text = demo_corpus.write_text(str(tmp_path / "corpus.txt"), lines=200, seed=5)
-    docs = [{"text": line.strip(), "url": f"https://example.com/{i}"}
-            for i, line in enumerate(open(text)) if line.strip()]
-    half = len(docs) // 2
-    pq.write_table(pa.Table.from_pylist(docs[:half]), tmp_path / "fineweb-00.parquet",
-                   row_group_size=16)
-    (tmp_path / "c4-train.00000-of-00001.json.gz").write_bytes(gzip.compress(
-        "".join(json.dumps(d) + "\n" for d in docs[half:]).encode()))
-    return [str(tmp_path / "fineweb-00.parquet"),
-            str(tmp_path / "c4-train.00000-of-00001.json.gz")]
-
-
-def test_pretrains_on_text_files_and_resumes_as_if_uninterrupted(tmp_path, tmp_path_factory):
+def test_pretrains_on_text_files_and_resumes_as_if_uninterrupted(one_process_runs):
     """text_span_corruption on a list of text files (Parquet and json.gz, the gin list as
     a user writes it): stopped at step 4 and run on to 8, the parameters equal an
     uninterrupted 8-step run's. Its validation loss reads TEXT_VALIDATION_FILES (here the
-    json.gz file); without them, EVAL_PERIOD is refused in one line naming them."""
-    vocab, files = vocabulary(tmp_path_factory), _text_files(tmp_path)
-
-    def argv(name, steps, *extra):
-        return ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
-                '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
-                f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
-                f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
-                "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2",
-                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", *extra]
-    held_out = [f for f in files if f.endswith(".json.gz")]
-    validated = ("--gin.EVAL_PERIOD=4", "--gin.EVAL_STEPS=1",
-                 f"--gin.TEXT_VALIDATION_FILES={held_out!r}")
-    # the runs in one interpreter, one after another (th.run_mains)
-    runs = th.run_mains([argv("run", 4), argv("run", 8), argv("whole", 8, *validated),
-                         argv("unheld", 2, "--gin.EVAL_PERIOD=2")])
+    json.gz file); without them, EVAL_PERIOD is refused in one line naming them. (The
+    runs: the fixture's.)"""
+    tmp_path, runs = one_process_runs["text"]
     for proc in runs[:3]:
         assert proc.returncode == 0, th.describe(proc)
     assert "start: resume:4 at step 4" in runs[1].stderr
