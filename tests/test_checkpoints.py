@@ -96,6 +96,26 @@ def test_round_trip_exact(tmp_path):
     assert (tmp_path / "checkpoints" / "7" / "data").is_dir()
 
 
+def test_one_process_saves_replicated_arrays_whole_without_slicing_them(tmp_path, caplog):
+    """A state replicated over the 8 devices of this one process is written whole from
+    one replica: no slice program is compiled to split it among the replicas (Orbax's
+    replica-parallel save, which shares writing between hosts), and it restores exactly."""
+    import logging
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    replicated = lambda x: NamedSharding(mesh, P())  # noqa: E731
+    state = place(make_state(kernel_shape=(24, 40), seed=5), replicated)
+    caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
+    with jax.log_compiles(True):
+        with Checkpointer(tmp_path, keep=None, async_save=False) as ckpt:
+            assert ckpt.save(3, state)
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
+                or "compilation of" in r.getMessage()]
+    assert compiled and not [m for m in compiled if "slice" in m], compiled
+    with Checkpointer(tmp_path, keep=None) as ckpt:
+        restored, _ = ckpt.restore(3, abstract(state, replicated))
+    assert_trees_equal(restored, state)
+
+
 def test_the_data_iterator_state_is_saved_per_shard(tmp_path):
     state, blob = make_state(), bytes(range(256)) * 3
     iterator = {"count": 2, "states": {0: blob, 1: blob[::-1]}}
