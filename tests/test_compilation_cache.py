@@ -3,10 +3,11 @@ the programs the first saved; None turns it off; a cache directory that is a fil
 read-only or fills up, or holds an entry cut short, costs one warning line and never the
 run; the processes of a multi-process run share it (process 0 writes).
 
-The commands run as subprocesses (`python -m t5lite.train`, the tiny T5, one step), each
-with its own cache directory; tests/conftest.py has JAX cache every program, however
-quick to compile. The small filesystems are tmpfs mounts, which need root (CI runs as
-root); the read-only case falls back to file permissions elsewhere.
+The commands run as subprocesses (`python -m t5lite.train`, the tiny T5 cut to one layer a
+side and a 512-entry vocabulary, one step), each with its own cache directory;
+tests/conftest.py has JAX cache every program, however quick to compile. The small
+filesystems are tmpfs mounts, which need root (CI runs as root); the read-only case falls
+back to file permissions elsewhere.
 """
 import json
 import os
@@ -24,11 +25,15 @@ from t5lite.errors import ConfigError
 from t5lite.runtime.process import compilation_cache as cc
 
 GIN_FILES = (th.MODEL_FILES["t5"], th.SYNTHETIC)
+# Every command of this file runs this model: the same programs, so a warm cache serves
+# each (the vocabulary and layers do not matter to what the cache does).
+SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+               "--gin.T5Config.num_decoder_layers=1")
 
 
 def _train(model_dir, cache, *extra, steps=1, **kw):
     """One tiny training run whose T5LITE_COMPILATION_CACHE_DIR is `cache`."""
-    return th.run(th.train_command(model_dir, *extra, steps=steps),
+    return th.run(th.train_command(model_dir, *SMALL_MODEL, *extra, steps=steps),
                   extra_env={cc.ENV: str(cache)}, **kw)
 
 
@@ -152,8 +157,8 @@ def test_a_second_run_loads_the_programs_the_first_saved(warm, tmp_path):
 
 
 def test_none_turns_it_off(tmp_path):
-    proc = th.run(th.train_command(tmp_path / "run", "--gin.COMPILATION_CACHE_DIR=None",
-                                   steps=1),
+    proc = th.run(th.train_command(tmp_path / "run", *SMALL_MODEL,
+                                   "--gin.COMPILATION_CACHE_DIR=None", steps=1),
                   extra_env={cc.ENV: str(tmp_path / "ours"), cc.JAX_ENV: str(tmp_path / "jax")})
     _assert_ok(proc)
     assert "compilation cache: off (COMPILATION_CACHE_DIR)" in proc.stderr
@@ -185,7 +190,7 @@ def mounts():
 def test_bench_reads_it_and_says_so_in_its_result(warm, tmp_path):
     out = tmp_path / "bench.json"
     proc = th.run([sys.executable, "-m", "t5lite.bench", *(f"--gin_file={f}" for f in GIN_FILES),
-                   th.SMALL_FEATURES, "--startup_only", f"--json_out={out}"],
+                   th.SMALL_FEATURES, *SMALL_MODEL, "--startup_only", f"--json_out={out}"],
                   extra_env={cc.ENV: str(warm[0])})
     _assert_ok(proc)
     assert re.search(r"jit\(step_fn\) loaded in", proc.stderr), th.describe(proc)
@@ -200,7 +205,8 @@ def test_a_cache_path_that_is_a_file_is_one_warning(tmp_path):
     (tmp_path / "cache").write_text("not a directory")
     proc = th.run([sys.executable, "-m", "t5lite.info", *(f"--gin_file={f}" for f in GIN_FILES),
                    "--inputs_length=32", "--targets_length=16", "--memory", "--devices=1",
-                   "--per_device_batch=2"], extra_env={cc.ENV: str(tmp_path / "cache")})
+                   "--per_device_batch=2", *SMALL_MODEL],
+                  extra_env={cc.ENV: str(tmp_path / "cache")})
     line, = _assert_ok(proc, warnings=1)
     assert f"compilation cache {tmp_path / 'cache'}: it is a file, not a directory; " \
            f"compiling without it" in line
@@ -234,7 +240,7 @@ def test_a_cache_disk_that_fills_is_one_warning_and_leaves_no_partial_entry(tmp_
                                                                             mounts):
     _as_root()
     cache = tmp_path / "cache"
-    _mount_tmpfs(cache, "size=200k")  # the tiny T5's programs need ~600 kB
+    _mount_tmpfs(cache, "size=200k")  # this file's T5's programs need ~540 kB
     mounts.append(cache)
     proc = _train(tmp_path / "run", cache)
     line, = _assert_ok(proc, warnings=1)
@@ -264,7 +270,8 @@ def _pair(model_dir, cache, logs, steps):
     port = th.free_port()
     logs.mkdir(parents=True, exist_ok=True)
     procs = [th.start(th.train_command(
-        model_dir, "--gin.ICI_MESH_SHAPE=[1,1,1]", "--gin.DCN_MESH_SHAPE=[2,1,1]",
+        model_dir, *SMALL_MODEL, "--gin.ICI_MESH_SHAPE=[1,1,1]",
+        "--gin.DCN_MESH_SHAPE=[2,1,1]",
         f"--coordinator_address=127.0.0.1:{port}", "--process_count=2",
         f"--process_index={i}", steps=steps), logs / f"p{i}.log",
         extra_env={cc.ENV: str(cache)}) for i in range(2)]

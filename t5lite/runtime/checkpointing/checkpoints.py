@@ -79,11 +79,26 @@ def _save_replicas_whole_in_one_process() -> None:
     host's: nothing is shared, and the compiles cost (tiny T5's first save: 64 of them,
     1.1 s of its 6.2 s of compiling). There each array is written whole from its first
     replica (the arrays saved are the same either way); with several processes Orbax
-    keeps its default."""
-    if jax.process_count() == 1:
-        ocp.type_handlers.register_type_handler(
-            jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
-            override=True)
+    keeps its default. Registered once a process, without Orbax's warning about
+    replacing its handler (a line on every run, not the user's concern)."""
+    if jax.process_count() != 1 or isinstance(
+            ocp.type_handlers.get_type_handler(jax.Array), _WholeArrayHandler):
+        return
+    absl_log = logging.getLogger("absl")
+    level = absl_log.level
+    absl_log.setLevel(logging.ERROR)
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, _WholeArrayHandler(),
+                                                override=True)
+    finally:
+        absl_log.setLevel(level)
+
+
+class _WholeArrayHandler(ocp.type_handlers.ArrayHandler):
+    """Orbax's array handler with replica-parallel saving off."""
+
+    def __init__(self):
+        super().__init__(use_replica_parallel=False)
 
 
 # ----------------------------------------------------------------------------- manager
