@@ -1,9 +1,9 @@
-"""`python -m t5lite.eval` and `python -m t5lite.infer` on a tiny T5 with random
-parameters (saved with checkpoint_format.save_params) and a MultiNLI jsonl fixture: metrics
-agree with the predictions they came from and with a direct predict_batch run, padding
-rows of the last batch are dropped, infer matches predict_batch / score_batch, a
-truncated predictions file resumes to the uninterrupted result, and bad input ends in one
-`error:` line.
+"""`python -m t5lite.eval` and `python -m t5lite.infer` on a tiny T5 (one layer a side,
+512 ids) with random parameters (saved with checkpoint_format.save_params) and a MultiNLI
+jsonl fixture: metrics agree with the predictions they came from and with a direct
+predict_batch run, padding rows of the last batch are dropped, infer matches predict_batch
+/ score_batch, a truncated predictions file resumes to the uninterrupted result, and bad
+input ends in one `error:` line.
 
 Most runs call `main(argv)` in this process (one TensorFlow / JAX start-up); the error
 cases run as subprocesses to check stderr and the exit status.
@@ -37,6 +37,9 @@ from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 MODEL_FILE = "configs/models/t5_1_1/tiny.gin"
 VOCAB = 512  # 300 pieces + 100 extra ids, padded
+# One layer a side (tiny.gin has two): what these tests check does not depend on the
+# depth, and every program of the module (train, eval, decode steps) compiles faster.
+LAYERS = ["T5Config.num_encoder_layers = 1", "T5Config.num_decoder_layers = 1"]
 LENGTHS = {"inputs": 64, "targets": 16}
 BATCH = 8
 DEV = 11  # validation_matched examples: not a multiple of BATCH (a padded last batch)
@@ -64,12 +67,17 @@ def _env(setup, monkeypatch, tmp_path):
 
 def _model():
     parsing.parse_gin([MODEL_FILE], [f"T5Config.vocab_size = {VOCAB}",
-                                       "ACTIVATION_DTYPE = 'float32'"])
+                                       "ACTIVATION_DTYPE = 'float32'", *LAYERS])
     return parsing.resolve_macro("MODEL")
 
 
-def _flags(setup, out, *extra):
-    return [f"--gin_file={MODEL_FILE}", f"--gin.T5Config.vocab_size={VOCAB}",
+def _layer_flags():
+    return ["--gin." + binding.replace(" ", "") for binding in LAYERS]
+
+
+def _flags(setup, out, *extra, model_file=MODEL_FILE):
+    layers = _layer_flags() if model_file == MODEL_FILE else []
+    return [f"--gin_file={model_file}", f"--gin.T5Config.vocab_size={VOCAB}", *layers,
             "--gin.ACTIVATION_DTYPE='float32'", f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"',
             f'--gin.OUTPUT_DIR="{out}"', f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}",
             f"--gin.BATCH_SIZE={BATCH}", f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
@@ -251,7 +259,7 @@ def test_a_switch_t5_evals_and_infers_the_same_predictions(setup, tmp_path):
     checkpoint_format.save_params(tmp_path / "switch", variables, step=3)
 
     def flags(out):
-        return [f"--gin_file={switch}"] + _flags({**setup, "ckpt": tmp_path / "switch"}, out)[1:]
+        return _flags({**setup, "ckpt": tmp_path / "switch"}, out, model_file=switch)
 
     assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + flags(tmp_path / "out") + [
         "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.SPLIT='validation_matched'"]) == 0
@@ -624,8 +632,8 @@ def test_eval_squad_scores_against_every_answer(setup, tmp_path, monkeypatch):
 def _finetune(setup, model_dir, *extra):
     from t5lite import train
     return train.main([f"--gin_file={MODEL_FILE}", "--gin_file=configs/finetune_mnli.gin",
-                       f"--gin.T5Config.vocab_size={VOCAB}", "--gin.ACTIVATION_DTYPE='float32'",
-                       f'--gin.MODEL_DIR="{model_dir}"',
+                       f"--gin.T5Config.vocab_size={VOCAB}", *_layer_flags(),
+                       "--gin.ACTIVATION_DTYPE='float32'", f'--gin.MODEL_DIR="{model_dir}"',
                        f'--gin.INITIAL_CHECKPOINT_PATH="{setup["ckpt"]}"',
                        f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.BATCH_SIZE=8",
                        "--gin.TRAIN_STEPS=5", "--gin.EVAL_PERIOD=2",

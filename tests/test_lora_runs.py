@@ -4,7 +4,8 @@ checkpoint without adapters (a tiny T5 run's; a Hugging Face LLaMA converted wit
 bit-identical; a checkpoint's adapters load when they are the model's, and are refused in
 one line otherwise; the frozen base's fingerprint is recorded and checked; `convert
 --to=hf` writes the merged model, whose transformers logits are t5lite's LoRA logits.
-In-process runs of tiny float32 models on the synthetic task."""
+In-process runs of tiny float32 models on the synthetic task (the T5 one layer a side with
+a 512-entry vocabulary)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +25,12 @@ COMMON = [th.SYNTHETIC, "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}
           "--gin.RANDOM_SEED=0",
           "--gin.ACTIVATION_DTYPE='float32'", "--gin.DROPOUT_RATE=0.0", th.SYNC_CHECKPOINTS,
           '--gin.train.optimizer=@adamw()', "--gin.adamw.learning_rate=1e-2"]
+# The tiny T5 cut to one layer a side and a 512-entry vocabulary (the synthetic task draws
+# its tokens below it): nothing here depends on the depth or the real vocabulary, whose
+# embedding and logits dominated each step, save and restore. Every T5 run (the base,
+# its finetunes and resumes, the two-process run) uses the same.
+T5_SMALL = ["--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+            "--gin.T5Config.num_decoder_layers=1"]
 T5_LORA = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'wi_0']"]
 LLAMA_LORA = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'out']"]
 
@@ -31,6 +38,8 @@ LLAMA_LORA = ["--gin.LORA_RANK=4", "--gin.LORA_TARGETS=['query', 'value', 'out']
 def _train(model_gin, run, steps, *extra, capsys=None):
     args = [f"--gin_file={model_gin}"] + [a if a.startswith("--") else f"--gin_file={a}"
                                           for a in COMMON]
+    if str(model_gin) == th.MODEL_FILES["t5"]:
+        args += T5_SMALL
     code = train.main(args + [f'--gin.MODEL_DIR="{run}"', f"--gin.TRAIN_STEPS={steps}",
                               *extra])
     err = capsys.readouterr().err if capsys is not None else ""
@@ -82,8 +91,8 @@ def _set_recorded(run, step, fingerprint):
 
 @pytest.fixture(scope="module")
 def t5_base(tmp_path_factory):
-    """A tiny T5 run of one step without adapters (the base both T5 LoRA tests start
-    from; they only read it): its MODEL_DIR."""
+    """A tiny T5 run (T5_SMALL) of one step without adapters (the base both T5 LoRA tests
+    start from; they only read it): its MODEL_DIR."""
     base = tmp_path_factory.mktemp("t5_base") / "base"
     code, err = _train(th.MODEL_FILES["t5"], base, 1)
     assert code == 0, err
@@ -163,7 +172,7 @@ def test_base_fingerprint_sees_values_shapes_and_not_adapters():
     cfg = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                         num_layers=2, mlp_dim=64, dtype="float32", lora_rank=2,
                         lora_targets=("query",))
-    params = model_for_config(cfg).init(jax.random.PRNGKey(0))["params"]
+    params = jax.jit(model_for_config(cfg).init)(jax.random.PRNGKey(0))["params"]  # one program
     fp = lora_restore.base_fingerprint(params, cfg)
     assert fp == lora_restore.base_fingerprint(jax.tree.map(np.array, params), cfg)
     moved = jax.tree_util.tree_map_with_path(  # the adapters are not the base
@@ -262,13 +271,14 @@ def test_two_processes_record_and_check_the_base_fingerprint(tmp_path, capsys, t
     t5 = th.MODEL_FILES["t5"]
     base, run = t5_base, tmp_path / "lora"
     args = [f"--gin_file={th.REPO / t5}"] + [
-        a if a.startswith("--") else f"--gin_file={th.REPO / a}" for a in COMMON] + [
+        a if a.startswith("--") else f"--gin_file={th.REPO / a}" for a in COMMON] + T5_SMALL + [
         f'--gin.MODEL_DIR="{run}"', f'--gin.INITIAL_CHECKPOINT_PATH="{base}"', *T5_LORA,
         "--gin.ICI_MESH_SHAPE=[1,1,1]", "--gin.DCN_MESH_SHAPE=[1,2,1]"]
     logs = lambda: "\n".join(th.tail(th.read_log(tmp_path / f"{i}.log")) for i in range(2))
     assert _two_processes(args + ["--gin.TRAIN_STEPS=2"], tmp_path) == [0, 0], logs()
 
     parsing.parse_gin([str(th.REPO / t5)], ["ACTIVATION_DTYPE = 'float32'",
+                                             *[f[len("--gin."):] for f in T5_SMALL],
                                              "LORA_RANK = 4",
                                              "LORA_TARGETS = ['query', 'value', 'wi_0']"])
     cfg = parsing.resolve_macro("MODEL").config

@@ -5,8 +5,6 @@ through the CLI; `t5lite.convert --from=t5x` writes a t5lite checkpoint; bad inp
 line with nothing written."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -16,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 
 from t5lite.data import tasks  # noqa: E402,F401  (t5's gin configurables first)
+del tasks  # imported for its registrations alone
 from t5lite.data.files import demo_corpus
 
 import t5x_helpers as tx  # noqa: E402
@@ -27,10 +26,10 @@ VOCAB = VOCAB_SIZE + 100  # the test vocabulary and T5's 100 extra ids
 TOL = 1e-4
 
 
-def _hf_t5(path, v1_0: bool, bf16_weights: bool = False):
+def _hf_t5(path, v1_0: bool, bf16_weights: bool = False, num_layers: int = 2):
     torch.manual_seed(3 if v1_0 else 4)
     cfg = transformers.T5Config(
-        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=num_layers, num_heads=4,
         feed_forward_proj="relu" if v1_0 else "gated-gelu", tie_word_embeddings=v1_0,
         relative_attention_num_buckets=32, relative_attention_max_distance=128)
     model = transformers.T5ForConditionalGeneration(cfg).eval()
@@ -88,20 +87,24 @@ def env(tmp_path, monkeypatch, tmp_path_factory):
     reset_data_settings()
 
 
+# configs/models/t5_1_1/tiny.gin cut to one layer a side (what the runs below check does
+# not depend on the depth; each program they compile is smaller).
 MODEL_GIN = """include 'models/t5_1_1/tiny.gin'
 T5Config.vocab_size = {vocab}
+T5Config.num_encoder_layers = 1
+T5Config.num_decoder_layers = 1
 """
 
 
 def _tiny_t5x_checkpoint(tmp_path):
-    """A T5X checkpoint of configs/models/t5_1_1/tiny.gin's shapes (vocab VOCAB)."""
+    """A T5X checkpoint of MODEL_GIN's shapes (tiny.gin's, one layer a side, vocab VOCAB)."""
     torch.manual_seed(5)
     hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
     return tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000",
-                                   tx.t5x_tree_from_hf(hf.state_dict(), 2), step=1000,
+                                   tx.t5x_tree_from_hf(hf.state_dict(), 1), step=1000,
                                    dtype="bfloat16")
 
 
@@ -185,18 +188,18 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
             "--gin.TRAIN_STEPS=2", "--gin.EVAL_PERIOD=None"]
     missing = tmp_path / "t5x" / "checkpoint_missing"
     shutil.copytree(ckpt, missing)
-    shutil.rmtree(missing / "target.encoder.layers_1.mlp.wo.kernel")
+    shutil.rmtree(missing / "target.encoder.layers_0.mlp.wo.kernel")
     chunk = tmp_path / "t5x" / "checkpoint_chunk"  # one chunk file lost (issue 39)
     shutil.copytree(ckpt, chunk)
-    (chunk / "target.decoder.layers_1.mlp.wi_1.kernel" / "1.0").unlink()
+    (chunk / "target.decoder.layers_0.mlp.wi_1.kernel" / "1.0").unlink()
     wrong = tmp_path / "t5x" / "checkpoint_wrong"
     shutil.copytree(ckpt, wrong)
     (tmp_path / "small.gin").write_text(MODEL_GIN.format(vocab=VOCAB) +
                                         "T5Config.mlp_dim = 96\n")
     cases = [  # (INITIAL_CHECKPOINT_PATH, model gin, what the line must name)
-        (missing, f"{tmp_path}/model.gin", "encoder/layers_1/mlp/wo/kernel"),
+        (missing, f"{tmp_path}/model.gin", "encoder/layers_0/mlp/wo/kernel"),
         (chunk, f"{tmp_path}/model.gin",
-         "decoder/layers_1/mlp/wi_1/kernel' (t5lite's params/decoder/layers_1/mlp/wi_1/kernel) "
+         "decoder/layers_0/mlp/wi_1/kernel' (t5lite's params/decoder/layers_0/mlp/wi_1/kernel) "
          "has no chunk 1.0"),
         (wrong, f"{tmp_path}/small.gin", "mlp/wi_0/kernel"),
         (tmp_path / "t5x", f"{tmp_path}/model.gin", str(tmp_path / "t5x")),
@@ -209,9 +212,9 @@ def test_bad_t5x_input_is_one_line_and_writes_nothing(env, tmp_path, capsys):
         assert code != 0 and len(lines) == 1 and named in lines[0], (code, lines)
         assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
     # convert: a T5 v1.0 checkpoint read as a v1.1 model (another network), no output left
-    hf = _hf_t5(tmp_path / "hf10", v1_0=True)
+    hf = _hf_t5(tmp_path / "hf10", v1_0=True, num_layers=1)
     v10 = tx.write_t5x_checkpoint(tmp_path / "v10" / "checkpoint_5",
-                                  tx.t5x_tree_from_hf(hf.state_dict(), 2), step=5)
+                                  tx.t5x_tree_from_hf(hf.state_dict(), 1), step=5)
     capsys.readouterr()
     out = tmp_path / "out"
     assert convert.main(["--from=t5x", f"--input={v10}", f"--output={out}",
@@ -267,16 +270,16 @@ def test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost(tmp_path):
 
 def test_a_t5x_run_continues_at_its_step_with_its_adafactor_state(env, tmp_path, capsys):
     """INITIAL_CHECKPOINT_STATE='train_state': the T5X step, its Adafactor moments (here
-    kept whole: tiny.gin's matrices are under 128 on a side) and TRAIN_STEPS counting from
+    kept whole: MODEL_GIN's matrices are under 128 on a side) and TRAIN_STEPS counting from
     the T5X step, as in T5X; what cannot continue is one line, nothing written."""
     from t5lite import train
     import train_helpers as th
     torch.manual_seed(6)
     hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     (tmp_path / "model.gin").write_text(MODEL_GIN.format(vocab=VOCAB))
-    target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
+    target = tx.t5x_tree_from_hf(hf.state_dict(), 1)
     from t5lite.models.common import param_paths
     slots = tx.adafactor_slots(param_paths.flatten(target), np.random.default_rng(0))
     ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_1000", target, step=1000,

@@ -15,11 +15,15 @@ from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
 from t5lite.models.common.precision import FP8_COLLECTION
 
-T5 = T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
-              num_decoder_layers=2, mlp_dim=64, relpos_num_buckets=8, relpos_max_distance=16,
-              dtype="float32")
+# Two layers a side where a test needs them (scan over layers stacks them; the count of
+# activation constraints grows with them); one elsewhere: the meshes, microbatches, FP8
+# and the learning rate do not depend on the depth, and each program compiles faster.
+T5_TWO_LAYERS = T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8,
+                         num_encoder_layers=2, num_decoder_layers=2, mlp_dim=64,
+                         relpos_num_buckets=8, relpos_max_distance=16, dtype="float32")
+T5 = dataclasses.replace(T5_TWO_LAYERS, num_encoder_layers=1, num_decoder_layers=1)
 LLAMA = DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                      num_layers=2, mlp_dim=64, dtype="float32")
+                      num_layers=1, mlp_dim=64, dtype="float32")
 BATCH = 16
 STEPS = 3
 # Tolerances measured on these models (float32, 3 Adam steps at lr 1e-2, which amplifies
@@ -148,7 +152,7 @@ def test_learning_rate_used_is_the_schedule():
 
 
 def test_state_is_created_sharded_donated_and_constrained(monkeypatch):
-    """The T5's train step on a 2x2x2 mesh, built, initialised and lowered once for what
+    """The two-layer T5's train step on a 2x2x2 mesh, built, initialised and lowered once for what
     two tests checked apart (test_state_is_created_sharded_and_donated and
     test_the_models_activation_constraints_reach_the_compiled_step): the state is created
     sharded, the optimizer moments following the params; the old state is donated by the
@@ -158,7 +162,7 @@ def test_state_is_created_sharded_donated_and_constrained(monkeypatch):
     from t5lite.models.common import layers
 
     def build():
-        model, task, lengths = _model(T5)
+        model, task, lengths = _model(T5_TWO_LAYERS)
         part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
         fns = train_step.make_train_step(model, optax.adam(1e-3), part, lengths=lengths)
         state = fns.init(jax.random.PRNGKey(0))
@@ -207,7 +211,8 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
     """Remat, scan over layers and fused QKV in training: starting from the same weights
     (converted between layouts), two Adam steps give the same losses and parameters."""
     from t5lite.models import layouts
-    switched = dataclasses.replace(T5, scan_layers=True, remat_policy="full", fuse_qkv=True)
+    plain = T5_TWO_LAYERS  # two layers a side: scan stacks them
+    switched = dataclasses.replace(plain, scan_layers=True, remat_policy="full", fuse_qkv=True)
     part = partitioning.Partitioner(partitioning.make_mesh((2, 2, 2)))
 
     def train_two_steps(cfg, start_params=None):
@@ -217,7 +222,7 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
         fns = train_step.make_train_step(model, tx, part, lengths=lengths)
         state = fns.init(jax.random.PRNGKey(0))
         if start_params is not None:
-            params = jax.device_put(layouts.convert_params(start_params, T5, cfg),
+            params = jax.device_put(layouts.convert_params(start_params, plain, cfg),
                                     fns.state_shardings.params)
             state = state.replace(params=params, opt_state=tx.init(params["params"]))
         start = jax.device_get(state.params)
@@ -226,9 +231,9 @@ def test_scan_remat_fused_switches_train_like_the_plain_model():
             batch = part.host_to_global(task.global_batch(step, BATCH), part.data_layout(BATCH))
             state, metrics = fns.train_step(state, batch)
             losses.append(float(metrics["loss"]))
-        return start, losses, layouts.convert_params(jax.device_get(state.params), cfg, T5)
+        return start, losses, layouts.convert_params(jax.device_get(state.params), cfg, plain)
 
-    plain_start, plain_losses, plain_params = train_two_steps(T5)
+    plain_start, plain_losses, plain_params = train_two_steps(plain)
     _, losses, params = train_two_steps(switched, plain_start)
     results = [(plain_losses, plain_params), (losses, params)]
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=LOSS_RTOL)
