@@ -3,9 +3,10 @@ each example's prompt is BOS + its inputs (as its prefix-LM training sequence st
 decoded with the KV cache; the predictions equal greedy decoding done here step by step
 with full forward passes and no cache, and the metrics are the task's own over them.
 
-A tiny LLaMA with random parameters (saved with checkpoint_format.save_params) and a
-MultiNLI jsonl fixture; runs call `main(argv)` in this process, error cases run as
-subprocesses."""
+A tiny LLaMA cut to one layer, with a 512-entry vocabulary and random parameters (saved
+with checkpoint_format.save_params), and a MultiNLI jsonl fixture; runs call `main(argv)`
+in this process (the split's decode and perplexity once each, shared by the tests that
+read them), and the two-process runs are subprocesses."""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 MODEL_FILE = "configs/models/llama2/tiny.gin"
 VOCAB = 512
+LAYERS = 1
 LENGTHS = {"inputs": 64, "targets": 16}  # the labels take up to 10 tokens with EOS
 BATCH = 8
 DEV = 11  # validation_matched examples: a padded last batch
@@ -38,6 +40,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("deconly")
     demo_corpus.write_multinli(str(root / "multinli"), train=6, dev=DEV)
     parsing.parse_gin([MODEL_FILE], [f"DecoderConfig.vocab_size = {VOCAB}",
+                                     f"DecoderConfig.num_layers = {LAYERS}",
                                      "ACTIVATION_DTYPE = 'float32'"])
     model = parsing.resolve_macro("MODEL")
     variables = model.init(jax.random.PRNGKey(5))
@@ -55,11 +58,29 @@ def _env(setup, monkeypatch, tmp_path):
 
 def _flags(setup, out, *extra):
     return [f"--gin_file={MODEL_FILE}", f"--gin.DecoderConfig.vocab_size={VOCAB}",
-            "--gin.ACTIVATION_DTYPE='float32'", f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"',
+            f"--gin.DecoderConfig.num_layers={LAYERS}", "--gin.ACTIVATION_DTYPE='float32'",
+            f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"',
             f'--gin.OUTPUT_DIR="{out}"', f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}",
             f"--gin.BATCH_SIZE={BATCH}", f'--gin.VOCABULARY_PATH="{setup["vocab"]}"',
             f'--gin.MNLI_DIR="{setup["mnli"]}"', "--gin.MIXTURE_OR_TASK_NAME='mnli'",
             "--gin.SPLIT='validation_matched'", *extra]
+
+
+@pytest.fixture(scope="module")
+def split_eval(setup, tmp_path_factory):
+    """`evaluated(mode)`: OUTPUT_DIR of this process's evaluation of the validation_matched
+    split in MODE `mode` ('decode' or 'perplexity', on 8 devices), run once for the file."""
+    root, done = tmp_path_factory.mktemp("split_eval"), {}
+
+    def evaluated(mode):
+        if mode not in done:
+            from t5lite import eval as eval_module
+            out = root / mode
+            assert eval_module.main(["--gin_file=configs/runs/eval.gin"] +
+                                    _flags(setup, out, f"--gin.MODE='{mode}'")) == 0
+            done[mode] = out
+        return done[mode]
+    return evaluated
 
 
 def _greedy_without_cache(logits_fn, prompt, new_tokens):
@@ -87,11 +108,9 @@ def _dev_inputs(setup):
     return [[int(t) for t in ex["inputs"]] for ex in ds.as_numpy_iterator()]
 
 
-def test_eval_decodes_bos_plus_inputs_as_greedy_decoding_without_the_cache(setup, tmp_path):
-    from t5lite import eval as eval_module
+def test_eval_decodes_bos_plus_inputs_as_greedy_decoding_without_the_cache(setup, split_eval):
     from t5lite.data import vocabularies
-    out = tmp_path / "eval"
-    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] + _flags(setup, out)) == 0
+    out = split_eval("decode")  # MODE 'decode': configs/runs/eval.gin's
     rows = [json.loads(l) for l in (out / "eval" / "mnli_predictions.jsonl").read_text()
             .splitlines()]
     assert len(rows) == DEV
@@ -144,11 +163,9 @@ def _task_pairs():
             for ex in ds.as_numpy_iterator()]
 
 
-def test_perplexity_of_a_split_is_exp_of_the_hand_computed_mean_answer_loss(setup, tmp_path):
-    from t5lite import eval as eval_module
-    out = tmp_path / "ppl"
-    assert eval_module.main(["--gin_file=configs/runs/eval.gin"] +
-                            _flags(setup, out, "--gin.MODE='perplexity'")) == 0
+def test_perplexity_of_a_split_is_exp_of_the_hand_computed_mean_answer_loss(setup,
+                                                                            split_eval):
+    out = split_eval("perplexity")
     got = json.loads((out / "metrics.json").read_text())["metrics"]["mnli"]
     loss, count = _hand_loss(setup, _task_pairs())
     assert got["tokens"] == count and got["examples"] == DEV
@@ -227,15 +244,12 @@ def test_windowed_perplexity_of_a_text_stream_sums_every_token_once(setup, tmp_p
         assert len(lines_out) == 1 and all(n in lines_out[0] for n in needles), lines_out
 
 
-def test_two_processes_evaluate_as_one(setup, tmp_path):
+def test_two_processes_evaluate_as_one(setup, split_eval, tmp_path):
     """Decoding and perplexity on 2 processes (1 device each, gloo on 127.0.0.1) against
     this process's 8 devices: the same predictions, metrics and perplexity."""
-    from t5lite import eval as eval_module
     results = {}
     for mode in ("decode", "perplexity"):
-        one = tmp_path / f"one_{mode}"
-        assert eval_module.main(["--gin_file=configs/runs/eval.gin"] +
-                                _flags(setup, one, f"--gin.MODE='{mode}'")) == 0
+        one = split_eval(mode)
         port, procs, two = th.free_port(), [], tmp_path / f"two_{mode}"
         try:
             for i in range(2):
@@ -268,6 +282,7 @@ def _finetune(setup, model_dir, *extra, model_file=MODEL_FILE, checkpoint=None):
     from t5lite import train
     return train.main([f"--gin_file={model_file}", "--gin_file=configs/finetune_mnli.gin",
                        f"--gin.DecoderConfig.vocab_size={VOCAB}",
+                       f"--gin.DecoderConfig.num_layers={LAYERS}",
                        "--gin.ACTIVATION_DTYPE='float32'", f'--gin.MODEL_DIR="{model_dir}"',
                        f'--gin.INITIAL_CHECKPOINT_PATH="{checkpoint or setup["ckpt"]}"',
                        f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.BATCH_SIZE=8",

@@ -3,9 +3,10 @@ line (no space left, which directory, how much it needs, how much is free), what
 saved before is untouched and restorable, nothing half-written counts, and the same
 command resumes once there is room.
 
-The end-to-end cases run `t5lite.train` on a real small filesystem (a tmpfs, mounted
-where the tests run as root, as in CI); the in-process cases inject ENOSPC at the writer
-and run everywhere.
+The end-to-end cases run `t5lite.train` (the tiny T5 cut to one layer a side and a
+512-entry vocabulary: a checkpoint of ~1.1 MB) on a real small filesystem (a tmpfs,
+mounted where the tests run as root, as in CI); the in-process cases inject ENOSPC at the
+writer and run everywhere.
 """
 import errno
 import os
@@ -102,9 +103,18 @@ def _leftovers(model_dir):
 # ----------------------------------------------------------------------------- end to end
 
 
+SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+               "--gin.T5Config.num_decoder_layers=1")
+
+
+def _train_command(model_dir, steps, **kw):
+    return th.train_command(model_dir, *SMALL_MODEL, "--gin.CHECKPOINT_PERIOD=2",
+                            "--gin.KEEP_CHECKPOINTS=None", "--gin.LOG_PERIOD=1", steps=steps,
+                            **kw)
+
+
 def _train(model_dir, steps, **kw):
-    return th.run_train(model_dir, "--gin.CHECKPOINT_PERIOD=2", "--gin.KEEP_CHECKPOINTS=None",
-                        "--gin.LOG_PERIOD=1", steps=steps, **kw)
+    return th.run(_train_command(model_dir, steps, **kw))
 
 
 def test_a_disk_that_fills_during_a_save_then_before_one_then_frees(small_disk, tmp_path):
@@ -136,19 +146,19 @@ def test_a_disk_that_fills_during_a_save_then_before_one_then_frees(small_disk, 
     assert th.complete_steps(model_dir) == [2, 4] and _leftovers(model_dir) == []
 
     disk.resize(400 * MB)
-    again = _train(model_dir, 8)
+    reference = tmp_path / "reference"  # the resume and an uninterrupted run, one interpreter
+    again, whole = th.run_mains([_train_command(d, 8)[3:] for d in (model_dir, reference)])
     assert again.returncode == 0, th.describe(again)
     assert "start: resume:4 at step 4" in again.stderr
     assert th.complete_steps(model_dir) == [2, 4, 6, 8]
-    reference = tmp_path / "reference"
-    assert _train(reference, 8).returncode == 0
+    assert whole.returncode == 0, th.describe(whole)
     th.assert_trees_equal(th.load_state(model_dir, 8), th.load_state(reference, 8),
                           "resumed after a full disk vs uninterrupted")
 
 
 def test_the_first_save_on_a_full_disk(small_disk):
     """No checkpoint yet: the line says so and gives the arrays' size as the bound."""
-    disk = small_disk(4 * MB)
+    disk = small_disk(512 * 1024)  # room for config.gin and the events, not the arrays
     model_dir = disk.path / "run"
     proc = _train(model_dir, 4, sync_checkpoints=True)
     _assert_clean_failure(proc, "checkpoint 2", "its arrays uncompressed",
@@ -162,8 +172,8 @@ def test_tensorboard_events_on_a_full_disk(small_disk):
     filler = disk.path / "filler"
     filler.write_bytes(b"\0" * (shutil.disk_usage(disk.path).free - 28 * 1024))
     model_dir = disk.path / "run"
-    proc = th.run_train(model_dir, "--gin.CHECKPOINT_PERIOD=1000", "--gin.LOG_PERIOD=1",
-                        steps=400)
+    proc = th.run_train(model_dir, *SMALL_MODEL, "--gin.CHECKPOINT_PERIOD=1000",
+                        "--gin.LOG_PERIOD=1", steps=400)
     _assert_clean_failure(proc, f"{model_dir / 'train'}", "for the TensorBoard events")
     assert th.logged_steps(proc.stderr)[-1] < 400
     assert read_scalars(str(model_dir / "train"))["loss"]  # what was written still reads

@@ -1,10 +1,10 @@
 """`python -m t5lite.infer` with decoder-only models (tiny LLaMA with GQA and RoPE, tiny GPT
-with learned positions): predictions equal a step-by-step argmax continuation computed
-with full forward passes (no KV cache, no batching or padding), of raw prompts (a
-checkpoint without a recorded task) or of a named task's inputs (EOS appended); scores
-equal log-softmax sums over the target positions, and prompts beyond the positions end in
-one `error:` line. (tests/test_infer_file_agreement.py: a finetuned model's file inputs
-against the task's.)"""
+with learned positions; each cut to one layer, with a 512-entry vocabulary): predictions
+equal a step-by-step argmax continuation computed with full forward passes (no KV cache,
+no batching or padding), of raw prompts (a checkpoint without a recorded task) or of a
+named task's inputs (EOS appended); scores equal log-softmax sums over the target
+positions, and prompts beyond the positions end in one `error:` line.
+(tests/test_infer_file_agreement.py: a finetuned model's file inputs against the task's.)"""
 from __future__ import annotations
 
 import json
@@ -25,6 +25,7 @@ from t5lite.data.files import demo_corpus  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 VOCAB = 512
+LAYERS = 1  # (the tiny models' 2 cut to 1: the same code paths, half the programs)
 LENGTHS = {"inputs": 24, "targets": 8}
 BATCH = 8
 MODEL_FILES = {"llama": "configs/models/llama2/tiny.gin", "gpt": "configs/models/gpt/tiny.gin"}
@@ -32,6 +33,7 @@ MODEL_FILES = {"llama": "configs/models/llama2/tiny.gin", "gpt": "configs/models
 
 def _model(kind):
     parsing.parse_gin([MODEL_FILES[kind]], [f"DecoderConfig.vocab_size = {VOCAB}",
+                                              f"DecoderConfig.num_layers = {LAYERS}",
                                               "ACTIVATION_DTYPE = 'float32'"])
     return parsing.resolve_macro("MODEL")
 
@@ -56,7 +58,8 @@ def _env(setup, monkeypatch, tmp_path):
 
 def _flags(setup, out, *extra):
     return ["--gin_file=configs/runs/infer.gin", f"--gin_file={MODEL_FILES[setup['kind']]}",
-            f"--gin.DecoderConfig.vocab_size={VOCAB}", "--gin.ACTIVATION_DTYPE='float32'",
+            f"--gin.DecoderConfig.vocab_size={VOCAB}", f"--gin.DecoderConfig.num_layers={LAYERS}",
+            "--gin.ACTIVATION_DTYPE='float32'",
             f'--gin.CHECKPOINT_PATH="{setup["ckpt"]}"', f'--gin.OUTPUT_DIR="{out}"',
             f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", f"--gin.BATCH_SIZE={BATCH}",
             f'--gin.VOCABULARY_PATH="{setup["vocab"]}"', *extra]

@@ -5,7 +5,6 @@ refused in one line before anything is decoded."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,29 +59,33 @@ def test_the_training_sample_counts_what_the_lengths_cut(mnli, monkeypatch, tmp_
         reset_data_settings()
 
 
-def _train(mnli, model_dir, *extra):
-    """MNLI trained from scratch (runs/pretrain.gin with the task swapped in)."""
-    return th.run([sys.executable, "-m", "t5lite.train", f"--gin_file={MODEL_FILE}",
-                   "--gin_file=configs/runs/pretrain.gin", f'--gin.MODEL_DIR="{model_dir}"',
-                   "--gin.MIXTURE_OR_TASK_NAME='mnli'", "--gin.EVAL_SPLIT='validation_matched'",
-                   "--gin.BATCH_SIZE=8", f'--gin.VOCABULARY_PATH="{mnli["vocab"]}"',
-                   f'--gin.MNLI_DIR="{mnli["mnli"]}"', "--gin.T5Config.vocab_size=512", *extra])
+def _train_argv(mnli, model_dir, *extra):
+    """MNLI trained from scratch (runs/pretrain.gin with the task swapped in; the tiny T5
+    cut to one layer a side, a 512-entry vocabulary): `t5lite.train`'s argv."""
+    return [f"--gin_file={MODEL_FILE}", "--gin_file=configs/runs/pretrain.gin",
+            f'--gin.MODEL_DIR="{model_dir}"', "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+            "--gin.EVAL_SPLIT='validation_matched'", "--gin.BATCH_SIZE=8",
+            f'--gin.VOCABULARY_PATH="{mnli["vocab"]}"', f'--gin.MNLI_DIR="{mnli["mnli"]}"',
+            "--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+            "--gin.T5Config.num_decoder_layers=1", *extra]
 
 
 def test_a_run_that_cuts_says_so_and_an_evaluation_that_cannot_fit_its_labels_refuses(mnli, tmp_path):
     longest = max(_label_tokens(mnli["vocab"], mnli["mnli"], "train"))
     lengths = "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 2}"
+    # both runs through `train.main` in one interpreter (th.run_mains)
+    refused, trained = th.run_mains([
+        _train_argv(mnli, tmp_path / "refused", lengths, "--gin.EVAL_PERIOD=2",
+                    "--gin.TRAIN_STEPS=2"),
+        _train_argv(mnli, tmp_path / "run", lengths, "--gin.EVAL_PERIOD=None",
+                    "--gin.TRAIN_STEPS=1")])
     # with its evaluation on, the run stops before training: no label fits 2 tokens
-    refused = _train(mnli, tmp_path / "refused", lengths, "--gin.EVAL_PERIOD=2",
-                     "--gin.TRAIN_STEPS=2")
     line = th.assert_one_error(refused, "TASK_FEATURE_LENGTHS['targets']=2 cuts the labels",
                                f"of the {DEV} examples of mnli validation_matched",
                                "no prediction could match them")
     assert refused.returncode == 2 and "to at least" in line
     assert not th.complete_steps(tmp_path / "refused")
     # without it, the run trains and says what its lengths cut
-    trained = _train(mnli, tmp_path / "run", lengths, "--gin.EVAL_PERIOD=None",
-                     "--gin.TRAIN_STEPS=1")
     assert trained.returncode == 0, th.describe(trained)
     assert (f"data: TASK_FEATURE_LENGTHS cut the inputs of {TRAIN} of {TRAIN} examples"
             in trained.stderr), th.tail(trained.stderr)

@@ -4,12 +4,14 @@ loss curve; its checkpoint resumes on stage=4 bit-exact, on stage=1 and stage=2,
 saved on stage=1 resumes on stage=4, each to the uninterrupted run's parameters. Bad pipeline settings are
 one `error:` line each.
 
-The runs share one process (`train.main`, as the command runs it), so the imports are paid
-once; each still compiles its own step."""
+The one-process runs, the bad settings' too, share one process (`train.main`, as the
+command runs it; the `runs` fixture), so the imports are paid once; each still compiles its
+own step."""
 import json
 import sys
 
 import numpy as np
+import pytest
 
 import train_helpers as th
 
@@ -74,8 +76,32 @@ def _params(model_dir, step):
     return th.flat(layouts.join_repeats(params))
 
 
-def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
-    d = {k: tmp_path / k for k in ("plain", "piped", "again", "on1", "on2", "back")}
+# Bad pipeline settings: (the line's needle, the flags).
+BAD_CASES = {
+    "layers": ("12 layers do not split into 4 stages x 2 repeat(s)",
+               [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=2",
+                "--gin.DecoderConfig.num_layers=12"]),
+    "repeats": ("PIPELINE_REPEATS=3 must divide the 8 layers",
+                [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=3"]),
+    "few": ("PIPELINE_MICROBATCHES=2 is fewer than the 4 pipeline stages",
+            [STAGES[4], "--gin.PIPELINE_MICROBATCHES=2"]),
+    "unset": ("set PIPELINE_MICROBATCHES", [STAGES[4]]),
+    "batch": ("a pipeline microbatch of 3 examples (24 / PIPELINE_MICROBATCHES=8) does "
+              "not divide over the 2 data shards",
+              [STAGES[4], "--gin.PIPELINE_MICROBATCHES=8", "--gin.BATCH_SIZE=24"]),
+    "multiple": ("PIPELINE_MICROBATCHES=6 is not a multiple of the 4 pipeline stages",
+                 [STAGES[4], "--gin.PIPELINE_MICROBATCHES=6", "--gin.BATCH_SIZE=48"]),
+    "mesh": ("has 6 devices but 8 are present", ["--gin.ICI_MESH_SHAPE=[1, 2, 1, 1, 3]"]),
+    "t5": ("does not run as a pipeline", [STAGES[4]]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every one-process run of the file in one interpreter: the pipelined runs and their
+    resumes, then the BAD_CASES. (MODEL_DIRs by name, {name: (status, stderr's end)})."""
+    root = tmp_path_factory.mktemp("pipeline")
+    d = {k: root / k for k in ("plain", "piped", "again", "on1", "on2", "back", *BAD_CASES)}
     ops = [_train("plain", d["plain"], 4, 1),
            _train("piped", d["piped"], 4, 4, *PIPELINED),
            ["copy", str(d["piped"]), str(d["again"]), 2],
@@ -86,7 +112,19 @@ def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
            _train("on2", d["on2"], 4, 2, *PIPELINED),
            ["copy", str(d["on1"]), str(d["back"]), 3],
            _train("back", d["back"], 4, 4, *PIPELINED)]    # saved on stage=1, on stage=4
-    results = _run_all(ops)
+    for name, (_, extra) in BAD_CASES.items():
+        model = "t5" if name == "t5" else "gpt"
+        flags = [f for f in GPT8 if model == "gpt" or "DecoderConfig" not in f and
+                 "TASK_FEATURE" not in f]
+        argv = th.train_command(d[name], *flags, *extra, model=model, steps=2)[3:]
+        ops.append(["train", argv, name])
+    return d, _run_all(ops)
+
+
+def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(runs):
+    d, all_results = runs
+    results = {k: v for k, v in all_results.items() if k not in BAD_CASES}
+    assert results.keys() == {"plain", "piped", "again", "on1", "on2", "back"}
     assert all(status == 0 for status, _ in results.values()), results
     plain = [v for _, v in th.scalars(d["plain"])["loss"]]
     piped = [v for _, v in th.scalars(d["piped"])["loss"]]
@@ -104,40 +142,16 @@ def test_a_pipelined_run_trains_and_resumes_on_any_stage_count(tmp_path):
         assert max(worst.values()) < PARAM_RTOL, (name, worst)
 
 
-def test_bad_pipeline_settings_are_one_line(tmp_path):
-    cases = {
-        "layers": ("12 layers do not split into 4 stages x 2 repeat(s)",
-                   [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=2",
-                    "--gin.DecoderConfig.num_layers=12"]),
-        "repeats": ("PIPELINE_REPEATS=3 must divide the 8 layers",
-                    [STAGES[4], "--gin.PIPELINE_MICROBATCHES=4", "--gin.PIPELINE_REPEATS=3"]),
-        "few": ("PIPELINE_MICROBATCHES=2 is fewer than the 4 pipeline stages",
-                [STAGES[4], "--gin.PIPELINE_MICROBATCHES=2"]),
-        "unset": ("set PIPELINE_MICROBATCHES", [STAGES[4]]),
-        "batch": ("a pipeline microbatch of 3 examples (24 / PIPELINE_MICROBATCHES=8) does "
-                  "not divide over the 2 data shards",
-                  [STAGES[4], "--gin.PIPELINE_MICROBATCHES=8", "--gin.BATCH_SIZE=24"]),
-        "multiple": ("PIPELINE_MICROBATCHES=6 is not a multiple of the 4 pipeline stages",
-                     [STAGES[4], "--gin.PIPELINE_MICROBATCHES=6", "--gin.BATCH_SIZE=48"]),
-        "mesh": ("has 6 devices but 8 are present", ["--gin.ICI_MESH_SHAPE=[1, 2, 1, 1, 3]"]),
-        "t5": ("does not run as a pipeline", [STAGES[4]]),
-
-    }
-    ops = []
-    for name, (_, extra) in cases.items():
-        model = "t5" if name == "t5" else "gpt"
-        flags = [f for f in GPT8 if model == "gpt" or "DecoderConfig" not in f and
-                 "TASK_FEATURE" not in f]
-        argv = th.train_command(tmp_path / name, *flags, *extra, model=model, steps=2)[3:]
-        ops.append(["train", argv, name])
-    results = _run_all(ops)
-    assert results.keys() == cases.keys()
-    for name, (needle, _) in cases.items():
+def test_bad_pipeline_settings_are_one_line(runs):
+    d, all_results = runs
+    results = {k: v for k, v in all_results.items() if k in BAD_CASES}
+    assert results.keys() == BAD_CASES.keys()
+    for name, (needle, _) in BAD_CASES.items():
         status, err = results[name]
         lines = th.error_lines(err)
         assert status in (1, 2) and len(lines) == 1 and "Traceback" not in err, (name, err)
         assert needle in lines[0], (name, lines[0])
-        assert not (tmp_path / name / "checkpoints").exists(), name
+        assert not (d[name] / "checkpoints").exists(), name
 
 
 def test_a_pipeline_across_two_processes(tmp_path):

@@ -1,32 +1,50 @@
 """RANDOM_SEED=None, as T5X's GPU recipes set it: a seed drawn at the run's start, logged
 and kept in MODEL_DIR/random_seed.json, so that the run resumes exactly as an integer
-seed's run does; every process of a run gets process 0's draw."""
+seed's run does; every process of a run gets process 0's draw.
+
+The training runs go through `train.main`, several in one interpreter (th.run_mains), on
+the tiny T5 cut to one layer a side and a 512-entry vocabulary."""
 import json
 import re
 import sys
 
 import numpy as np
+import pytest
 
 import train_helpers as th
 
 SEED_LINE = re.compile(r"RANDOM_SEED=None: drew seed (\d+) for this run, kept in (\S+)")
 # dropout on, so that the seed reaches initialization, dropout and the data order
-COMMON = ("--gin.RANDOM_SEED=None", "--gin.DROPOUT_RATE=0.1", "--gin.CHECKPOINT_PERIOD=2",
-          "--gin.LOG_PERIOD=2")
+COMMON = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+          "--gin.T5Config.num_decoder_layers=1", "--gin.RANDOM_SEED=None",
+          "--gin.DROPOUT_RATE=0.1", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=2")
 
 
 def _params(model_dir, step):
     return th.flat(th.load_state(model_dir, step)["params"])
 
 
-def test_a_drawn_seed_is_kept_and_a_resume_continues_exactly(tmp_path):
-    run_dir = tmp_path / "drawn"  # runs in pairs, each pair in one interpreter
-    first, resumed = th.run_mains([th.train_command(run_dir, *COMMON, steps=steps)[3:]
-                                   for steps in (2, 4)])
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    """In one interpreter: a run that draws its seed (2 steps) and its resume (to 4), and
+    a run whose random_seed.json is damaged. {name: (MODEL_DIR, the run)}."""
+    root = tmp_path_factory.mktemp("drawn")
+    damaged = root / "damaged"
+    damaged.mkdir()
+    (damaged / "random_seed.json").write_text("{\"random_seed\": -3}\n")
+    runs = [("first", root / "drawn", 2), ("resumed", root / "drawn", 4),
+            ("damaged", damaged, 2)]
+    procs = th.run_mains([th.train_command(model_dir, *COMMON, steps=steps)[3:]
+                          for _, model_dir, steps in runs])
+    return {name: (model_dir, proc) for (name, model_dir, _), proc in zip(runs, procs)}
+
+
+def test_a_drawn_seed_is_kept_and_a_resume_continues_exactly(drawn, tmp_path):
+    (run_dir, first), (_, resumed) = drawn["first"], drawn["resumed"]
     assert first.returncode == 0, th.describe(first)
-    drawn = SEED_LINE.search(first.stderr)
-    assert drawn, th.tail(first.stderr)
-    seed = int(drawn.group(1))
+    match = SEED_LINE.search(first.stderr)
+    assert match, th.tail(first.stderr)
+    seed = int(match.group(1))
     assert json.loads((run_dir / "random_seed.json").read_text()) == {"random_seed": seed}
 
     assert resumed.returncode == 0, th.describe(resumed)
@@ -47,11 +65,8 @@ def test_a_drawn_seed_is_kept_and_a_resume_continues_exactly(tmp_path):
         _params(run_dir, 2).values(), _params(tmp_path / "other", 2).values()))
 
 
-def test_a_damaged_seed_file_is_one_line_and_nothing_is_drawn_over_it(tmp_path):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "random_seed.json").write_text("{\"random_seed\": -3}\n")
-    proc = th.run_train(run_dir, *COMMON, steps=2)
+def test_a_damaged_seed_file_is_one_line_and_nothing_is_drawn_over_it(drawn):
+    run_dir, proc = drawn["damaged"]
     assert proc.returncode == 2, th.describe(proc)
     line = th.assert_one_error(proc, "random_seed.json", "does not hold this run's seed",
                                "RANDOM_SEED")

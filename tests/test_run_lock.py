@@ -13,11 +13,16 @@ import train_helpers as th
 from t5lite.errors import ConfigError
 from t5lite.runtime.process import run_lock
 
+# the runs' model: the tiny T5 cut to one layer a side, a 512-entry vocabulary
+SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+               "--gin.T5Config.num_decoder_layers=1")
+
 
 def test_a_second_run_on_a_live_model_dir_refuses_and_the_first_finishes(tmp_path):
     model_dir, log = tmp_path / "run", tmp_path / "first.log"
     steps = 30
-    cmd = th.train_command(model_dir, "--gin.LOG_PERIOD=1", "--gin.CHECKPOINT_PERIOD=20",
+    cmd = th.train_command(model_dir, *SMALL_MODEL, "--gin.LOG_PERIOD=1",
+                           "--gin.CHECKPOINT_PERIOD=20",
                            "--gin.KEEP_CHECKPOINTS=None", steps=steps)
     first = th.start(cmd, log)
     try:
@@ -57,7 +62,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_with_a_warning(tmp_path):
     (model_dir / run_lock.LOCK_NAME).write_text(json.dumps(
         {"host": socket.gethostname(), "pid": pid, "since": "2026-01-01 00:00:00 UTC",
          "processes": 1}))
-    proc = th.run_train(model_dir, steps=2)
+    proc = th.run_train(model_dir, *SMALL_MODEL, steps=2)
     assert proc.returncode == 0, th.describe(proc)
     assert "taking over the lock of a run that is no longer running" in proc.stderr
     assert f"pid {pid}" in proc.stderr

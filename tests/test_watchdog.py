@@ -13,6 +13,10 @@ from t5lite.runtime.process.watchdog import EXIT_HUNG, StepWatchdog, WatchdogSet
 
 import train_helpers as th
 
+# the real runs' model: the tiny T5 cut to one layer a side, a 512-entry vocabulary
+SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+               "--gin.T5Config.num_decoder_layers=1")
+
 
 def _settings(**kw):
     base = dict(enabled=False, factor=4.0, floor_seconds=10.0, warmup_steps=2,
@@ -123,7 +127,8 @@ def test_a_stalled_run_ends_with_status_3_and_resumes(tmp_path):
     """One process stalled (INJECT_STALL) past the floor: status 3, the hang file, the
     checkpoint before it kept; the same command without the stall resumes and finishes
     with the parameters of an uninterrupted run."""
-    stall = ["--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1", "--gin.WATCHDOG_FLOOR_SECONDS=3",
+    stall = [*SMALL_MODEL, "--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1",
+             "--gin.WATCHDOG_FLOOR_SECONDS=3",
              "--gin.WATCHDOG_WARMUP_STEPS=1", "--gin.INJECT_STALL='0:6:600'"]
     t = time.monotonic()
     proc = th.run_train(tmp_path / "run", *stall, steps=8)
@@ -135,8 +140,8 @@ def test_a_stalled_run_ends_with_status_3_and_resumes(tmp_path):
     assert (tmp_path / "run" / f"hang-{socket.gethostname()}-0.txt").exists()
     # the resume and the uninterrupted run one after the other in one interpreter
     resumed, whole = th.run_mains([
-        th.train_command(tmp_path / name, "--gin.CHECKPOINT_PERIOD=4", "--gin.LOG_PERIOD=1",
-                         steps=8)[3:] for name in ("run", "whole")])
+        th.train_command(tmp_path / name, *SMALL_MODEL, "--gin.CHECKPOINT_PERIOD=4",
+                         "--gin.LOG_PERIOD=1", steps=8)[3:] for name in ("run", "whole")])
     assert resumed.returncode == 0, th.describe(resumed)
     assert "start: resume:4 at step 4" in resumed.stderr, resumed.stderr[-3000:]
     assert whole.returncode == 0, th.describe(whole)
