@@ -605,7 +605,8 @@ RESUME_RUNS = {  # devices: [(gin_file, feature lengths, a router statistic logg
 @pytest.mark.parametrize("devices", [8, 1])
 def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     """`python -m t5lite.train` on the tiny GLaM (decoder-only) and the tiny Switch T5
-    (capacity routing, dense and sparse layers) over data 2 x expert 4 (and the Switch on
+    (capacity routing, dense and sparse layers; both with 512 vocabulary entries) over
+    data 2 x expert 4 (and the Switch on
     one device): 4 steps saved at 2 and 4; a second run, from a copy holding only
     step 2, resumes there and ends at step 4 with the very same state, and the log line
     shows the routers' statistics.
@@ -619,9 +620,13 @@ def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     runs = RESUME_RUNS[devices]
     cmds = []
     for i, (gin_file, lengths, _) in enumerate(runs):
+        # a 512-entry vocabulary: the real ones (50,304 / 32,128) would be most of each
+        # step and save, and what is under test is the routers' state and the resume
+        vocab = ("--gin.DecoderConfig.vocab_size=512" if "glam" in gin_file
+                 else "--gin.T5Config.vocab_size=512")
         args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
                 "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
-                "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0")
+                "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0", vocab)
         cmd = th.train_command(tmp_path / f"a{i}", *args, steps=4)
         cmd[3] = f"--gin_file={gin_file}"
         cmds.append(cmd[3:])
