@@ -127,9 +127,8 @@ def sources_of(provider, split: str) -> tuple:
     if not groups:
         return None, None
     schedule = Schedule([g[0] for g in groups], [g[1] for g in groups], "TEXT_FILES")
-    files = {name: group_files for name, _, group_files in groups}
-    return schedule, [seqio.Task(f"{provider.name}.{name}",
-                                 source=provider.source.part(split, files[name]),
+    parts = {name: source for name, _, source in groups}
+    return schedule, [seqio.Task(f"{provider.name}.{name}", source=parts[name],
                                  preprocessors=provider.preprocessors,
                                  output_features=provider.output_features)
                       for name in schedule.names]

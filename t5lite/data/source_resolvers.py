@@ -88,15 +88,16 @@ def resolve_text_files(splits: Sequence[str],
     layout = {"train": "text_files", "validation": "text_validation_files"}
     files, blends = {}, {}
     for split in splits:
-        globs = data.get_globs(layout[split])
-        if globs:
-            files[split] = _match_text_files(data.source_of(layout[split]), globs)
-        weighted = data.get_blend(layout[split]) if globs else None
+        source = data.source_of(layout[split])
+        weighted = data.get_blend(layout[split])
         if weighted:  # each glob a source of the blend (t5lite/data/blend.py)
             names = blend.source_names([g for g, _ in weighted])
-            blends[split] = [(name, weight, _match_text_files(data.source_of(layout[split]),
-                                                              [pattern]))
+            blends[split] = [(name, weight, _match_text_files(source, [pattern]))
                              for name, (pattern, weight) in zip(names, weighted)]
+            files[split] = list(dict.fromkeys(f for _, _, group in blends[split]
+                                              for f in group))
+        elif data.get_globs(layout[split]):
+            files[split] = _match_text_files(source, data.get_globs(layout[split]))
     if "train" in splits and "train" not in files:
         raise DataNotFoundError(
             f"no text files: {how_to_set('text_files')} to a glob (or a list of "
@@ -231,9 +232,6 @@ class _PartialSplits(seqio.DataSource):
     def blend(self, split: str):
         self._check(split)
         return getattr(self._inner, "blend", lambda _: None)(split)
-
-    def part(self, split: str, files: Sequence[str]) -> seqio.DataSource:
-        return self._inner.part(split, files)
 
     def get_dataset(self, split: str = "train", shuffle: bool = True, seed=None,
                     shard_info=None, *, sequence_length=None, use_cached=False, num_epochs=1):

@@ -55,7 +55,7 @@ class TextFilesSource(seqio.DataSource):
                  blends: Optional[Mapping[str, Sequence[tuple]]] = None):
         """`blends`: {split: [(name, weight, files)]} for a split whose files are a blend
         (TEXT_FILES with weights, t5lite/data/blend.py): the pipeline reads each group as
-        a source of its own (`part`); read whole, the split is every group's files."""
+        a source of its own (`blend`); read whole, the split is every group's files."""
         self._files = {k: list(v) for k, v in split_files.items()}
         self._field = field
         self._cycle_length = cycle_length
@@ -63,12 +63,13 @@ class TextFilesSource(seqio.DataSource):
         super().__init__(splits=tuple(self._files))
 
     def blend(self, split: str) -> Optional[List[tuple]]:
-        """[(name, weight, files)] when `split` is a blend, else None."""
-        return self._blends.get(split)
-
-    def part(self, split: str, files: Sequence[str]) -> "TextFilesSource":
-        """The source of one group of a blend: `files` as split `split`."""
-        return TextFilesSource({split: files}, self._field, self._cycle_length)
+        """[(name, weight, source of the group's files as split `split`)] when `split` is
+        a blend, else None."""
+        if split not in self._blends:
+            return None
+        return [(name, weight, TextFilesSource({split: files}, self._field,
+                                               self._cycle_length))
+                for name, weight, files in self._blends[split]]
 
     @property
     def supports_arbitrary_sharding(self) -> bool:
@@ -311,9 +312,6 @@ class DeferredSource(seqio.DataSource):
         """The resolved source's blend of `split` (TextFilesSource.blend), else None."""
         self._check_split(split)
         return getattr(self.resolve(), "blend", lambda _: None)(split)
-
-    def part(self, split: str, files: Sequence[str]) -> seqio.DataSource:
-        return self.resolve().part(split, files)
 
     def list_shards(self, split: str) -> Sequence[str]:
         self._check_split(split)
