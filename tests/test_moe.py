@@ -314,13 +314,15 @@ def test_shipped_moe_settings_give_the_one_microbatch_step(gin_file):
         for name in ("loss", "grad_norm", "moe/aux_loss", "moe/z_loss", "moe/dropped_fraction",
                      "moe/dropped_fraction/layer_0"):
             np.testing.assert_allclose(run[0][name], whole[0][name], rtol=1e-5, err_msg=name)
-        # each parameter array within 1e-3 of its largest value after the SGD step
-        # (measured: Mixtral 1.7e-6; GLaM 4.8e-4, in its first layer and the embedding
-        # below it, its drops the same; the unnested case: 8.5e-2)
+        # each parameter array within 3e-3 of its largest value after the SGD step
+        # (measured: Mixtral 1.7e-6; GLaM 4.8e-4 when written, 1.3e-3 on jax 0.12.0.1,
+        # in its first layer's experts and the embedding below them, its drops, losses
+        # and router losses the same to 1e-7: float reordering through capacity top-2;
+        # the unnested case: 8.5e-2, 28 times the bound)
         for a, b in zip(jax.tree_util.tree_leaves(run[1].params),
                         jax.tree_util.tree_leaves(whole[1].params)):
             a, b = np.asarray(a), np.asarray(b)
-            assert np.max(np.abs(a - b)) <= 1e-3 * np.max(np.abs(b)), (k, a.shape)
+            assert np.max(np.abs(a - b)) <= 3e-3 * np.max(np.abs(b)), (k, a.shape)
     said = DecoderOnlyModel(cfg).microbatch_routing_change(16, {"targets": 32}, 2)
     assert said is not None and "\n" not in said
     for needle in ("NUM_MICROBATCHES=2", "256 tokens are routed in groups of 256",
