@@ -59,7 +59,8 @@ def make_model(cfg):
 
 @functools.lru_cache(maxsize=None)
 def params_for(name):
-    return make_model(MODELS[name]).init(jax.random.PRNGKey(0))
+    # jitted: op by op, the init compiled a program per primitive (seconds of CPU a model)
+    return jax.jit(make_model(MODELS[name]).init)(jax.random.PRNGKey(0))
 
 
 def batch_for(name, batch_size=3, seed=0):
@@ -252,16 +253,18 @@ def test_cross_attention_reads_its_cache():
     from t5lite.models.encoder_decoder.network import T5
     model, params = make_model(T5_TINY), params_for("t5")
     enc = batch_for("t5")["encoder_input_tokens"]
-    encoded = model.module.apply(params, enc, method=T5.encode)
+    # jitted (op by op, each primitive compiled a program of its own: seconds of CPU)
+    encoded = jax.jit(lambda e: model.module.apply(params, e, method=T5.encode))(enc)
 
+    @jax.jit
     def step(enc_out, cache, tokens, index):
         return model.module.apply({**params, "cache": cache}, enc_out, enc, tokens,
                                   decode=True, decoder_positions=index, max_decode_length=6,
                                   mutable=["cache"], method=T5.decode)
 
-    _, created = model.module.apply(params, encoded, enc, jnp.zeros((3, 6), jnp.int32),
-                                    decode=True, max_decode_length=6, mutable=["cache"],
-                                    method=T5.decode)
+    _, created = jax.jit(lambda e: model.module.apply(
+        params, e, enc, jnp.zeros((3, 6), jnp.int32), decode=True, max_decode_length=6,
+        mutable=["cache"], method=T5.decode))(encoded)
     cache = created["cache"]
     cross = cache["decoder"]["layers_0"]["encoder_decoder_attention"]
     assert cross["cached_key"].shape == (3, 12, 4, 8)  # [batch, enc_length, heads, kv]
@@ -481,8 +484,8 @@ def test_hf_t5_v11_greedy_parity(tmp_path, _quiet_transformers):
     assert ref[:, 0].tolist() == [0, 0, 0]  # decoder_start_token_id
     expected = np.zeros((3, steps), np.int32)
     expected[:, :ref.shape[1] - 1] = ref[:, 1:]  # HF pads finished rows with 0 as well
-    tokens = model.predict_batch(variables, {"encoder_input_tokens": jnp.asarray(enc)},
-                                 max_decode_length=steps)
+    tokens = jax.jit(functools.partial(model.predict_batch, max_decode_length=steps))(
+        variables, {"encoder_input_tokens": jnp.asarray(enc)})
     np.testing.assert_array_equal(np.asarray(tokens), expected)
 
 
@@ -506,9 +509,9 @@ def test_hf_llama_gqa_greedy_parity(tmp_path, _quiet_transformers):
     prompts = np.zeros((3, 9), np.int32)
     for r, n in enumerate(lengths):
         prompts[r, :n] = np.concatenate([[1], rng.randint(3, vocab, size=n - 1)])
-    tokens = np.asarray(model.predict_batch(
-        variables, {"decoder_input_tokens": jnp.asarray(prompts)}, max_decode_length=steps,
-        eos_id=eos))
+    tokens = np.asarray(jax.jit(functools.partial(
+        model.predict_batch, max_decode_length=steps, eos_id=eos))(
+            variables, {"decoder_input_tokens": jnp.asarray(prompts)}))
     generated = 0
     for r, n in enumerate(lengths):  # HF one row at a time: no padding to handle
         with torch.no_grad():

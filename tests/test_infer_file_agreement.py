@@ -31,6 +31,10 @@ from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 FAMILIES = {"t5": ("configs/models/t5_1_1/tiny.gin", "T5Config"),
             "llama": ("configs/models/llama2/tiny.gin", "DecoderConfig")}
 VOCAB = 512
+# one layer a side (T5) or one layer (LLaMA): what is under test is how each line is
+# processed, not the depth (fewer ops to trace and compile in the finetune and every run)
+LAYERS = {"T5Config": ("num_encoder_layers", "num_decoder_layers"),
+          "DecoderConfig": ("num_layers",)}
 # inputs 64: some MNLI inputs are longer, so the task's trimming (the first 63 tokens,
 # then EOS) is exercised too
 LENGTHS = {"inputs": 64, "targets": 10}
@@ -39,10 +43,16 @@ STEPS = 60
 LABELS = ("entailment", "neutral", "contradiction")
 
 
+def _bindings(kind):
+    _, config = FAMILIES[kind]
+    return [f"{config}.vocab_size = {VOCAB}"] + [f"{config}.{n} = 1" for n in LAYERS[config]]
+
+
 def _model_flags(kind):
-    model_file, config = FAMILIES[kind]
-    return [f"--gin_file={model_file}", f"--gin.{config}.vocab_size={VOCAB}",
-            "--gin.ACTIVATION_DTYPE='float32'"]
+    model_file, _ = FAMILIES[kind]
+    return [f"--gin_file={model_file}"] + [f"--gin.{b.replace(' ', '')}"
+                                           for b in _bindings(kind)] + [
+        "--gin.ACTIVATION_DTYPE='float32'"]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -53,9 +63,8 @@ def trained(request, tmp_path_factory):
     vocab_path = vocabulary(tmp_path_factory)
     root = tmp_path_factory.mktemp(f"agree_{kind}")
     demo_corpus.write_multinli(str(root / "multinli"), train=400, dev=DEV)
-    model_file, config = FAMILIES[kind]
-    parsing.parse_gin([model_file], [f"{config}.vocab_size = {VOCAB}",
-                                     "ACTIVATION_DTYPE = 'float32'"])
+    model_file, _ = FAMILIES[kind]
+    parsing.parse_gin([model_file], _bindings(kind) + ["ACTIVATION_DTYPE = 'float32'"])
     model = parsing.resolve_macro("MODEL")
     checkpoint_format.save_params(root / "init", model.init(jax.random.PRNGKey(2)), step=0)
     with pytest.MonkeyPatch.context() as mp:
@@ -156,8 +165,8 @@ def test_a_files_token_ids_are_the_task_pipelines(trained, tmp_path):
     pairs.write_text("".join(json.dumps({"inputs": ex["inputs_pretokenized"].decode(),
                                          "targets": ex["targets_pretokenized"].decode()})
                              + "\n" for ex in examples))
-    model_file, config = FAMILIES[trained["kind"]]
-    parsing.parse_gin([model_file], [f"{config}.vocab_size = {VOCAB}"])
+    model_file, _ = FAMILIES[trained["kind"]]
+    parsing.parse_gin([model_file], _bindings(trained["kind"]))
     model = parsing.resolve_macro("MODEL")
     rule = file_inputs.file_inputs(model, task_name=None, checkpoint_path=str(trained["run"]),
                                    raw_prompts=False)

@@ -16,9 +16,11 @@ LENGTHS = {"inputs": 24, "targets": 12}
 
 
 def _model(**fields):
+    # one layer a side: each variant is a program of its own to trace and compile, and
+    # what is under test is the comparison, not the depth
     return model_lib.EncoderDecoderModel(configs.T5Config(
-        vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=2,
-        num_decoder_layers=2, mlp_dim=64, **fields))
+        vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, num_encoder_layers=1,
+        num_decoder_layers=1, mlp_dim=64, **fields))
 
 
 @pytest.mark.slow  # out of the quick local subset (-m "not slow"); CI runs it
@@ -43,7 +45,8 @@ def test_layouts_are_exact_and_bf16_error_sets_the_tolerance():
 def test_a_different_function_is_caught():
     # same weights and shapes, another function (ReLU gate instead of GELU)
     report = switch_check.compare_variants(
-        _model(), {"float32": {"dtype": "float32"}, "wrong": {"mlp_activations": ("relu", "linear")}},
+        _model(), {"float32": {"dtype": "float32"},
+                   "wrong": {"mlp_activations": ("relu", "linear")}},
         LENGTHS, batch_size=3)
     row = report["variants"]["wrong"]
     assert row["ok"] is False and row["rel_l2"] > row["tolerance"]
@@ -78,6 +81,10 @@ def test_script_reports_rows_and_fails_on_a_variant_it_cannot_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, "scripts_gpu/check_switches.py",
          "--gin_file=configs/models/t5_1_1/tiny.gin", "--variants=float32,fused_qkv,cudnn",
+         # a 512-entry vocabulary and one layer a side: the script's rows and exit are under
+         # test, not the model's size (the real one's 32,128 entries were most of the run)
+         "--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+         "--gin.T5Config.num_decoder_layers=1",
          "--inputs_length=16", "--targets_length=8", "--batch=2", f"--json_out={out}"],
         cwd=th.REPO, env=th.env(devices=1), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr        # cuDNN attention needs a GPU

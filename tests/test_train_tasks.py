@@ -20,11 +20,13 @@ from data_helpers import vocabulary
 from t5lite.data.files import demo_corpus
 
 # The demo's model (configs/demo_model.gin): tiny T5 with float32 activations and a
-# 512-entry vocabulary, which holds these tests' 400 ids. Tiny T5's 32128 entries would
-# be most of each step's and each checkpoint's cost, for nothing these tests look at;
+# 512-entry vocabulary, which holds these tests' 400 ids, cut to one layer a side. Tiny
+# T5's 32128 entries and second layers would be most of each step's, compile's and
+# checkpoint's cost, for nothing these tests look at (the data stream and its position);
 # float32, which the two-process test needs, gives every one-process run of the Pile
 # and text tasks here one train step to compile.
 MODEL = "--gin_file=demo_model.gin"
+ONE_LAYER = ("--gin.T5Config.num_encoder_layers=1", "--gin.T5Config.num_decoder_layers=1")
 
 
 def _pile(tmp_path):
@@ -41,7 +43,7 @@ def _pile(tmp_path):
 
 
 def _cmd(tmp_path, vocab, *extra):
-    return [th.sys.executable, "-m", "t5lite.train", MODEL,
+    return [th.sys.executable, "-m", "t5lite.train", MODEL, *ONE_LAYER,
             "--gin_file=runs/pretrain.gin",
             '--gin.MIXTURE_OR_TASK_NAME="pile_span_corruption"',
             f'--gin.MODEL_DIR="{tmp_path / "run"}"', "--gin.TRAIN_STEPS=4",
@@ -113,7 +115,7 @@ def _text_files(tmp_path):
 
 
 def _text_argv(tmp_path, files, vocab, name, steps, *extra):
-    return [MODEL, "--gin_file=runs/pretrain.gin",
+    return [MODEL, *ONE_LAYER, "--gin_file=runs/pretrain.gin",
             '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
             f"--gin.TEXT_FILES={files!r}", f'--gin.VOCABULARY_PATH="{vocab}"',
             f'--gin.MODEL_DIR="{tmp_path / name}"', f"--gin.TRAIN_STEPS={steps}",
@@ -145,7 +147,7 @@ def _resume_cmd(tmp_path, vocab, model_dir, steps, *extra):
     if not pile.exists():
         demo_corpus.write_pile(str(pile), docs_per_file=200, eval_docs=2)
     return [th.sys.executable, "-m", "t5lite.train", "--gin_file=demo_pretrain.gin",
-            "--gin.DEMO_DATA_DIR=None", f'--gin.VOCABULARY_PATH="{vocab}"',
+            *ONE_LAYER, "--gin.DEMO_DATA_DIR=None", f'--gin.VOCABULARY_PATH="{vocab}"',
             f'--gin.PILE_DIR="{pile}"', f'--gin.MODEL_DIR="{model_dir}"',
             "--gin.BATCH_SIZE=8", "--gin.CHECKPOINT_PERIOD=2", "--gin.LOG_PERIOD=1",
             f"--gin.TRAIN_STEPS={steps}", *extra]

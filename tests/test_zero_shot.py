@@ -40,15 +40,23 @@ BATCH = 8
 LENGTHS = {"inputs": 256, "targets": 16}
 FAMILIES = {"t5": ("configs/models/t5_1_1/tiny.gin", "T5Config"),
             "llama": ("configs/models/llama2/tiny.gin", "DecoderConfig")}
+# one layer a side (T5) or one layer (LLaMA): what is under test is the zero-shot
+# pipeline against the hand computation, not the depth (fewer ops to trace and compile in
+# every run, the two-process one included)
+LAYERS = {"T5Config": ("num_encoder_layers", "num_decoder_layers"),
+          "DecoderConfig": ("num_layers",)}
 TRAINED = 4  # the first passages, whose last word the model is trained to say
 LAMBADA = 10  # passages: a padded last batch
 BOOLQ = 7  # 4 true, 3 false: an answer swapped changes the accuracy
 
 
+def _bindings(config):
+    return [f"{config}.vocab_size = {VOCAB}"] + [f"{config}.{n} = 1" for n in LAYERS[config]]
+
+
 def _model(family):
     model_file, config = FAMILIES[family]
-    parsing.parse_gin([model_file], [f"{config}.vocab_size = {VOCAB}",
-                                     "ACTIVATION_DTYPE = 'float32'"])
+    parsing.parse_gin([model_file], _bindings(config) + ["ACTIVATION_DTYPE = 'float32'"])
     return parsing.resolve_macro("MODEL")
 
 
@@ -136,7 +144,8 @@ def _env(data, monkeypatch, tmp_path):
 def _flags(data, family, ckpt, out, task, *extra):
     model_file, config = FAMILIES[family]
     return [f"--gin_file={model_file}", "--gin_file=configs/runs/eval.gin",
-            f"--gin.{config}.vocab_size={VOCAB}", "--gin.ACTIVATION_DTYPE='float32'",
+            *(f"--gin.{b.replace(' ', '')}" for b in _bindings(config)),
+            "--gin.ACTIVATION_DTYPE='float32'",
             f'--gin.CHECKPOINT_PATH="{ckpt}"', f'--gin.OUTPUT_DIR="{out}"',
             f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", f"--gin.BATCH_SIZE={BATCH}",
             f'--gin.VOCABULARY_PATH="{data["vocab_path"]}"', "--gin.MODE='zero_shot'",
