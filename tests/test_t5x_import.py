@@ -346,38 +346,65 @@ def _t5x_target(params):
     return unflatten(out)
 
 
-@pytest.mark.parametrize("name", ["my_t5x_v1_1.gin", "my_t5x_v1_0.gin"])
-def test_the_docs_model_files_for_a_size_no_shipped_file_matches_convert(name, tmp_path):
-    """A T5X checkpoint of the sizes docs/migrating_from_t5x.md's example files give
-    converts with those files as written (the vocabulary made small here), back to the
-    same values; the same width split into other heads is refused. The checkpoint holds
-    random values of the model's shapes (numpy: the 38M-parameter model's own init takes
-    ~10 s of CPU here, and any values test the round trip); both conversions run through
-    `t5lite.convert`'s main in one interpreter (th.run_mains; the command's real
-    subprocess test is test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost)."""
+DOC_MODELS = ["my_t5x_v1_1.gin", "my_t5x_v1_0.gin"]
+# The docs' files with a small vocabulary and two layers a side: the widths (emb_dim,
+# heads, head_dim, mlp_dim) are the sizes no shipped file matches; every layer of a stack
+# converts alike, and two keep a layer past the first.
+DOC_SMALLER = {"vocab_size": 256, "num_encoder_layers": 2, "num_decoder_layers": 2}
+
+
+@pytest.fixture(scope="module")
+def doc_conversions(tmp_path_factory):
+    """{name: (directory, params, the conversion, the one with the heads split otherwise)}
+    for DOC_MODELS: the four conversions run through `t5lite.convert`'s main in one
+    interpreter (th.run_mains)."""
     from t5lite.config import parsing
+    root = tmp_path_factory.mktemp("doc_models")
+    smaller = [f"--gin.T5Config.{k}={v}" for k, v in DOC_SMALLER.items()]
+    argvs, made = [], {}
+    for name in DOC_MODELS:
+        directory = root / name.split(".")[0]
+        directory.mkdir()
+        (directory / name).write_text(_doc_model_file(name))
+        parsing.parse_gin([str(directory / name)],
+                          [f"T5Config.{k} = {v}" for k, v in DOC_SMALLER.items()])
+        model = parsing.resolve_macro("MODEL")
+        rng = np.random.default_rng(1)
+        params = jax.tree_util.tree_map(
+            lambda a: rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype),
+            model.abstract_variables()["params"])
+        ckpt = tx.write_t5x_checkpoint(directory / "t5x" / "checkpoint_10",
+                                       _t5x_target(params), step=10)
+        argvs += [
+            ["--from=t5x", f"--input={ckpt}", f"--output={directory / 'converted'}",
+             f"--gin_file={directory / name}", *smaller],
+            # the joined width of 8 heads of 64 read as 16 heads of 32: the relative
+            # position table's [num_heads, buckets] refuses it
+            ["--from=t5x", f"--input={ckpt}", f"--output={directory / 'wrong'}",
+             f"--gin_file={directory / name}", *smaller, "--gin.T5Config.num_heads=16",
+             "--gin.T5Config.head_dim=32"]]
+        made[name] = (directory, params)
+    procs = th.run_mains(argvs, module="t5lite.convert")
+    return {name: (directory, params, procs[2 * i], procs[2 * i + 1])
+            for i, (name, (directory, params)) in enumerate(made.items())}
+
+
+@pytest.mark.parametrize("name", DOC_MODELS)
+def test_the_docs_model_files_for_a_size_no_shipped_file_matches_convert(name,
+                                                                         doc_conversions):
+    """A T5X checkpoint of the sizes docs/migrating_from_t5x.md's example files give
+    converts with those files as written (the vocabulary and the layer count made small,
+    DOC_SMALLER), back to the same values; the same width split into other heads is
+    refused. The checkpoint holds random values of the model's shapes (numpy: the model's
+    own init costs seconds of CPU here, and any values test the round trip); the
+    conversions of both files run through `t5lite.convert`'s main in one interpreter
+    (doc_conversions; the command's real subprocess test is
+    test_convert_refuses_a_t5x_checkpoint_with_a_chunk_lost)."""
     from t5lite.interop import checkpoint_format
-    (tmp_path / name).write_text(_doc_model_file(name))
-    small_vocab = "--gin.T5Config.vocab_size=256"
-    parsing.parse_gin([str(tmp_path / name)], ["T5Config.vocab_size = 256"])
-    model = parsing.resolve_macro("MODEL")
-    rng = np.random.default_rng(1)
-    params = jax.tree_util.tree_map(
-        lambda a: rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype),
-        model.abstract_variables()["params"])
-    ckpt = tx.write_t5x_checkpoint(tmp_path / "t5x" / "checkpoint_10", _t5x_target(params),
-                                   step=10)
-    out = tmp_path / "converted"
-    proc, wrong = th.run_mains([
-        ["--from=t5x", f"--input={ckpt}", f"--output={out}", f"--gin_file={tmp_path / name}",
-         small_vocab],
-        # the joined width of 8 heads of 64 read as 16 heads of 32: the relative position
-        # table's [num_heads, buckets] refuses it
-        ["--from=t5x", f"--input={ckpt}", f"--output={tmp_path / 'wrong'}",
-         f"--gin_file={tmp_path / name}", small_vocab, "--gin.T5Config.num_heads=16",
-         "--gin.T5Config.head_dim=32"]], module="t5lite.convert")
+    directory, params, proc, wrong = doc_conversions[name]
     assert proc.returncode == 0, th.describe(proc)
-    converted = checkpoint_format.load_params(out / "checkpoints" / "10" / "params")
+    converted = checkpoint_format.load_params(directory / "converted" / "checkpoints" / "10"
+                                              / "params")
     th.assert_trees_equal(converted.get("params", converted), params, "converted params")
     th.assert_one_error(wrong, "relpos_bias/rel_embedding", "[8, 32]", "[16, 32]")
-    assert not (tmp_path / "wrong").exists()
+    assert not (directory / "wrong").exists()
