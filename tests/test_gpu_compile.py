@@ -20,6 +20,12 @@ from t5lite.tools import benchmark, benchmarking, gpu_report, gpu_target, step_m
 from t5lite.tools.hlo import gpu_program
 
 LENGTHS = ["--inputs_length=32", "--targets_length=16"]
+# The tiny T5 cut further where its size is not what a test reads (a vocabulary of 512, not
+# 32,128; one encoder and one decoder layer, not two): each compile for a GPU here costs
+# about a fifth less, and what is compared (kernels, bytes, memory) is of one program.
+SMALL_T5 = ["T5Config.vocab_size = 512", "T5Config.num_encoder_layers = 1",
+            "T5Config.num_decoder_layers = 1"]
+SMALL_T5_FLAGS = ["--gin." + b.replace(" ", "") for b in SMALL_T5]
 
 
 def _info(*args, extra=None):
@@ -30,12 +36,13 @@ def _info(*args, extra=None):
 
 @pytest.fixture(scope="module")
 def info_h200():
-    """`info --gpu=h200 --memory --json` on the tiny T5, run once for the tests that read
-    it (the CLI's report, --memory from the report's compile, and the einsum baseline of
-    the cuDNN test): (process, its JSON). jax logs each compile on stderr."""
+    """`info --gpu=h200 --memory --json` on the tiny T5 (SMALL_T5), run once for the tests
+    that read it (the CLI's report, --memory from the report's compile, and the einsum
+    baseline of the cuDNN test): (process, its JSON). jax logs each compile on stderr."""
     proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
-                 "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--gpu=h200",
-                 "--memory", "--devices=1", "--json", extra={"JAX_LOG_COMPILES": "1"})
+                 "--gin_file=configs/synthetic_pretrain.gin", *SMALL_T5_FLAGS, *LENGTHS,
+                 "--gpu=h200", "--memory", "--devices=1", "--json",
+                 extra={"JAX_LOG_COMPILES": "1"})
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads(proc.stdout)
 
@@ -348,17 +355,18 @@ def test_the_decoder_only_step_compiles_for_a_gpu_with_its_parts():
 def test_cudnn_attention_compiles_for_a_gpu_and_moves_fewer_bytes(info_h200):
     """ATTENTION_IMPL='cudnn' with the mask as lengths: cuDNN's fused attention forward
     and backward (no [batch, heads, q, k] tensor in memory), fewer bytes than the
-    einsum attention on the same model (info's report of it, same batch and lengths)."""
+    einsum attention on the same model (info's report of it, same batch and lengths:
+    the SMALL_T5)."""
     base = ["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"]
     einsum = info_h200[1]["gpu_step"]
     assert einsum["task_feature_lengths"] == {"inputs": 32, "targets": 16}
-    cudnn = _report(base, ["ATTENTION_IMPL = 'cudnn'", "ATTENTION_MASK = 'lengths'"],
-                    batch=einsum["batch_size"])
+    cudnn = _report(base, [*SMALL_T5, "ATTENTION_IMPL = 'cudnn'",
+                           "ATTENTION_MASK = 'lengths'"], batch=einsum["batch_size"])
     kinds = {row["group"][0] for row in cudnn["kernels_by_kind"]}
     assert "cudnn attention" in kinds
     launches = {row["group"][0]: row["launches"] for row in cudnn["kernels_by_kind"]}
-    # forward and backward for each of the 2 + 2 self- and 2 cross-attention layers
-    assert launches["cudnn attention"] == 2 * 6
+    # forward and backward for each of the 1 + 1 self- and 1 cross-attention layers
+    assert launches["cudnn attention"] == 2 * 3
     scores = {r["group"][0]: r for r in einsum["kernels_by_part"] if r["group"][0] ==
               "attention scores"}
     assert cudnn["program_bytes"] < einsum["program_bytes"] - 0.5 * scores[
@@ -395,14 +403,35 @@ def test_info_gpu_memory_reads_the_reports_compiled_step(info_h200):
     assert proc.stderr.count("Finished XLA compilation of jit(step_fn)") == 1, proc.stderr
 
 
-def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed():
-    args = ["--gin_file=configs/models/t5_1_1/tiny.gin",
-            "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS, "--memory", "--devices=2",
-            "--per_device_batch=2", "--json"]
-    gpu = _info(*args)
+MEMORY_ARGS = ["--gin_file=configs/models/t5_1_1/tiny.gin",
+               "--gin_file=configs/synthetic_pretrain.gin", *SMALL_T5_FLAGS, *LENGTHS,
+               "--memory", "--devices=2", "--per_device_batch=2", "--json"]
+MISTAKES = [
+    (["--gpu=z100"], ["--gpu='z100'", "h100, h200"]),
+    (["--gpu=h200", "--autotune_results=/nonexistent/a.textproto"], ["--autotune_results"]),
+]
+
+
+@pytest.fixture(scope="module")
+def info_runs():
+    """info's --memory for 2 H100s (the default where the extra is installed), then for
+    2 simulated CPUs (--cpu_compiler), then each of MISTAKES, by info's main in one
+    interpreter with 2 CPU devices (th.run_mains; `info_h200` is this file's real
+    `python -m t5lite.info`): {"gpu": ..., "cpu": ..., "mistakes": [...]}, each a
+    CompletedProcess (its returncode the status the command would exit with)."""
+    base = ["--gin_file=configs/models/t5_1_1/tiny.gin",
+            "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS]
+    argvs = [MEMORY_ARGS, MEMORY_ARGS + ["--cpu_compiler"]] + [base + a for a, _ in MISTAKES]
+    procs = th.run_mains(argvs, devices=2, module="t5lite.info", cwd=th.REPO,
+                         timeout=600)
+    return {"gpu": procs[0], "cpu": procs[1], "mistakes": procs[2:]}
+
+
+def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed(info_runs):
+    gpu = info_runs["gpu"]
     assert gpu.returncode == 0, gpu.stderr
     assert "2 compile-only NVIDIA H100 80GB HBM3 devices" in gpu.stderr
-    cpu = _info(*args, "--cpu_compiler")
+    cpu = info_runs["cpu"]
     assert cpu.returncode == 0, cpu.stderr
     assert "2 simulated CPU devices" in cpu.stderr
     gpu_mem, cpu_mem = (json.loads(p.stdout)["step_memory"] for p in (gpu, cpu))
@@ -410,21 +439,13 @@ def test_info_memory_plans_for_a_gpu_where_the_extra_is_installed():
     assert gpu_mem["device_kind"] == gpu_target.GPUS["h100"] and cpu_mem["device_kind"] is None
 
 
-def test_info_gpu_mistakes_are_one_line():
+def test_info_gpu_mistakes_are_one_line(info_runs):
     """Each of info's --gpu mistakes is one `error:` line and exit status 2: an unknown
-    GPU, and an --autotune_results file that does not exist. (The two parametrized cases
-    of before, run by info's main one after another in one interpreter, `th.run_mains`:
-    a real subprocess would prove nothing more; tests/test_step_memory.py and
-    tests/test_configs.py run info's one-line errors as real subprocesses.)"""
-    cases = [
-        (["--gpu=z100"], ["--gpu='z100'", "h100, h200"]),
-        (["--gpu=h200", "--autotune_results=/nonexistent/a.textproto"], ["--autotune_results"]),
-    ]
-    base = ["--gin_file=configs/models/t5_1_1/tiny.gin",
-            "--gin_file=configs/synthetic_pretrain.gin", *LENGTHS]
-    procs = th.run_mains([base + args for args, _ in cases], devices=1,
-                         module="t5lite.info", cwd=th.REPO)
-    for proc, (args, words) in zip(procs, cases):
+    GPU, and an --autotune_results file that does not exist. (Run by info's main in the
+    `info_runs` interpreter: a real subprocess would prove nothing more;
+    tests/test_step_memory.py and tests/test_configs.py run info's one-line errors as real
+    subprocesses.)"""
+    for proc, (args, words) in zip(info_runs["mistakes"], MISTAKES):
         assert proc.returncode == 2, (args, proc.stderr)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -438,8 +459,8 @@ gpu_target.use_cpu_platform()
 import jax, jax.numpy as jnp
 from t5lite.config import parsing
 from t5lite.tools import benchmarking
-parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"], [],
-                  [], placeholders=parsing.RUN_PLACEHOLDERS)
+parsing.parse_gin(["configs/models/t5_1_1/tiny.gin", "configs/synthetic_pretrain.gin"],
+                  %r, [], placeholders=parsing.RUN_PLACEHOLDERS)
 run = benchmarking.step_run(parsing.resolve_macro("MODEL", origin="test"),
                             devices=gpu_target.gpu_devices("h200"),
                             optimizer=benchmarking.run_optimizer()[0])
@@ -452,13 +473,14 @@ as_run = program()
 print(as_run == program({lhs: False}), as_run == program({lhs: True}),
       jax.config.jax_threefry_gpu_kernel_lowering,
       'custom_call_target="cu_threefry2x32' in program(gpu_target.compiler_options()))
-"""
+""" % (SMALL_T5,)
 
 
 def test_the_initializers_compile_options_and_threefry_gpu_kernel():
-    """With the launchers' XLA_FLAGS (the latency-hiding scheduler on), the initializer
-    compiles as the run compiles it with its own options (train_step.INIT_COMPILER_OPTIONS:
-    the scheduler off), and that program is not the scheduled one.
+    """With the launchers' XLA_FLAGS (the latency-hiding scheduler on), the initializer (of
+    the SMALL_T5: four compiles for an H200) compiles as the run compiles it with its own
+    options (train_step.INIT_COMPILER_OPTIONS: the scheduler off), and that program is not
+    the scheduled one.
 
     And, in the same process on the same lowered initializer (what
     test_the_initializer_draws_with_jax_threefry_gpu_kernel checked in its own build of

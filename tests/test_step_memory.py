@@ -22,8 +22,12 @@ LENGTHS = {"inputs": 64, "targets": 32}
 
 
 def _tiny_t5(**switches):
+    """One encoder and one decoder layer; two for scanned stacks (a loop of one layer is
+    no loop for XLA, and the remat comparison reads the scanned loop's saved activations).
+    Each compile of the unrolled step takes about a third less than with two."""
+    layers = 2 if switches.get("scan_layers") else 1
     cfg = configs.T5Config(vocab_size=256, emb_dim=64, num_heads=4, head_dim=16,
-                           num_encoder_layers=2, num_decoder_layers=2, mlp_dim=256,
+                           num_encoder_layers=layers, num_decoder_layers=layers, mlp_dim=256,
                            **switches)
     return model_lib.EncoderDecoderModel(cfg)
 
@@ -138,25 +142,67 @@ def _info(*args):
                           env=th.env(devices=1), capture_output=True, text=True, timeout=300)
 
 
-def test_info_counts_the_optimizer_the_recipe_binds():
-    proc = _info("--gin_file=configs/large_pile_pretrain.gin", "--json")
+# The tiny T5 and GPT cut further where their size is not what a test reads (vocabulary
+# 512; one T5 layer a stack; the pipeline's GPT 4 layers, one a stage)
+SMALL_T5 = ["--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+            "--gin.T5Config.num_decoder_layers=1"]
+T5_MEMORY = ["--gin_file=configs/models/t5_1_1/tiny.gin",
+             "--gin_file=configs/synthetic_pretrain.gin", *SMALL_T5]
+PIPELINE = ["--gin_file=configs/models/gpt/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
+            "--gin.DecoderConfig.num_layers=4", "--gin.DecoderConfig.vocab_size=512",
+            "--seq_length=32", "--memory", "--devices=8", "--per_device_batch=2",
+            "--cpu_compiler", "--json", "--gin.PIPELINE_MICROBATCHES=4",
+            "--gin.ICI_MESH_SHAPE=[1,2,1,1,4]"]
+INFO_RUNS = {
+    # first: jax starts with the interpreter's 8 CPU devices; the later runs take fewer
+    "pipeline": PIPELINE,
+    "memory": T5_MEMORY + ["--inputs_length=64", "--targets_length=32", "--memory",
+                           "--devices=4", "--per_device_batch=2",
+                           "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--cpu_compiler", "--json"],
+    "too_small": T5_MEMORY + ["--memory", "--devices=2", "--per_device_batch=2",
+                              "--device_memory_gib=0.00001", "--cpu_compiler"],
+    "adamw": ["--gin_file=configs/large_pile_pretrain.gin", "--json"],
+    "adafactor": ["--gin_file=configs/large_pile_pretrain.gin", "--optimizer=adafactor",
+                  "--json"],
+}
+MISTAKES = [  # info's argv, the words its one error line names
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=2"],
+     ["BATCH_SIZE", "--per_device_batch"]),
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
+      "--memory", "--devices=2", "--per_device_batch=1", "--gin.NUM_MICROBATCHES=4"],
+     ["NUM_MICROBATCHES"]),
+    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=0"], ["--devices"]),
+]
+INFO_RUNS.update({f"mistake{i}": args for i, (args, _) in enumerate(MISTAKES) if i})
+
+
+@pytest.fixture(scope="module")
+def info_runs():
+    """{name: CompletedProcess} of INFO_RUNS, by info's main in one interpreter with 8 CPU
+    devices (th.run_mains), each returncode the status the command would exit with; this
+    file's real `python -m t5lite.info` subprocess is the first one-line mistake's."""
+    argvs = list(INFO_RUNS.values())
+    procs = th.run_mains(argvs, devices=8, module="t5lite.info", cwd=th.REPO,
+                         timeout=600)
+    return dict(zip(INFO_RUNS, procs))
+
+
+def test_info_counts_the_optimizer_the_recipe_binds(info_runs):
+    proc = info_runs["adamw"]
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["optimizer"] == "adamw" and report["optimizer_source"] == "bound by the config"
     n = report["params"]
     assert 8 * n <= report["optimizer_state_bytes"] <= 8 * n + 64   # ~5.8 GiB, not 0.07
     assert "adamw state" in proc.stderr and "bound by the config" in proc.stderr
-    proc = _info("--gin_file=configs/large_pile_pretrain.gin", "--optimizer=adafactor",
-                 "--json")
+    proc = info_runs["adafactor"]
+    assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["optimizer"] == "adafactor"
 
 
 @pytest.mark.slow  # out of the quick local subset (-m "not slow"); CI runs it
-def test_info_memory_on_simulated_devices():
-    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
-                 "--gin_file=configs/synthetic_pretrain.gin", "--inputs_length=64",
-                 "--targets_length=32", "--memory", "--devices=4", "--per_device_batch=2",
-                 "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--cpu_compiler", "--json")
+def test_info_memory_on_simulated_devices(info_runs):
+    proc = info_runs["memory"]
     assert proc.returncode == 0, proc.stderr
     mem = json.loads(proc.stdout)["step_memory"]
     assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1,
@@ -167,23 +213,17 @@ def test_info_memory_on_simulated_devices():
     assert mem["verdict"].startswith("fits in 80 GiB")
     assert "train step memory" in proc.stderr and "4 simulated CPU devices" in proc.stderr
     # the same step on a device of a few KiB: a plain no, with what to change
-    proc = _info("--gin_file=configs/models/t5_1_1/tiny.gin",
-                 "--gin_file=configs/synthetic_pretrain.gin", "--memory", "--devices=2",
-                 "--per_device_batch=2", "--device_memory_gib=0.00001", "--cpu_compiler")
+    proc = info_runs["too_small"]
     assert proc.returncode == 0, proc.stderr
     assert "does not fit in 0 GiB" in proc.stdout and "REMAT_POLICY" in proc.stdout
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=2"],
-     ["BATCH_SIZE", "--per_device_batch"]),
-    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
-      "--memory", "--devices=2", "--per_device_batch=1", "--gin.NUM_MICROBATCHES=4"],
-     ["NUM_MICROBATCHES"]),
-    (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=0"], ["--devices"]),
-])
-def test_info_memory_mistakes_are_one_line(args, words):
-    proc = _info(*args)
+@pytest.mark.parametrize("case", range(len(MISTAKES)))
+def test_info_memory_mistakes_are_one_line(info_runs, case):
+    """The first case a real `python -m t5lite.info` (status and stderr as a shell sees
+    them), the others by info's main in `info_runs`' interpreter."""
+    args, words = MISTAKES[case]
+    proc = _info(*args) if case == 0 else info_runs[f"mistake{case}"]
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -191,14 +231,11 @@ def test_info_memory_mistakes_are_one_line(args, words):
         assert word in lines[0], lines[0]
 
 
-def test_info_memory_of_a_pipeline_per_device():
+def test_info_memory_of_a_pipeline_per_device(info_runs):
     """`info --memory` compiles a pipelined step on its mesh ([stage=4, fsdp=2]) and says
     what a device needs (the arrays' own shardings are checked in
     test_pipeline_parallelism)."""
-    common = ["--gin_file=configs/models/gpt/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",
-              "--gin.DecoderConfig.num_layers=8", "--seq_length=32", "--memory",
-              "--devices=8", "--per_device_batch=2", "--cpu_compiler", "--json"]
-    piped = _info(*common, "--gin.PIPELINE_MICROBATCHES=4", "--gin.ICI_MESH_SHAPE=[1,2,1,1,4]")
+    piped = info_runs["pipeline"]
     assert piped.returncode == 0, piped.stderr
     mem = json.loads(piped.stdout)["step_memory"]
     assert mem["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4}

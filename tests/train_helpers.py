@@ -137,9 +137,9 @@ def run_train(model_dir: Optional[PathLike], *extra: str, devices: int = 1,
 
 # Several runs of one command in one fresh interpreter: each argv through the command's
 # `main` as `python -m` runs it (a ConfigError is `error: ...` and status 2; any other
-# exception its traceback and status 1), with that run's stderr captured. For cases
-# that end before training (bad settings), or runs that follow one another on one model
-# directory: one interpreter start and import instead of one a run. Each command keeps a
+# exception its traceback and status 1), with that run's stdout and stderr captured. For
+# cases that end before training (bad settings), or runs that follow one another on one
+# model directory: one interpreter start and import instead of one a run. Each command keeps a
 # real subprocess test of its own. A `Between` in the list is Python run in that
 # interpreter between two runs (a test changing the files the next run reads).
 _MAINS = r"""
@@ -151,8 +151,8 @@ for module, argv in json.loads(sys.argv[1]):
         exec(argv, {})
         continue
     main = importlib.import_module(module).main
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             status = main(argv) or 0
         except ConfigError as e:
@@ -163,7 +163,7 @@ for module, argv in json.loads(sys.argv[1]):
         except Exception:
             traceback.print_exc()
             status = 1
-    print("RUN " + json.dumps([status, err.getvalue()]), flush=True)
+    print("RUN " + json.dumps([status, out.getvalue(), err.getvalue()]), flush=True)
 """
 
 
@@ -179,8 +179,8 @@ def run_mains(argvs: Sequence[Union[Sequence[str], Between]], devices: int = 1,
     """Each argv (without `python -m module`) run by `module.main` in one interpreter, in
     order (`module`: one for all, or one per argv: train, then eval, then infer), a
     `Between` run as Python where it stands; a CompletedProcess per argv (its returncode
-    the status the command would exit with, its stderr that run's), so `assert_one_error`
-    reads them as it reads a subprocess."""
+    the status the command would exit with, its stdout and stderr that run's), so
+    `assert_one_error` reads them as it reads a subprocess."""
     runs_only = [a for a in argvs if not isinstance(a, Between)]
     modules = [module] * len(runs_only) if isinstance(module, str) else list(module)
     assert len(modules) == len(runs_only), (modules, runs_only)
@@ -192,8 +192,8 @@ def run_mains(argvs: Sequence[Union[Sequence[str], Between]], devices: int = 1,
                devices=devices, timeout=timeout, cwd=cwd, extra_env=extra_env)
     runs = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("RUN ")]
     assert proc.returncode == 0 and len(runs) == len(runs_only), describe(proc)
-    return [subprocess.CompletedProcess(argv, status, "", err)
-            for argv, (status, err) in zip(runs_only, runs)]
+    return [subprocess.CompletedProcess(argv, status, out, err)
+            for argv, (status, out, err) in zip(runs_only, runs)]
 
 
 # A Python child started through this trampoline has Ctrl-C and SIGHUP at their default
