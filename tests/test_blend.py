@@ -17,6 +17,10 @@ from t5lite.data.data_layout import DataLayout  # noqa: E402
 from t5lite.errors import ConfigError, DataNotFoundError  # noqa: E402
 
 LM = {"targets": 16}
+# the run below: tiny T5 with one layer a side and 512 vocabulary entries (the test
+# vocabulary's 400 ids: 300 pieces and 100 sentinels) instead of T5's 32128
+SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
+               "--gin.T5Config.num_decoder_layers=1")
 
 
 @pytest.mark.parametrize("weights", [[0.7, 0.3], [1, 1, 1], [0.5, 0.25, 0.125, 0.125],
@@ -177,30 +181,36 @@ def test_bad_blends_are_one_line(corpora, tmp_path, monkeypatch, tmp_path_factor
 
 
 def test_a_run_on_a_blend_logs_each_sources_rows_and_a_resume_counts_on(
-        corpora, tmp_path, tmp_path_factory):
-    """Tiny T5 on text_span_corruption over TEXT_FILES weighted 0.7 / 0.3 (the gin list a
-    user writes), 4 rows a step, logged every 2 steps, stopped at 4 and resumed to 6:
-    TensorBoard's data/rows/<source> are the schedule's counts, by hand: its period is
-    web code web web web code web web code web, so 8 rows are 6 + 2, 16 are 11 + 5 and
-    24 are 17 + 7."""
+        corpora, tmp_path, tmp_path_factory, capsys):
+    """Tiny T5 (cut to one layer a side and a 512-entry vocabulary: the rows counted do
+    not depend on the model), in this process (its 8 devices), on text_span_corruption
+    over TEXT_FILES weighted 0.7 / 0.3 (the gin list a user writes), 8 rows a step,
+    logged every 2 steps, stopped at 4 and resumed to 6: TensorBoard's data/rows/<source>
+    are the schedule's counts, by hand: its period is web code web web web code web web
+    code web (7 web, 3 code), so 16 rows (a period and 6 rows) are 11 + 5, 32 (3 and 2)
+    are 22 + 10 and 48 (4 and 8) are 34 + 14."""
     import train_helpers as th
+    from t5lite import train
     web, code = corpora
     vocab = vocabulary(tmp_path_factory)
 
-    def argv(steps):
-        return ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
-                '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
-                f"--gin.TEXT_FILES={[(web, 0.7), (code, 0.3)]!r}",
-                f'--gin.VOCABULARY_PATH="{vocab}"', f'--gin.MODEL_DIR="{tmp_path / "run"}"',
-                f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=4", "--gin.LOG_PERIOD=2",
-                "--gin.CHECKPOINT_PERIOD=2", "--gin.EVAL_PERIOD=None",
-                "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}"]
-    first, resumed = th.run_mains([argv(4), argv(6)])
-    assert first.returncode == 0, th.describe(first)
-    assert resumed.returncode == 0 and "resume:4" in resumed.stderr, th.describe(resumed)
+    def run(steps):
+        status = train.main([
+            "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin",
+            '--gin.MIXTURE_OR_TASK_NAME="text_span_corruption"',
+            f"--gin.TEXT_FILES={[(web, 0.7), (code, 0.3)]!r}",
+            f'--gin.VOCABULARY_PATH="{vocab}"', f'--gin.MODEL_DIR="{tmp_path / "run"}"',
+            f"--gin.TRAIN_STEPS={steps}", "--gin.BATCH_SIZE=8", "--gin.LOG_PERIOD=2",
+            "--gin.CHECKPOINT_PERIOD=2", "--gin.EVAL_PERIOD=None", th.SYNC_CHECKPOINTS,
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}", *SMALL_MODEL])
+        return status, capsys.readouterr().err
+    status, err = run(4)
+    assert status == 0, err[-3000:]
+    status, err = run(6)
+    assert status == 0 and "resume:4" in err, err[-3000:]
     scalars = th.scalars(tmp_path / "run")
-    assert scalars["data/rows/web"] == [(2, 6.0), (4, 11.0), (6, 17.0)]
-    assert scalars["data/rows/code"] == [(2, 2.0), (4, 5.0), (6, 7.0)]
+    assert scalars["data/rows/web"] == [(2, 11.0), (4, 22.0), (6, 34.0)]
+    assert scalars["data/rows/code"] == [(2, 5.0), (4, 10.0), (6, 14.0)]
 
 
 def test_mixtures_from_gin_blend_registered_tasks_at_their_rates(tmp_path, monkeypatch,

@@ -55,32 +55,36 @@ def _resume_cost(make, state, expected):
     return jsonl_cursor.STATS["records_parsed"] - before
 
 
-@pytest.mark.parametrize("pack,processes", [
-    (False, 1), (True, 1), (False, 2), pytest.param(True, 2, marks=pytest.mark.slow)],
-    ids=["unpacked-1_process", "packed-1_process", "unpacked-2_processes",
-         "packed-2_processes"])
-def test_late_resume_costs_no_more_than_early_and_continues_the_stream(pile, pack,
+# Unpacked on one process, and packed on process 1 of 2: a packed stream's state (its
+# partial packs) and a process's data shard, each a case of its own before, restore in one
+# (process 0 of 2 restoring its shard's state: tests/test_data_shards.py, 1 -> 2).
+@pytest.mark.parametrize("pack,process,processes", [(False, 0, 1), (True, 1, 2)],
+                         ids=["unpacked-1_process", "packed-process_1_of_2"])
+def test_late_resume_costs_no_more_than_early_and_continues_the_stream(pile, pack, process,
                                                                        processes):
-    for index in range(processes):
-        def make():
-            return _make(pack=pack, batch_size=4 * processes, process_index=index,
-                         process_count=processes)
-        reference = make()
-        batches = [next(reference) for _ in range(LATE + AFTER)]
-        run, states = make(), {}
-        for position in range(1, LATE + 1):
-            assert _same(next(run), batches[position - 1])
-            if position in (EARLY, LATE):
-                states[position] = run.get_state()
-        cost = {p: _resume_cost(make, s, batches[p:p + AFTER]) for p, s in states.items()}
-        replay = _resume_cost(make, {k: v for k, v in states[LATE].items()
-                                     if k != "iterator"}, batches[LATE:LATE + AFTER])
-        # the saved state holds the shuffle buffer and the files' positions: a late resume
-        # parses what the next batches need (plus what the prefetching reads ahead, two
-        # chunks of each open file at most), like an early one; a replay parses it all
-        slack = 2 * 4 * 3
-        assert cost[LATE] <= cost[EARLY] + slack, (cost, replay)
-        assert replay > 2 * cost[LATE], (cost, replay)
+    """The states are saved by the uninterrupted run as it reads (as training saves,
+    mid-stream), and a resume from each continues its batches."""
+    run = _make(pack=pack, batch_size=4 * processes, process_index=process,
+                process_count=processes)
+    batches, states = [], {}
+    for position in range(1, LATE + AFTER + 1):
+        batches.append(next(run))
+        if position in (EARLY, LATE):
+            states[position] = run.get_state()
+    run.close()  # its readers stop: they parse nothing while a resume is counted
+
+    def make():
+        return _make(pack=pack, batch_size=4 * processes, process_index=process,
+                     process_count=processes)
+    cost = {p: _resume_cost(make, s, batches[p:p + AFTER]) for p, s in states.items()}
+    replay = _resume_cost(make, {k: v for k, v in states[LATE].items()
+                                 if k != "iterator"}, batches[LATE:LATE + AFTER])
+    # the saved state holds the shuffle buffer and the files' positions: a late resume
+    # parses what the next batches need (plus what the prefetching reads ahead, two
+    # chunks of each open file at most), like an early one; a replay parses it all
+    slack = 2 * 4 * 3
+    assert cost[LATE] <= cost[EARLY] + slack, (cost, replay)
+    assert replay > 2 * cost[LATE], (cost, replay)
 
 
 def test_the_state_is_per_process_and_names_its_stream(pile):
@@ -101,11 +105,10 @@ def test_an_earlier_iterator_format_is_replayed_not_restored(pile, caplog):
     """A state whose readers' layout is not this t5lite's (an earlier checkpoint: the
     Pile reader's positions were four integers) would restore positions the readers
     cannot take: it is replayed, exactly."""
-    batches = [next(it) for it in [_make()] for _ in range(6)]
-    run = _make()
-    for _ in range(4):
-        next(run)
+    run = _make()  # saved after 4 batches, mid-stream
+    batches = [next(run) for _ in range(4)]
     state = _through_json(run.get_state())
+    batches += [next(run) for _ in range(2)]
     del state["iterator_format"]
     resumed = _make()
     with caplog.at_level("INFO", logger="t5lite"):
@@ -120,13 +123,12 @@ def test_a_mixture_of_in_memory_tasks_resumes_from_its_state(tmp_path, monkeypat
     lengths = {"inputs": 128, "targets": 16}
     with mnli_squad_mixture(tmp_path, monkeypatch, tmp_path_factory,
                             "t5lite_test_mnli_squad") as name:
-        batches = [next(it) for it in [_make(name, feature_lengths=lengths)]
-                   for _ in range(12)]
-        run = _make(name, feature_lengths=lengths)
-        for _ in range(7):
-            next(run)
+        run = _make(name, feature_lengths=lengths)  # saved after 7 batches, mid-stream
+        batches = [next(run) for _ in range(7)]
+        state = _through_json(run.get_state())
+        batches += [next(run) for _ in range(5)]
         resumed = _make(name, feature_lengths=lengths)
-        resumed.set_state(_through_json(run.get_state()))
+        resumed.set_state(state)
         assert all(_same(next(resumed), b) for b in batches[7:])
 
 
@@ -134,12 +136,12 @@ def test_a_tfds_source_resumes_from_its_state(tmp_path, monkeypatch, tmp_path_fa
     tfds_dir = tmp_path / "tfds"
     pile_tfds(str(tfds_dir), {"train": 40, "validation": 4, "test": 4})
     data_env(monkeypatch, tmp_path, vocabulary(tmp_path_factory), tfds_data_dir=tfds_dir)
-    batches = [next(it) for it in [_make()] for _ in range(10)]
-    run = _make()
-    for _ in range(6):
-        next(run)
+    run = _make()  # saved after 6 batches, mid-stream
+    batches = [next(run) for _ in range(6)]
+    state = _through_json(run.get_state())
+    batches += [next(run) for _ in range(4)]
     resumed = _make()
-    resumed.set_state(_through_json(run.get_state()))
+    resumed.set_state(state)
     assert all(_same(next(resumed), b) for b in batches[6:])
 
 
@@ -156,13 +158,12 @@ def test_a_stream_tf_data_cannot_save_falls_back_to_replay(pile, monkeypatch, ca
             output_signature={"text": tf.TensorSpec([], tf.string)})
 
     monkeypatch.setattr(sources.TextFilesSource, "get_dataset", through_a_generator)
-    batches = [next(it) for it in [_make()] for _ in range(6)]
-    run = _make()
-    for _ in range(4):
-        next(run)
+    run = _make()  # saved after 4 batches, mid-stream: the run reads on
+    batches = [next(run) for _ in range(4)]
     with caplog.at_level("WARNING"):
         state = run.get_state()
     assert "iterator" not in state and "cannot be saved" in caplog.text
+    batches += [next(run) for _ in range(2)]
     resumed = _make()
     resumed.set_state(_through_json(state))
     assert all(_same(next(resumed), b) for b in batches[4:])

@@ -72,21 +72,44 @@ def _saved(states):
     return {**out, "iterator": merged}
 
 
-def _moves(make_before, make_after, counts, steps=5, after=3):
-    """Train `steps` batches on counts[0] processes, resume on counts[1]: the resumed
-    processes' rows, joined, equal the batches of one uninterrupted process."""
-    before_n, after_n = counts
-    whole = make_before(0, 1, data_shards=2)
-    expected = [next(whole) for _ in range(steps + after)]
-    first = [make_before(i, before_n) for i in range(before_n)]
-    for t in range(steps):
-        assert _same(_joined([next(p) for p in first]), expected[t]), t
-    saved = _saved([p.get_state() for p in first])
+def _before(make, n, steps=5, after=3, expected=None):
+    """Train `steps` batches on n processes (n = 1: DATA_SHARDS=2) and save: returns
+    (the first steps + after batches of one uninterrupted process, the saved states, the
+    records that process parsed). It is read first and alone, so its count (the Pile
+    reader's) is what a replay of those batches parses. On one process it is the run
+    that saves (as training does, mid-stream: a resume must then continue its batches);
+    two processes are read beside it and must give its batches. `expected`: those
+    batches, read before (then no count)."""
+    assert expected is None or n != 1
+    first, replay = [], None
+    if expected is None:
+        parsed = jsonl_cursor.STATS["records_parsed"]
+        whole = make(0, 1, data_shards=2)
+        expected = [next(whole) for _ in range(steps)]
+        if n == 1:
+            first = [whole]
+            saved = _saved([whole.get_state()])
+        expected += [next(whole) for _ in range(after)]
+        replay = jsonl_cursor.STATS["records_parsed"] - parsed
+        whole.close()  # its readers stop: they parse nothing while a resume is counted
+    if n != 1:
+        first = [make(i, n) for i in range(n)]
+        for t in range(steps):
+            assert _same(_joined([next(p) for p in first]), expected[t]), t
+        saved = _saved([p.get_state() for p in first])
+    for p in first:
+        p.close()
+    return expected, saved, replay
+
+
+def _resume(make, n, saved, expected, steps=5):
+    """Resume `saved` on n processes: their rows, joined, are expected[steps:]. Returns
+    the records the resumed processes parsed."""
     parsed = jsonl_cursor.STATS["records_parsed"]
-    resumed = [make_after(i, after_n) for i in range(after_n)]
+    resumed = [make(i, n) for i in range(n)]
     for p in resumed:
         p.set_state(saved)
-    for t in range(steps, steps + after):
+    for t in range(steps, len(expected)):
         assert _same(_joined([next(p) for p in resumed]), expected[t]), t
     return jsonl_cursor.STATS["records_parsed"] - parsed
 
@@ -97,49 +120,44 @@ def test_a_resume_on_another_process_count_reads_the_batches_one_process_would(
         pile, pack, counts, caplog):
     """Two processes (2 data shards by default) and one with DATA_SHARDS=2 read the
     same batches; the states saved on one count resume on the other from the shards'
-    states: the resumed processes parse fewer records than a replay of the stream."""
+    states: the resumed processes parse fewer records than a replay of the stream (the
+    one process reading those batches from the start, as a replay does)."""
     def before(i, n, data_shards=None):
         return _make(i, n, pack=pack, data_shards=2 if n == 1 else data_shards)
 
     def after(i, n):
         return _make(i, n, pack=pack)  # DATA_SHARDS unset: the checkpoint's 2
 
+    expected, saved, replayed = _before(before, counts[0])
     with caplog.at_level("INFO", logger="t5lite"):
-        parsed = _moves(before, after, counts)
+        parsed = _resume(after, counts[1], saved, expected)
     assert "rebuilding the stream" not in caplog.text
     assert f"from the saved iterator state of {2 // counts[1]} shard(s)" in caplog.text
-    replayed = _moves(before, lambda i, n: _replaying(i, n, pack), counts)
     assert parsed < replayed, (parsed, replayed)
 
 
-def _replaying(i, n, pack):
-    """An iterator that drops the saved shard states: the cost of a replay."""
-    it = _make(i, n, pack=pack)
-    real = it.set_state
-    it.set_state = lambda state: real({k: v for k, v in state.items() if k != "iterator"})
-    return it
-
-
 def test_a_mixture_moves_between_process_counts(tmp_path, monkeypatch, tmp_path_factory):
+    """2 -> 1 and 1 -> 2 from one uninterrupted one-process stream (DATA_SHARDS=2)."""
     lengths = {"inputs": 128, "targets": 16}
     with mnli_squad_mixture(tmp_path, monkeypatch, tmp_path_factory,
                             "t5lite_test_shards_mnli_squad") as name:
         def make(i, n, data_shards=None):
             return _make(i, n, task=name, feature_lengths=lengths,
                          data_shards=2 if n == 1 else data_shards)
-        _moves(make, make, (2, 1), steps=4, after=2)
-        _moves(make, make, (1, 2), steps=4, after=2)
+        expected, by_one, _ = _before(make, 1, steps=4, after=2)
+        _, by_two, _ = _before(make, 2, steps=4, after=2, expected=expected)
+        _resume(make, 1, by_two, expected, steps=4)
+        _resume(make, 2, by_one, expected, steps=4)
 
 
 def test_two_processes_on_one_shard_read_it_whole_and_keep_their_rows(pile, caplog):
     """A stream begun on one process without DATA_SHARDS has one shard: resumed on two,
     each reads it whole and keeps its half (twice the reading, said once)."""
-    one = _make()
-    batches = [next(one) for _ in range(7)]
-    run = _make()
-    for _ in range(3):
-        next(run)
-    saved = _saved([run.get_state()])
+    one = _make()  # the uninterrupted stream, saved after 3 batches (mid-stream)
+    batches = [next(one) for _ in range(3)]
+    saved = _saved([one.get_state()])
+    batches += [next(one) for _ in range(4)]
+    one.close()
     resumed = [_make(i, 2) for i in range(2)]
     with caplog.at_level("INFO", logger="t5lite"):
         for p in resumed:
@@ -155,12 +173,6 @@ def test_two_processes_on_one_shard_read_it_whole_and_keep_their_rows(pile, capl
     assert _same(next(again), batches[6])
 
 
-def _skip(it, n):
-    for _ in range(n):
-        next(it)
-    return it
-
-
 def test_data_shards_set_against_the_checkpoint_is_refused_in_one_line(pile):
     run = _make(data_shards=2)
     next(run)
@@ -174,7 +186,7 @@ def test_data_shards_set_against_the_checkpoint_is_refused_in_one_line(pile):
     del legacy["data_shards"]
     resumed = _make()
     resumed.set_state(legacy)
-    assert resumed.plan.count == 2 and _same(next(resumed), next(_skip(_make(data_shards=2), 1)))
+    assert resumed.plan.count == 2 and _same(next(resumed), next(run))  # run's batch 1
 
 
 # ----------------------------------------------------------------------------- the item
