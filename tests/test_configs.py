@@ -14,6 +14,8 @@ from t5lite.errors import ConfigError
 from t5lite.models import configs
 from t5lite.tools import footprint
 
+import train_helpers as th
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 MODEL_CONFIGS = sorted(p for p in (CONFIGS / "models").rglob("*.gin")
@@ -131,8 +133,13 @@ def _info(*args, cwd=REPO):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_info_json_t5_base():
-    proc = _info("--gin_file=configs/models/t5_1_1/base.gin", "--json")
+T5_BASE = "configs/models/t5_1_1/base.gin"
+
+
+def test_info_json_t5_base(info_mains):
+    """(`info`'s main in the interpreter of `info_mains`; the next test runs the command as
+    a process.)"""
+    proc = info_mains[T5_BASE]
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["params"] == 247_577_856
@@ -158,10 +165,19 @@ def _write(tmp_path, name, text):
     return str(tmp_path / name)
 
 
-@pytest.mark.parametrize("case", ["syntax", "unknown_configurable", "unknown_parameter",
-                                  "missing_file", "missing_include", "required",
-                                  "bad_flag_binding"])
-def test_config_errors_are_one_line(tmp_path, case):
+ERROR_CASES = ["syntax", "unknown_configurable", "unknown_parameter", "missing_file",
+               "missing_include", "required", "bad_flag_binding"]
+REAL_PROCESS_CASE = "syntax"  # `python -m t5lite.info` itself; the others share a process
+RUN_CONFIGS = [
+    ("configs/large_pile_pretrain.gin", "models/t5_1_1/large.gin"),
+    ("configs/llama2_7b_pile_pretrain.gin", "models/llama2/7b.gin"),
+    ("configs/large_text_pretrain.gin", "models/t5_1_1/large.gin"),
+    ("configs/llama2_7b_text_pretrain.gin", "models/llama2/7b.gin"),
+]
+
+
+def _error_case(tmp_path, case):
+    """(info's argv, the words its one error line holds) of an ERROR_CASES case."""
     tiny = "include 'models/t5_1_1/tiny.gin'\n"
     args, expect = {
         "syntax": ([_write(tmp_path, "typo.gin", tiny + "T5Config.emb_dim = = 3\n")],
@@ -178,8 +194,32 @@ def test_config_errors_are_one_line(tmp_path, case):
         "bad_flag_binding": (["models/t5_1_1/tiny.gin", "--gin.REMAT_POLICY=full"],
                              ["REMAT_POLICY", "quotes"]),
     }[case]
-    argv = [a if a.startswith("--") else f"--gin_file={a}" for a in args]
-    proc = _info(*argv)
+    return [a if a.startswith("--") else f"--gin_file={a}" for a in args], expect
+
+
+@pytest.fixture(scope="module")
+def info_mains(tmp_path_factory):
+    """{error case or config: its CompletedProcess}: `t5lite.info`'s main run on each
+    error case but REAL_PROCESS_CASE, on T5_BASE and on each RUN_CONFIGS run config
+    (`--json`), in one fresh interpreter (th.run_mains: what `python -m` would exit with,
+    and print), so the imports are paid once."""
+    root = tmp_path_factory.mktemp("info_mains")
+    names = ([c for c in ERROR_CASES if c != REAL_PROCESS_CASE] + [T5_BASE] +
+             [r for r, _ in RUN_CONFIGS])
+    argvs = []
+    for name in names:
+        if name in ERROR_CASES:
+            (root / name).mkdir()
+            argvs.append(_error_case(root / name, name)[0])
+        else:
+            argvs.append([f"--gin_file={name}", "--json"])
+    return dict(zip(names, th.run_mains(argvs, module="t5lite.info", cwd=REPO)))
+
+
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_config_errors_are_one_line(tmp_path, case, info_mains):
+    argv, expect = _error_case(tmp_path, case)
+    proc = _info(*argv) if case == REAL_PROCESS_CASE else info_mains[case]
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
@@ -188,17 +228,12 @@ def test_config_errors_are_one_line(tmp_path, case):
         assert word in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("run_config,model_config", [
-    ("configs/large_pile_pretrain.gin", "models/t5_1_1/large.gin"),
-    ("configs/llama2_7b_pile_pretrain.gin", "models/llama2/7b.gin"),
-    ("configs/large_text_pretrain.gin", "models/t5_1_1/large.gin"),
-    ("configs/llama2_7b_text_pretrain.gin", "models/llama2/7b.gin"),
-])
-def test_shipped_run_configs_bind_their_model(run_config, model_config):
+@pytest.mark.parametrize("run_config,model_config", RUN_CONFIGS)
+def test_shipped_run_configs_bind_their_model(run_config, model_config, info_mains):
     """A shipped run config parses completely (its run macros REQUIRED) and builds the
-    model of its size; `info` reads it without MODEL_DIR."""
-    import json
-    proc = _info(f"--gin_file={run_config}", "--json")
+    model of its size; `info` reads it without MODEL_DIR (its main, in the interpreter
+    of `info_mains`; test_info_json_* run the command as a process)."""
+    proc = info_mains[run_config]
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["params"] == EXPECTED_PARAMS[model_config]
 

@@ -43,10 +43,14 @@ def setup(tmp_path_factory):
                                      f"DecoderConfig.num_layers = {LAYERS}",
                                      "ACTIVATION_DTYPE = 'float32'"])
     model = parsing.resolve_macro("MODEL")
-    variables = model.init(jax.random.PRNGKey(5))
+    variables = jax.jit(model.init)(jax.random.PRNGKey(5))  # one program, not op by op
     checkpoint_format.save_params(root / "ckpt", variables, step=3)
+    # full forward passes (no cache) of a [batch, width] token array: one jitted program
+    # a shape, shared by the tests
+    logits = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
+                                                        "decoder_target_tokens": t}))
     return dict(vocab=vocab_path, mnli=root / "multinli", ckpt=root / "ckpt", model=model,
-                variables=variables)
+                variables=variables, logits=logits)
 
 
 @pytest.fixture(autouse=True)
@@ -83,20 +87,25 @@ def split_eval(setup, tmp_path_factory):
     return evaluated
 
 
-def _greedy_without_cache(logits_fn, prompt, new_tokens):
-    """Greedy continuation of `prompt` by full forward passes over the growing sequence
-    (right-padded to one width: a causal model's earlier positions do not see padding)."""
-    seq, out = list(prompt), []
-    width = len(prompt) + new_tokens
+def _greedy_without_cache(logits_fn, prompts, new_tokens, width):
+    """Greedy continuation of each of `prompts` by full forward passes over its growing
+    sequence (each a row of one batch, right-padded to `width`: a causal model's earlier
+    positions do not see the padding, nor a row the other rows); a row stops at EOS."""
+    seqs, outs = [list(p) for p in prompts], [[] for _ in prompts]
     for _ in range(new_tokens):
-        tokens = np.zeros((1, width), np.int32)
-        tokens[0, :len(seq)] = seq
-        token = int(np.argmax(np.asarray(logits_fn(tokens))[0, len(seq) - 1]))
-        out.append(token)
-        if token == EOS_ID:
+        live = [i for i, out in enumerate(outs) if not out or out[-1] != EOS_ID]
+        if not live:
             break
-        seq.append(token)
-    return out
+        tokens = np.zeros((len(prompts), width), np.int32)
+        for i, seq in enumerate(seqs):
+            tokens[i, :len(seq)] = seq
+        logits = np.asarray(logits_fn(tokens))
+        for i in live:
+            token = int(np.argmax(logits[i, len(seqs[i]) - 1]))
+            outs[i].append(token)
+            if token != EOS_ID:
+                seqs[i].append(token)
+    return outs
 
 
 def _dev_inputs(setup):
@@ -117,13 +126,10 @@ def test_eval_decodes_bos_plus_inputs_as_greedy_decoding_without_the_cache(setup
     vocab = vocabularies.get_vocabulary(str(setup["vocab"]))
     inputs = _dev_inputs(setup)
     assert len(inputs) == DEV
-    model, variables = setup["model"], setup["variables"]
-    logits_fn = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
-                                                           "decoder_target_tokens": t}))
     width = LENGTHS["inputs"] + 1  # every prompt padded to BOS + the longest inputs
-    expected = [vocab.decode(_greedy_without_cache(
-        lambda t: logits_fn(np.pad(t, ((0, 0), (0, width + LENGTHS["targets"] - t.shape[1])))),
-        [0] + ids, LENGTHS["targets"])) for ids in inputs]
+    expected = [vocab.decode(out) for out in _greedy_without_cache(
+        setup["logits"], [[0] + ids for ids in inputs], LENGTHS["targets"],
+        width + LENGTHS["targets"])]
     assert len(set(expected)) > 2, expected  # the prompts matter to this random model
     assert [r["prediction"] for r in rows] == expected
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
@@ -138,18 +144,17 @@ def _log_softmax(x):
 
 def _hand_loss(setup, sequences):
     """-(sum of log p) / count over the scored tokens: `sequences` are (prompt, scored)
-    token lists, each read as BOS + prompt + scored by one full forward pass (right-padded
-    to one width: a causal model's earlier positions do not see the padding)."""
-    model, variables = setup["model"], setup["variables"]
-    logits_fn = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
-                                                           "decoder_target_tokens": t}))
+    token lists, each read as BOS + prompt + scored by a full forward pass (each a row of
+    one batch, right-padded to one width: a causal model's earlier positions do not see
+    the padding, nor a row the other rows)."""
     width = max(1 + len(p) + len(s) for p, s in sequences)
+    seqs = np.zeros((len(sequences), width), np.int32)
+    for i, (prompt, scored) in enumerate(sequences):
+        seqs[i, :len(prompt) + len(scored)] = [0] + prompt + scored[:-1]
+    logp = _log_softmax(np.asarray(setup["logits"](seqs), np.float64))
     total, count = 0.0, 0
-    for prompt, scored in sequences:
-        seq = np.zeros((1, width), np.int32)
-        seq[0, :len(prompt) + len(scored)] = [0] + prompt + scored[:-1]
-        logp = _log_softmax(np.asarray(logits_fn(seq), np.float64))[0]
-        total -= sum(logp[len(prompt) + k, t] for k, t in enumerate(scored))
+    for i, (prompt, scored) in enumerate(sequences):
+        total -= sum(logp[i, len(prompt) + k, t] for k, t in enumerate(scored))
         count += len(scored)
     return total / count, count
 
@@ -339,9 +344,12 @@ def test_decoder_only_bad_input_is_one_line(setup, tmp_path, capsys, case):
         needles = ("no inputs to decode from", "MODE='perplexity'")
     else:
         from t5lite.config import parsing
-        parsing.parse_gin(["configs/models/t5_1_1/tiny.gin"], [f"T5Config.vocab_size = {VOCAB}"])
+        parsing.parse_gin(["configs/models/t5_1_1/tiny.gin"], [f"T5Config.vocab_size = {VOCAB}",
+                                                               "T5Config.num_encoder_layers = 1",
+                                                               "T5Config.num_decoder_layers = 1"])
         t5 = parsing.resolve_macro("MODEL")
-        checkpoint_format.save_params(tmp_path / "t5", t5.init(jax.random.PRNGKey(0)), step=1)
+        checkpoint_format.save_params(tmp_path / "t5", jax.jit(t5.init)(jax.random.PRNGKey(0)),
+                                      step=1)
         code = _finetune(setup, out, checkpoint=tmp_path / "t5")
         needles = ("another architecture", "encoder", "same family")
     err = capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`python -m t5lite.infer` with decoder-only models (tiny LLaMA with GQA and RoPE, tiny GPT
 with learned positions; each cut to one layer, with a 512-entry vocabulary): predictions
-equal a step-by-step argmax continuation computed with full forward passes (no KV cache,
-no batching or padding), of raw prompts (a checkpoint without a recorded task) or of a
+equal a step-by-step argmax continuation computed with full forward passes (no KV cache;
+each prompt a row right-padded to one width, which a causal model's earlier positions do
+not see), of raw prompts (a checkpoint without a recorded task) or of a
 named task's inputs (EOS appended); scores equal log-softmax sums over the target
 positions, and prompts beyond the positions end in one `error:` line.
 (tests/test_infer_file_agreement.py: a finetuned model's file inputs against the task's.)"""
@@ -43,10 +44,13 @@ def setup(request, tmp_path_factory):
     kind = request.param
     root = tmp_path_factory.mktemp(f"dec_{kind}")
     model = _model(kind)
-    variables = model.init(jax.random.PRNGKey(11))
+    variables = jax.jit(model.init)(jax.random.PRNGKey(11))  # one program, not op by op
     checkpoint_format.save_params(root / "ckpt", variables, step=3)
+    # full forward passes of a [batch, width] token array: one jitted program a shape
+    logits = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
+                                                        "decoder_target_tokens": t}))
     return dict(kind=kind, model=model, variables=variables, ckpt=root / "ckpt",
-                vocab=vocabulary(tmp_path_factory))
+                vocab=vocabulary(tmp_path_factory), logits=logits)
 
 
 @pytest.fixture(autouse=True)
@@ -81,21 +85,25 @@ def _prompts(n):
     return [w.paragraph(1 + i % 3) for i in range(n)]
 
 
-def _reference_continuation(setup, ids):
-    """Greedy continuation by full forward passes: BOS + the last `inputs` prompt tokens,
-    then append the argmax of the last position's logits until EOS or `targets` tokens."""
-    model, params = setup["model"], setup["variables"]
-    seq = [0] + list(ids)[-LENGTHS["inputs"]:]
-    new = []
+def _reference_continuations(setup, prompts):
+    """Greedy continuation of each prompt (token ids) by full forward passes: BOS + its last
+    `inputs` tokens, then append the argmax of its last position's logits until EOS or
+    `targets` tokens. The prompts are the rows of one batch, each right-padded to one
+    width (a causal model's earlier positions see neither the padding nor other rows)."""
+    seqs = [[0] + list(ids)[-LENGTHS["inputs"]:] for ids in prompts]
+    news = [[] for _ in prompts]
+    width = 1 + LENGTHS["inputs"] + LENGTHS["targets"]
     for _ in range(LENGTHS["targets"]):
-        tokens = np.array([seq + new], np.int32)
-        logits = model.logits(params, {"decoder_input_tokens": tokens,
-                                       "decoder_target_tokens": tokens})
-        nxt = int(np.argmax(np.asarray(logits)[0, -1]))
-        new.append(nxt)
-        if nxt == decoding.EOS_ID:
+        live = [i for i, new in enumerate(news) if not new or new[-1] != decoding.EOS_ID]
+        if not live:
             break
-    return new
+        tokens = np.zeros((len(prompts), width), np.int32)
+        for i, (seq, new) in enumerate(zip(seqs, news)):
+            tokens[i, :len(seq) + len(new)] = seq + new
+        logits = np.asarray(setup["logits"](tokens))
+        for i in live:
+            news[i].append(int(np.argmax(logits[i, len(seqs[i]) + len(news[i]) - 1])))
+    return news
 
 
 def test_decoder_only_predict_continues_prompts(setup, tmp_path, capsys):
@@ -114,7 +122,8 @@ def test_decoder_only_predict_continues_prompts(setup, tmp_path, capsys):
     assert [r["inputs"] for r in rows] == texts
     vocab = _vocab(setup)
     assert any(len(vocab.encode(t)) > LENGTHS["inputs"] for t in texts)
-    expected = [vocab.decode(_reference_continuation(setup, vocab.encode(t))) for t in texts]
+    expected = [vocab.decode(new) for new in _reference_continuations(
+        setup, [vocab.encode(t) for t in texts])]
     assert [r["prediction"] for r in rows] == expected
     assert any(r["prediction"] for r in rows)
 
@@ -133,15 +142,16 @@ def test_a_named_tasks_inputs_end_in_eos(setup, tmp_path):
     assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"',
                   "--gin.MIXTURE_OR_TASK_NAME='mnli'") == 0
     rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
-    expected = [vocab.decode(_reference_continuation(
-        setup, features.tokenize(vocab, t, LENGTHS["inputs"]))) for t in texts]
+    expected = [vocab.decode(new) for new in _reference_continuations(
+        setup, [features.tokenize(vocab, t, LENGTHS["inputs"]) for t in texts])]
     assert [r["prediction"] for r in rows] == expected
     raw = tmp_path / "raw"
     assert _infer(setup, raw, f'--gin.INPUT_FILE="{path}"', "--gin.MIXTURE_OR_TASK_NAME='mnli'",
                   "--gin.RAW_PROMPTS=True") == 0
     raw_rows = [json.loads(l) for l in (raw / "predictions.jsonl").open()]
     assert [r["prediction"] for r in raw_rows] == [
-        vocab.decode(_reference_continuation(setup, vocab.encode(t))) for t in texts]
+        vocab.decode(new) for new in _reference_continuations(
+            setup, [vocab.encode(t) for t in texts])]
     assert [r["prediction"] for r in raw_rows] != expected
 
 
@@ -155,13 +165,16 @@ def test_decoder_only_score_is_the_continuation_log_likelihood(setup, tmp_path):
     assert _infer(setup, out, f'--gin.INPUT_FILE="{path}"', "--gin.MODE='score'") == 0
     rows = [json.loads(l) for l in (out / "predictions.jsonl").open()]
     vocab = _vocab(setup)
-    model, params = setup["model"], setup["variables"]
-    for row, text, target in zip(rows, texts, targets):
-        prompt = list(vocab.encode(text))[-LENGTHS["inputs"]:]
-        tgt = list(vocab.encode(target))[:LENGTHS["targets"]]
-        seq = np.array([[0] + prompt + tgt[:-1]], np.int32)
-        logits = np.asarray(model.logits(params, {"decoder_input_tokens": seq,
-                                                  "decoder_target_tokens": seq}))[0]
+    pairs = [(list(vocab.encode(text))[-LENGTHS["inputs"]:],
+              list(vocab.encode(target))[:LENGTHS["targets"]]) for text, target in
+             zip(texts, targets)]
+    # each pair a row of one forward pass, right-padded (unseen by the earlier positions)
+    seqs = np.zeros((len(pairs), 1 + LENGTHS["inputs"] + LENGTHS["targets"]), np.int32)
+    for i, (prompt, tgt) in enumerate(pairs):
+        seqs[i, :len(prompt) + len(tgt)] = [0] + prompt + tgt[:-1]
+    all_logits = np.asarray(setup["logits"](seqs))
+    assert len(rows) == len(pairs)
+    for row, target, (prompt, tgt), logits in zip(rows, targets, pairs, all_logits):
         logp = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
                                       keepdims=True)) - logits.max(-1, keepdims=True)
         ref = sum(logp[len(prompt) + k, t] for k, t in enumerate(tgt))
