@@ -7,6 +7,7 @@ unfactored parameters, with and without momentum."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -86,6 +87,14 @@ CFG = T5Config(vocab_size=160, emb_dim=128, num_heads=2, head_dim=64, num_encode
                num_decoder_layers=2, mlp_dim=192, dtype="float32")
 
 
+@functools.lru_cache(maxsize=None)
+def _init_params():
+    """CFG's plain parameters at PRNGKey(0), drawn once for the module in one compiled
+    program (op by op, each primitive compiled a program of its own); read only."""
+    init = functools.partial(model_for_config(CFG).init, lengths={"inputs": 8, "targets": 8})
+    return jax.tree.map(np.asarray, jax.jit(init)(jax.random.PRNGKey(0))["params"])
+
+
 def _t5x_view(params):
     """t5lite's plain params -> T5X's tree (kernels [embed, heads*kv] / [heads*kv, embed])."""
     flat = param_paths.flatten(params)
@@ -114,8 +123,7 @@ def _model_tree(flat_view, model):
 def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1, orbax):
     rng = np.random.default_rng(0)
     plain = model_for_config(CFG)
-    init = plain.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
-    view = _t5x_view(jax.tree.map(np.asarray, init))
+    view = _t5x_view(jax.tree.map(np.copy, _init_params()))
     slots = tx.adafactor_slots(view, rng, beta1)
     write = tx.write_t5x_orbax_checkpoint if orbax else tx.write_t5x_checkpoint
     ckpt = write(tmp_path / ("run" if orbax else f"checkpoint_{STEP}"),
@@ -133,10 +141,11 @@ def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1, orbax):
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract)})
     params = params["params"]
     ref_params = dict(view)
+    update = jax.jit(txf.update)  # jitted: op by op, each primitive compiled a program
     for k in range(2):  # the first update after the import, and the one after it
         grads_view = {n: rng.normal(size=p.shape).astype(np.float32) for n, p in view.items()}
         grads = _model_tree(grads_view, model)
-        updates, state = txf.update(grads, state, params)
+        updates, state = update(grads, state, params)
         params = jax.tree.map(lambda p, u: p + u, params, updates)
         lr = float(schedule(STEP + k))
         for name in view:
@@ -153,8 +162,7 @@ def test_imported_t5x_state_takes_t5x_steps(tmp_path, layout, beta1, orbax):
 def test_a_state_that_does_not_map_is_one_line(tmp_path):
     rng = np.random.default_rng(1)
     model = model_for_config(CFG)
-    init = model.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
-    view = _t5x_view(jax.tree.map(np.asarray, init))
+    view = _t5x_view(jax.tree.map(np.copy, _init_params()))
     slots = tx.adafactor_slots(view, rng, None)
     state = {"step": np.int32(STEP), "param_states": tx.param_states(slots)}
     abstract = model.abstract_variables()["params"]
@@ -191,8 +199,7 @@ def test_a_t5x_run_continued_with_skip_bad_steps_wraps_the_same_state(tmp_path):
     from t5lite.runtime.checkpointing import finetune_restore
     rng = np.random.default_rng(1)
     model = model_for_config(CFG)
-    init = model.init(jax.random.PRNGKey(0), lengths={"inputs": 8, "targets": 8})["params"]
-    view = _t5x_view(jax.tree.map(np.asarray, init))
+    view = _t5x_view(jax.tree.map(np.copy, _init_params()))
     ckpt = tx.write_t5x_checkpoint(tmp_path / f"checkpoint_{STEP}", param_paths.unflatten(view),
                                    step=STEP, param_states=tx.param_states(
                                        tx.adafactor_slots(view, rng, None)))
@@ -200,6 +207,7 @@ def test_a_t5x_run_continued_with_skip_bad_steps_wraps_the_same_state(tmp_path):
     plain_tx = opt.transformation(model.logical_axes()["params"])
 
     def continued(transformation):
+        @jax.jit  # jitted: op by op, each primitive compiled a program of its own
         def init_fn():
             return train_step.init_state(model, transformation, jax.random.PRNGKey(0))
         abstract = jax.eval_shape(init_fn)

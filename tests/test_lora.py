@@ -66,6 +66,17 @@ def _init(model):
     return jax.jit(model.init)(jax.random.PRNGKey(0))
 
 
+_JITTED = {}
+
+
+def _logits(cfg):
+    """`model_for_config(cfg).logits`, jitted once a config for the module (op by op, each
+    primitive of the forward compiled a program of its own)."""
+    if cfg not in _JITTED:
+        _JITTED[cfg] = jax.jit(model_for_config(cfg).logits)
+    return _JITTED[cfg]
+
+
 def _randomize_b(params, seed=1):
     """Nonzero B everywhere (a fresh adapter is the identity, which would hide bugs);
     drawn by NumPy (a jax draw compiled a program for each shape)."""
@@ -91,8 +102,7 @@ def test_fresh_adapters_give_the_base_logits_exactly(family, switches):
     assert adapters and all(not np.any(v) for k, v in adapters.items() if k.endswith("lora_b"))
     base = {"params": model.split_trainable(params["params"])[1]}
     batch = _batch(cfg)
-    np.testing.assert_array_equal(model.logits(params, batch),
-                                  model_for_config(cfg).logits(base, batch))
+    np.testing.assert_array_equal(_logits(_lora(cfg))(params, batch), _logits(cfg)(base, batch))
 
 
 @pytest.mark.parametrize("family", ["t5", "llama"])
@@ -108,9 +118,8 @@ def test_fused_adapters_are_one_per_projection(family):
     assert att["lora_a"].shape == (2, cfg.emb_dim, 3, 4)
     assert att["lora_b"].shape == (2, 4, group + 2, cfg.kv_heads, cfg.head_dim)
     batch = _batch(cfg)
-    want = model_for_config(cfg).logits(params, batch)
-    np.testing.assert_allclose(model_for_config(fused_cfg).logits(fused, batch), want,
-                               atol=1e-5)
+    want = _logits(cfg)(params, batch)
+    np.testing.assert_allclose(_logits(fused_cfg)(fused, batch), want, atol=1e-5)
     back = layouts.convert_params(fused, fused_cfg, cfg)
     jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
 
@@ -125,13 +134,14 @@ def test_one_projection_against_numpy(n_in):
         ((6,), ("heads", "kv", "embed"))
     x = np.random.RandomState(0).randn(2, 7, *((6,) if n_in == 1 else (4, 5))).astype(np.float32)
     dense = layers.Dense(features, axes, n_in=n_in, dtype=jnp.float32, lora=spec)
-    params = nn.meta.unbox(dense.init(jax.random.PRNGKey(0), x))["params"]
+    # jitted: op by op, each primitive compiled a program of its own
+    params = nn.meta.unbox(jax.jit(dense.init)(jax.random.PRNGKey(0), x))["params"]
     rng = np.random.RandomState(1)
     params = {"kernel": params["kernel"], "lora_a": params["lora_a"],
               "lora_b": rng.randn(*params["lora_b"].shape).astype(np.float32)}
     assert params["lora_a"].shape == x.shape[2:] + (rank,)
     assert params["lora_b"].shape == (rank,) + features
-    y = np.asarray(dense.apply({"params": params}, x))
+    y = np.asarray(jax.jit(dense.apply)({"params": params}, x))
     flat_x = x.reshape(14, -1).astype(np.float64)
     w = np.asarray(params["kernel"], np.float64).reshape(flat_x.shape[1], -1)
     a = np.asarray(params["lora_a"], np.float64).reshape(flat_x.shape[1], rank)
@@ -145,10 +155,10 @@ def test_lora_dropout_only_in_training():
     model = model_for_config(cfg)
     params = _randomize_b(_init(model))
     batch = _batch(cfg)
-    plain = model_for_config(dataclasses.replace(cfg, lora_dropout=0.0))
-    np.testing.assert_array_equal(model.logits(params, batch), plain.logits(params, batch))
-    assert not np.allclose(model.logits(params, batch, jax.random.PRNGKey(1)),
-                           model.logits(params, batch))
+    logits = _logits(cfg)
+    plain = _logits(dataclasses.replace(cfg, lora_dropout=0.0))
+    np.testing.assert_array_equal(logits(params, batch), plain(params, batch))
+    assert not np.allclose(logits(params, batch, jax.random.PRNGKey(1)), logits(params, batch))
 
 
 # ----------------------------------------------------------------------------- training
@@ -200,8 +210,8 @@ def test_training_moves_only_the_adapters_and_merges(family):
     assert not _adapters(merged["params"]) and merged_cfg.lora_rank == 0
     assert set(flatten(merged["params"])) == set(before) - set(adapters)
     batch = _batch(cfg, step=5)
-    want = model.logits(last.params, batch)
-    got = model_for_config(merged_cfg).logits(merged, batch)
+    want = _logits(cfg)(last.params, batch)
+    got = _logits(merged_cfg)(merged, batch)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
 
 
@@ -213,8 +223,8 @@ def test_merge_in_the_fused_and_scanned_layouts(switches):
     params = _randomize_b(_init(model))
     merged, merged_cfg = lora.merge_lora(params, cfg)
     batch = _batch(cfg)
-    np.testing.assert_allclose(model_for_config(merged_cfg).logits(merged, batch),
-                               model.logits(params, batch), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(_logits(merged_cfg)(merged, batch),
+                               _logits(cfg)(params, batch), atol=2e-5, rtol=1e-5)
 
 
 def _dot_output_shapes(cfg):
@@ -345,7 +355,10 @@ def test_adapters_shard_like_their_kernels():
 
 @pytest.mark.parametrize("family", ["t5", "llama"])
 def test_fsdp_tensor_step_matches_data_parallel(family):
-    cfg = _lora(FAMILIES[family])
+    # one layer a side for the T5 (the shardings are a parameter kind's, not a depth's;
+    # its two programs compile faster)
+    depth = {"num_encoder_layers": 1, "num_decoder_layers": 1} if family == "t5" else {}
+    cfg = _lora(dataclasses.replace(FAMILIES[family], **depth))
     *_, ref, ref_losses, _ = _two_steps(cfg, (8, 1, 1))
     *_, got, losses, sharded = _train(cfg, (1, 4, 2), steps=2)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)

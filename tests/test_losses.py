@@ -90,16 +90,18 @@ def test_score_batch_and_loss_fn_match_log_softmax():
                    num_decoder_layers=1, mlp_dim=32, dtype="float32")
     model = EncoderDecoderModel(cfg, z_loss=0.0,
                                 loss_normalizing_factor=losses.NUM_REAL_TARGET_TOKENS)
-    params = model.init(jax.random.PRNGKey(0))
+    # jitted (init, logits, scores, loss): op by op, each primitive compiled a program
+    params = jax.jit(model.init)(jax.random.PRNGKey(0))
     targets = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
     batch = {"encoder_input_tokens": jnp.array([[3, 4, 1, 0], [5, 1, 0, 0]]),
              "decoder_input_tokens": jnp.asarray(np.pad(targets[:, :-1], ((0, 0), (1, 0)))),
              "decoder_target_tokens": jnp.asarray(targets),
              "decoder_loss_weights": jnp.asarray((targets > 0).astype(np.float32))}
-    logits = np.asarray(model.logits(params, batch), np.float64)
+    logits = np.asarray(jax.jit(model.logits)(params, batch), np.float64)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     tok = np.take_along_axis(logp, targets[..., None], -1)[..., 0] * (targets > 0)
-    np.testing.assert_allclose(model.score_batch(params, batch), tok.sum(-1), rtol=1e-5)
-    loss, metrics = model.loss_fn(params, batch)
+    np.testing.assert_allclose(jax.jit(model.score_batch)(params, batch), tok.sum(-1),
+                               rtol=1e-5)
+    loss, metrics = jax.jit(model.loss_fn)(params, batch)
     np.testing.assert_allclose(loss, -tok.sum() / 7, rtol=1e-5)
     assert float(metrics["weight_sum"]) == 7

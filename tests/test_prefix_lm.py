@@ -8,6 +8,7 @@ unpacked."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -82,20 +83,22 @@ def _log_softmax(x):
 
 def test_the_loss_is_the_answer_tokens_only_and_packing_does_not_change_it():
     model = DecoderOnlyModel(LLAMA_TINY, z_loss=0.0)
-    params = model.init(jax.random.PRNGKey(0))
+    # jitted (init, logits, loss sums): op by op, each primitive compiled a program of its own
+    params = jax.jit(model.init)(jax.random.PRNGKey(0))
     plain, packed = _convert(pack=False), _convert(pack=True)
+    loss_sums = jax.jit(model.loss_sums)
 
-    logp = _log_softmax(np.asarray(model.logits(params, plain), np.float64))
+    logp = _log_softmax(np.asarray(jax.jit(model.logits)(params, plain), np.float64))
     expected = 0.0
     for row, ex in enumerate(EXAMPLES):  # answer positions: after the prompt
         start = len(ex["inputs"])
         for j, token in enumerate(ex["targets"]):
             expected -= logp[row, start + j, token]
-    loss_sum, sums = model.loss_sums(params, plain)
+    loss_sum, sums = loss_sums(params, plain)
     np.testing.assert_allclose(float(loss_sum), expected, rtol=1e-5)
     assert float(sums["weight_sum"]) == 5.0
 
-    packed_sum, packed_sums = model.loss_sums(params, packed)
+    packed_sum, packed_sums = loss_sums(params, packed)
     np.testing.assert_allclose(float(packed_sum), float(loss_sum), rtol=1e-5)
     assert float(packed_sums["weight_sum"]) == 5.0
 
@@ -143,7 +146,7 @@ def test_a_bidirectional_prefix_sees_its_whole_prompt_and_nothing_else_changes()
     not); answer positions stay causal; packed segments stay apart."""
     for cfg, both_ways in ((LLAMA_TINY, False), (LLAMA_PREFIX, True)):
         model = DecoderOnlyModel(cfg, z_loss=0.0)
-        params = model.init(jax.random.PRNGKey(0))
+        params = jax.jit(model.init)(jax.random.PRNGKey(0))  # jitted: op by op, a program an op
         logits = jax.jit(model.logits)
         for pack in (False, True):
             batch = _convert(pack)
@@ -182,10 +185,12 @@ def _greedy_without_cache(logits, prompt, new_tokens, width=16):
 def test_decoding_a_bidirectional_prefix_with_the_cache_equals_full_passes():
     from t5lite.models.common import features
     model = DecoderOnlyModel(LLAMA_PREFIX)
-    params = model.init(jax.random.PRNGKey(1))
+    # jitted (init, decoding): op by op, each primitive compiled a program of its own
+    params = jax.jit(model.init)(jax.random.PRNGKey(1))
     prompts = [ex["inputs"] for ex in EXAMPLES] + [[5, 1]]
     batch = features.decoder_only_features(prompts, {"inputs": 6, "targets": 5})
-    tokens = np.asarray(model.predict_batch(params, batch, max_decode_length=5))
+    predict = jax.jit(functools.partial(model.predict_batch, max_decode_length=5))
+    tokens = np.asarray(predict(params, batch))
     logits = jax.jit(lambda t, m: model.logits(params, {"decoder_input_tokens": t,
                                                         "decoder_target_tokens": t,
                                                         "decoder_causal_attention": m}))

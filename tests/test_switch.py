@@ -5,6 +5,7 @@ loads with the same logits where capacity cannot bind, and goes back tensor for 
 what transformers' Switch cannot hold, and a Switch file missing an expert, are one line;
 a tiny Switch T5 trains with the routers' statistics of both stacks."""
 import dataclasses
+import functools
 import json
 import logging
 
@@ -486,7 +487,8 @@ def test_expert_dropout_is_its_own_rate(switch):
         m = EncoderDecoderModel(dataclasses.replace(model.config, dropout_rate=0.0,
                                                     capacity_factor=4.0,
                                                     eval_capacity_factor=4.0, **changes))
-        return float(m.loss_fn(variables, batch, rng)[0]), float(m.loss_fn(variables, batch)[0])
+        loss_fn = jax.jit(m.loss_fn)  # jitted: op by op, each primitive compiled a program
+        return float(loss_fn(variables, batch, rng)[0]), float(loss_fn(variables, batch)[0])
 
     trained, evaluated = loss()
     assert trained == pytest.approx(evaluated, rel=1e-6)  # no dropout anywhere
@@ -505,8 +507,9 @@ def test_decoding_a_switch_with_its_cache_gives_the_full_forward_argmax(switch):
     model, variables = hf.load_pretrained(switch[2], dtype="float32")
     model = EncoderDecoderModel(dataclasses.replace(model.config, eval_capacity_factor=4.0))
     batch = t5_batch(3, enc_len=12, dec_len=8, enc_valid=(12, 7, 9), dec_valid=(8, 8, 8))
-    tokens = np.asarray(model.predict_batch(variables, batch, max_decode_length=8,
-                                            eos_id=None))
+    # jitted: op by op, each primitive of the decoding loop compiled a program of its own
+    tokens = np.asarray(jax.jit(functools.partial(model.predict_batch, max_decode_length=8,
+                                                  eos_id=None))(variables, batch))
     inputs = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
     full = logits(model, variables, {  # the full forward pass, compiled (test_hf.logits)
         "encoder_input_tokens": batch["encoder_input_tokens"],
