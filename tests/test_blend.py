@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+import model_helpers as mh
 from data_helpers import data_env, vocabulary
 
 pytest.importorskip("seqio")
@@ -19,8 +20,7 @@ from t5lite.errors import ConfigError, DataNotFoundError  # noqa: E402
 LM = {"targets": 16}
 # the run below: tiny T5 with one layer a side and 512 vocabulary entries (the test
 # vocabulary's 400 ids: 300 pieces and 100 sentinels) instead of T5's 32128
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = mh.small_flags()
 
 
 @pytest.mark.parametrize("weights", [[0.7, 0.3], [1, 1, 1], [0.5, 0.25, 0.125, 0.125],

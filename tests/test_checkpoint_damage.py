@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 
 
@@ -21,8 +22,7 @@ def _damage(model_dir, step):
 
 # The tiny T5 cut to one layer a side and 512 ids: what is checked is how checkpoints are
 # chosen and kept, not the model (each run compiles and saves less).
-TINY = ["--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-        "--gin.T5Config.num_decoder_layers=1"]
+TINY = mh.small_flags()
 
 
 def _train(model_dir, steps, *extra):

@@ -23,6 +23,7 @@ from t5lite.data import tasks  # noqa: E402  (t5 registers gin configurables: be
 from t5lite.interop import checkpoint_format  # noqa: E402
 from t5lite.models.decoding import EOS_ID  # noqa: E402
 
+import model_helpers as mh  # noqa: E402
 import train_helpers as th  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
@@ -45,12 +46,8 @@ def setup(tmp_path_factory):
     model = parsing.resolve_macro("MODEL")
     variables = jax.jit(model.init)(jax.random.PRNGKey(5))  # one program, not op by op
     checkpoint_format.save_params(root / "ckpt", variables, step=3)
-    # full forward passes (no cache) of a [batch, width] token array: one jitted program
-    # a shape, shared by the tests
-    logits = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
-                                                        "decoder_target_tokens": t}))
     return dict(vocab=vocab_path, mnli=root / "multinli", ckpt=root / "ckpt", model=model,
-                variables=variables, logits=logits)
+                variables=variables, logits=mh.full_forward(model, variables))
 
 
 @pytest.fixture(autouse=True)
@@ -87,27 +84,6 @@ def split_eval(setup, tmp_path_factory):
     return evaluated
 
 
-def _greedy_without_cache(logits_fn, prompts, new_tokens, width):
-    """Greedy continuation of each of `prompts` by full forward passes over its growing
-    sequence (each a row of one batch, right-padded to `width`: a causal model's earlier
-    positions do not see the padding, nor a row the other rows); a row stops at EOS."""
-    seqs, outs = [list(p) for p in prompts], [[] for _ in prompts]
-    for _ in range(new_tokens):
-        live = [i for i, out in enumerate(outs) if not out or out[-1] != EOS_ID]
-        if not live:
-            break
-        tokens = np.zeros((len(prompts), width), np.int32)
-        for i, seq in enumerate(seqs):
-            tokens[i, :len(seq)] = seq
-        logits = np.asarray(logits_fn(tokens))
-        for i in live:
-            token = int(np.argmax(logits[i, len(seqs[i]) - 1]))
-            outs[i].append(token)
-            if token != EOS_ID:
-                seqs[i].append(token)
-    return outs
-
-
 def _dev_inputs(setup):
     """The task's validation_matched inputs as token ids (trimmed, EOS appended)."""
     from t5lite.data import edge
@@ -127,9 +103,9 @@ def test_eval_decodes_bos_plus_inputs_as_greedy_decoding_without_the_cache(setup
     inputs = _dev_inputs(setup)
     assert len(inputs) == DEV
     width = LENGTHS["inputs"] + 1  # every prompt padded to BOS + the longest inputs
-    expected = [vocab.decode(out) for out in _greedy_without_cache(
+    expected = [vocab.decode(out) for out in mh.greedy_without_cache(
         setup["logits"], [[0] + ids for ids in inputs], LENGTHS["targets"],
-        width + LENGTHS["targets"])]
+        width + LENGTHS["targets"], EOS_ID)]
     assert len(set(expected)) > 2, expected  # the prompts matter to this random model
     assert [r["prediction"] for r in rows] == expected
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]

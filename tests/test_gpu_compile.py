@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
@@ -23,9 +24,7 @@ LENGTHS = ["--inputs_length=32", "--targets_length=16"]
 # The tiny T5 cut further where its size is not what a test reads (a vocabulary of 512, not
 # 32,128; one encoder and one decoder layer, not two): each compile for a GPU here costs
 # about a fifth less, and what is compared (kernels, bytes, memory) is of one program.
-SMALL_T5 = ["T5Config.vocab_size = 512", "T5Config.num_encoder_layers = 1",
-            "T5Config.num_decoder_layers = 1"]
-SMALL_T5_FLAGS = ["--gin." + b.replace(" ", "") for b in SMALL_T5]
+SMALL_T5, SMALL_T5_FLAGS = mh.small_bindings(), mh.small_flags()
 
 
 def _info(*args, extra=None):

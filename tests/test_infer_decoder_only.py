@@ -23,6 +23,7 @@ from t5lite.interop import checkpoint_format  # noqa: E402
 from t5lite.models import decoding  # noqa: E402
 from t5lite.data.files import demo_corpus  # noqa: E402
 
+import model_helpers as mh  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 VOCAB = 512
@@ -46,11 +47,8 @@ def setup(request, tmp_path_factory):
     model = _model(kind)
     variables = jax.jit(model.init)(jax.random.PRNGKey(11))  # one program, not op by op
     checkpoint_format.save_params(root / "ckpt", variables, step=3)
-    # full forward passes of a [batch, width] token array: one jitted program a shape
-    logits = jax.jit(lambda t: model.logits(variables, {"decoder_input_tokens": t,
-                                                        "decoder_target_tokens": t}))
     return dict(kind=kind, model=model, variables=variables, ckpt=root / "ckpt",
-                vocab=vocabulary(tmp_path_factory), logits=logits)
+                vocab=vocabulary(tmp_path_factory), logits=mh.full_forward(model, variables))
 
 
 @pytest.fixture(autouse=True)
@@ -87,23 +85,10 @@ def _prompts(n):
 
 def _reference_continuations(setup, prompts):
     """Greedy continuation of each prompt (token ids) by full forward passes: BOS + its last
-    `inputs` tokens, then append the argmax of its last position's logits until EOS or
-    `targets` tokens. The prompts are the rows of one batch, each right-padded to one
-    width (a causal model's earlier positions see neither the padding nor other rows)."""
-    seqs = [[0] + list(ids)[-LENGTHS["inputs"]:] for ids in prompts]
-    news = [[] for _ in prompts]
-    width = 1 + LENGTHS["inputs"] + LENGTHS["targets"]
-    for _ in range(LENGTHS["targets"]):
-        live = [i for i, new in enumerate(news) if not new or new[-1] != decoding.EOS_ID]
-        if not live:
-            break
-        tokens = np.zeros((len(prompts), width), np.int32)
-        for i, (seq, new) in enumerate(zip(seqs, news)):
-            tokens[i, :len(seq) + len(new)] = seq + new
-        logits = np.asarray(setup["logits"](tokens))
-        for i in live:
-            news[i].append(int(np.argmax(logits[i, len(seqs[i]) + len(news[i]) - 1])))
-    return news
+    `inputs` tokens, continued until EOS or `targets` tokens (mh.greedy_without_cache)."""
+    return mh.greedy_without_cache(
+        setup["logits"], [[0] + list(ids)[-LENGTHS["inputs"]:] for ids in prompts],
+        LENGTHS["targets"], 1 + LENGTHS["inputs"] + LENGTHS["targets"], decoding.EOS_ID)
 
 
 def test_decoder_only_predict_continues_prompts(setup, tmp_path, capsys):

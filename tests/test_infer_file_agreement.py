@@ -26,15 +26,11 @@ from t5lite.config import parsing  # noqa: E402
 from t5lite.data.files import demo_corpus  # noqa: E402
 from t5lite.interop import checkpoint_format  # noqa: E402
 
+import model_helpers as mh  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
 FAMILIES = {"t5": ("configs/models/t5_1_1/tiny.gin", "T5Config"),
             "llama": ("configs/models/llama2/tiny.gin", "DecoderConfig")}
-VOCAB = 512
-# one layer a side (T5) or one layer (LLaMA): what is under test is how each line is
-# processed, not the depth (fewer ops to trace and compile in the finetune and every run)
-LAYERS = {"T5Config": ("num_encoder_layers", "num_decoder_layers"),
-          "DecoderConfig": ("num_layers",)}
 # inputs 64: some MNLI inputs are longer, so the task's trimming (the first 63 tokens,
 # then EOS) is exercised too
 LENGTHS = {"inputs": 64, "targets": 10}
@@ -44,15 +40,15 @@ LABELS = ("entailment", "neutral", "contradiction")
 
 
 def _bindings(kind):
-    _, config = FAMILIES[kind]
-    return [f"{config}.vocab_size = {VOCAB}"] + [f"{config}.{n} = 1" for n in LAYERS[config]]
+    """The family's tiny model cut to 512 entries and one layer a stack (mh.SMALL): what is
+    under test is how each line is processed, not the model's size."""
+    return mh.small_bindings(FAMILIES[kind][1])
 
 
 def _model_flags(kind):
-    model_file, _ = FAMILIES[kind]
-    return [f"--gin_file={model_file}"] + [f"--gin.{b.replace(' ', '')}"
-                                           for b in _bindings(kind)] + [
-        "--gin.ACTIVATION_DTYPE='float32'"]
+    model_file, config = FAMILIES[kind]
+    return [f"--gin_file={model_file}", *mh.small_flags(config),
+            "--gin.ACTIVATION_DTYPE='float32'"]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.models import configs, model as model_lib
@@ -144,8 +145,7 @@ def _info(*args):
 
 # The tiny T5 and GPT cut further where their size is not what a test reads (vocabulary
 # 512; one T5 layer a stack; the pipeline's GPT 4 layers, one a stage)
-SMALL_T5 = ["--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-            "--gin.T5Config.num_decoder_layers=1"]
+SMALL_T5 = mh.small_flags()
 T5_MEMORY = ["--gin_file=configs/models/t5_1_1/tiny.gin",
              "--gin_file=configs/synthetic_pretrain.gin", *SMALL_T5]
 PIPELINE = ["--gin_file=configs/models/gpt/tiny.gin", "--gin_file=configs/synthetic_pretrain.gin",

@@ -32,31 +32,24 @@ from t5lite.data.files import zero_shot_files  # noqa: E402
 from t5lite.errors import DataFormatError  # noqa: E402
 from t5lite.interop import checkpoint_format  # noqa: E402
 
+import model_helpers as mh  # noqa: E402
 import train_helpers as th  # noqa: E402
 from data_helpers import data_env, reset_data_settings, vocabulary  # noqa: E402
 
-VOCAB = 512
 BATCH = 8
 LENGTHS = {"inputs": 256, "targets": 16}
 FAMILIES = {"t5": ("configs/models/t5_1_1/tiny.gin", "T5Config"),
             "llama": ("configs/models/llama2/tiny.gin", "DecoderConfig")}
-# one layer a side (T5) or one layer (LLaMA): what is under test is the zero-shot
-# pipeline against the hand computation, not the depth (fewer ops to trace and compile in
-# every run, the two-process one included)
-LAYERS = {"T5Config": ("num_encoder_layers", "num_decoder_layers"),
-          "DecoderConfig": ("num_layers",)}
 TRAINED = 4  # the first passages, whose last word the model is trained to say
 LAMBADA = 10  # passages: a padded last batch
 BOOLQ = 7  # 4 true, 3 false: an answer swapped changes the accuracy
 
 
-def _bindings(config):
-    return [f"{config}.vocab_size = {VOCAB}"] + [f"{config}.{n} = 1" for n in LAYERS[config]]
-
-
 def _model(family):
     model_file, config = FAMILIES[family]
-    parsing.parse_gin([model_file], _bindings(config) + ["ACTIVATION_DTYPE = 'float32'"])
+    # the tiny model cut to 512 entries and one layer a stack (mh.SMALL): the zero-shot
+    # pipeline against the hand computation is under test, not the model's size
+    parsing.parse_gin([model_file], mh.small_bindings(config) + ["ACTIVATION_DTYPE = 'float32'"])
     return parsing.resolve_macro("MODEL")
 
 
@@ -144,7 +137,7 @@ def _env(data, monkeypatch, tmp_path):
 def _flags(data, family, ckpt, out, task, *extra):
     model_file, config = FAMILIES[family]
     return [f"--gin_file={model_file}", "--gin_file=configs/runs/eval.gin",
-            *(f"--gin.{b.replace(' ', '')}" for b in _bindings(config)),
+            *mh.small_flags(config),
             "--gin.ACTIVATION_DTYPE='float32'",
             f'--gin.CHECKPOINT_PATH="{ckpt}"', f'--gin.OUTPUT_DIR="{out}"',
             f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", f"--gin.BATCH_SIZE={BATCH}",
