@@ -162,8 +162,12 @@ def test_a_pipeline_across_two_processes(tmp_path, runs):
     d, results = runs
     assert results["plain"][0] == 0, results["plain"]
     flags = [*GPT8, "--gin.PIPELINE_MICROBATCHES=4", "--gin.CHECKPOINT_PERIOD=2"]
+    # peers given 120 s, not 30, to answer a heartbeat: on 2 busy cores (CI) both
+    # processes once missed 30 s of them while compiling this step, each then ending
+    # for the other (a lost peer is test_multiprocess_faults.py's, not this test's)
     cmd = th.train_command(tmp_path / "two", *flags, "--gin.ICI_MESH_SHAPE=[1, 2, 1]",
-                           "--gin.DCN_MESH_SHAPE=[1, 1, 1, 1, 2]", model="gpt", steps=2)
+                           "--gin.DCN_MESH_SHAPE=[1, 1, 1, 1, 2]", "--peer_timeout_seconds=120",
+                           model="gpt", steps=2)
     port, procs = th.free_port(), []
     try:
         for i in range(2):
