@@ -106,10 +106,12 @@ def test_every_layer_gets_its_own_draw_at_the_initializers_scale(name, cfg):
 
 def test_logical_axes_are_traced_once_per_config_and_each_caller_gets_its_own_tree(
         monkeypatch):
-    """A run asks for its model's axis names several times (optimizer, step, checkpoint):
-    the network is traced for them once per config, and what one caller changes in its
-    tree is not seen by the next."""
-    model, fresh = _model(LLAMA), _model(LLAMA).logical_axes()
+    """A run asks for its model's axis names several times (optimizer, step, checkpoint),
+    eval and infer for its abstract variables too: the network is traced for them once
+    per config, and what one caller changes in its tree is not seen by the next."""
+    other = _model(LLAMA)
+    fresh, fresh_vars = other.logical_axes(), other.abstract_variables(batch_size=2)
+    model = _model(LLAMA)
     traced = []
     original = type(model).init_boxed
     monkeypatch.setattr(type(model), "init_boxed",
@@ -119,6 +121,13 @@ def test_logical_axes_are_traced_once_per_config_and_each_caller_gets_its_own_tr
     second = model.logical_axes()
     assert len(traced) == 1 and second["params"], second
     assert second == fresh
+    variables = model.abstract_variables()
+    variables["params"].clear()
+    assert len(traced) == 1  # the same trace
+    assert model.abstract_variables() == fresh_vars  # its own tree, the shapes a batch of 2's
+    assert len(traced) == 1
+    model.abstract_variables(batch_size=2)
+    assert len(traced) == 2  # asked for another batch: traced for it
     model.config = dataclasses.replace(LLAMA, num_layers=4)
     model.logical_axes()
-    assert len(traced) == 2  # another config: traced again
+    assert len(traced) == 3  # another config: traced again

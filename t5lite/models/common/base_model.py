@@ -163,7 +163,11 @@ class BaseModel:
 
     def abstract_variables(self, batch_size: int = 1,
                            lengths: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
-        """ShapeDtypeStruct tree of the variables; nothing is allocated."""
+        """ShapeDtypeStruct tree of the variables; nothing is allocated. With the defaults
+        (the variables' shapes do not depend on the batch), from the one trace per config
+        that `logical_axes` reads too; each call gets its own tree."""
+        if batch_size == 1 and lengths is None:
+            return nn.meta.unbox(self._abstract_boxed())
         boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0), batch_size,
                                                        lengths))
         return nn.meta.unbox(boxed)
@@ -171,12 +175,19 @@ class BaseModel:
     def logical_axes(self) -> Dict[str, Any]:
         """Tree of logical axis-name tuples (PartitionSpec of names), one per variable.
         Traced once per config (a run asks for it several times: its optimizer's plan,
-        the step's shardings, the checkpoint's); each call gets its own dicts."""
-        cached = getattr(self, "_logical_axes", None)
+        the step's shardings, the checkpoint's; eval and infer its abstract variables
+        too); each call gets its own dicts."""
+        return _copy_dicts(nn.get_partition_spec(self._abstract_boxed()))
+
+    def _abstract_boxed(self):
+        """`init_boxed`'s variables as ShapeDtypeStructs in their boxes (batch 1, the
+        dummy lengths), traced once per config: the network's init traced once for the
+        axis names and the abstract variables both."""
+        cached = getattr(self, "_boxed", None)
         if cached is None or cached[0] is not self.config:
             boxed = jax.eval_shape(lambda: self.init_boxed(jax.random.PRNGKey(0)))
-            cached = self._logical_axes = (self.config, nn.get_partition_spec(boxed))
-        return _copy_dicts(cached[1])
+            cached = self._boxed = (self.config, boxed)
+        return cached[1]
 
     # -- training -------------------------------------------------------------------
     def split_trainable(self, tree: Mapping[str, Any]) -> Tuple[Any, Dict[str, Any]]:
