@@ -7,7 +7,10 @@ cache disk goes bad into one warning line each.
     directory, source = resolve(configured)   # configured: the gin macro (UNSET: not bound)
     start(directory, source)   # logs "compilation cache: DIR (...)"; None: off
     ...                        # compiles; each program that takes a second or more logs
-                               #   whether it was loaded or compiled (and saved)
+                               #   whether it was loaded or compiled (and saved): loaded,
+                               #   by the compile time JAX stored with it, in whole
+                               #   seconds rounded down and without the save (a program
+                               #   that compiled and saved in 1-2 s may load silently)
     finish()                   # logs "compilation cache DIR: 2 hits, 1 miss, 1 saved"
 
 The directory: the gin macro COMPILATION_CACHE_DIR when bound, else the environment
