@@ -62,7 +62,9 @@ def test_capacity_routing_matches_hand_dispatch(top_k):
     probs = np.asarray(jax.nn.softmax(logits, axis=-1))
     capacity = routing.expert_capacity(16, 4, 1.0)
     assert capacity == 4
-    got = routing.capacity_routing(jnp.asarray(probs), top_k, capacity)
+    # jitted, each call one program (op by op, one a primitive)
+    got = jax.jit(routing.capacity_routing, static_argnums=(1, 2))(
+        jnp.asarray(probs), top_k, capacity)
     dispatch, combine = _hand_dispatch(probs, top_k, capacity)
     # the indices written out as GShard's one-hot tensors [group, token, expert, slot]
     slot, gates = np.asarray(got.slot), np.asarray(got.gates)
@@ -81,10 +83,11 @@ def test_capacity_routing_matches_hand_dispatch(top_k):
     # the slots gathered and scattered back: each kept token lands in its slot and
     # returns weighted by its gate
     x = jnp.asarray(rng.normal(size=(3, 16, 5)), jnp.float32)
-    slots_x = np.asarray(routing.dispatch(x, got.slot, 4 * capacity))
+    slots_x = np.asarray(jax.jit(routing.dispatch, static_argnums=2)(x, got.slot,
+                                                                      4 * capacity))
     np.testing.assert_allclose(slots_x, np.einsum("gsec,gsd->gecd", dispatch, x).reshape(
         3, 4 * capacity, 5), rtol=1e-6, atol=1e-6)
-    back = routing.combine(jnp.asarray(slots_x), got.slot, got.gates)
+    back = jax.jit(routing.combine)(jnp.asarray(slots_x), got.slot, got.gates)
     np.testing.assert_allclose(np.asarray(back), np.einsum(
         "gsec,gecd->gsd", combine, slots_x.reshape(3, 4, capacity, 5)), rtol=1e-5, atol=1e-6)
 
@@ -97,11 +100,15 @@ def test_capacity_rule():
 
 
 def test_zero_router_losses():
-    logits = jnp.zeros((2, 8, 16), jnp.float32)
-    probs = jax.nn.softmax(logits)
-    first = routing.top_k_choices(probs, 2)[0][..., 0]
-    assert float(routing.load_balancing_loss(probs, first)) == 1.0
-    np.testing.assert_allclose(float(routing.z_loss(logits)), math.log(16) ** 2, rtol=1e-6)
+    @jax.jit  # one program (op by op, one a primitive)
+    def losses(logits):
+        probs = jax.nn.softmax(logits)
+        first = routing.top_k_choices(probs, 2)[0][..., 0]
+        return routing.load_balancing_loss(probs, first), routing.z_loss(logits)
+
+    balance, z = losses(jnp.zeros((2, 8, 16), jnp.float32))
+    assert float(balance) == 1.0
+    np.testing.assert_allclose(float(z), math.log(16) ** 2, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- the block
@@ -111,6 +118,13 @@ def _block(routing_kind, top_k, cf=64.0, activations=("silu", "linear"), experts
                       activations=tuple(ACTIVATIONS[a] for a in activations),
                       routing_kind=routing_kind, capacity_factor=cf, eval_capacity_factor=cf,
                       group_size=8, dtype=jnp.float32)
+
+
+def _init_apply(block):
+    """The block's init and its apply (with its statistics), jitted: one program each
+    (op by op, flax compiled one a primitive)."""
+    return (jax.jit(block.init),
+            jax.jit(lambda p, x: block.apply(p, x, mutable=[moe.STATS_COLLECTION])))
 
 
 def _expert_loop(params, x, top_k, kept=None):
@@ -140,9 +154,9 @@ def _expert_loop(params, x, top_k, kept=None):
                                                 ("dropless", 2)])
 def test_block_without_drops_equals_expert_loop(routing_kind, top_k):
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 16), jnp.float32)
-    block = _block(routing_kind, top_k)
-    params = nn.meta.unbox(block.init(jax.random.PRNGKey(2), x))
-    y, state = block.apply(params, x, mutable=[moe.STATS_COLLECTION])
+    init, apply = _init_apply(_block(routing_kind, top_k))
+    params = nn.meta.unbox(init(jax.random.PRNGKey(2), x))
+    y, state = apply(params, x)
     np.testing.assert_allclose(np.asarray(y), _expert_loop(params, x, top_k), atol=1e-6)
     stats = moe.layer_stats(state[moe.STATS_COLLECTION])
     assert float(stats["dropped_fraction"][0]) == 0.0
@@ -150,12 +164,12 @@ def test_block_without_drops_equals_expert_loop(routing_kind, top_k):
 
 def test_block_with_drops_equals_hand_dispatch():
     x = jax.random.normal(jax.random.PRNGKey(3), (2, 8, 16), jnp.float32)
-    block = _block("capacity", 2, cf=1.0, activations=("relu",), experts=8)
-    params = nn.meta.unbox(block.init(jax.random.PRNGKey(4), x))
+    init, apply = _init_apply(_block("capacity", 2, cf=1.0, activations=("relu",), experts=8))
+    params = nn.meta.unbox(init(jax.random.PRNGKey(4), x))
     # a router that favours expert 0, so its 4 slots of each 8-token group overflow
     params["params"]["router"]["kernel"] = params["params"]["router"]["kernel"].at[:, 0].add(
         jnp.sign(x.reshape(-1, 16).mean(0)) * 2.0)
-    y, state = block.apply(params, x, mutable=[moe.STATS_COLLECTION])
+    y, state = apply(params, x)
     flat = np.asarray(x).reshape(2, 8, 16)
     logits = flat @ np.asarray(params["params"]["router"]["kernel"])
     probs = np.asarray(jax.nn.softmax(logits, axis=-1))
@@ -197,6 +211,9 @@ def test_router_is_float32_under_bf16_and_fp8(fp8):
 
 # ----------------------------------------------------------------------------- training
 
+_INITS = {}
+
+
 def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=(), length=8):
     model = DecoderOnlyModel(cfg)
     lengths = {"targets": length}
@@ -206,7 +223,12 @@ def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=(), length=8):
                                     extra_rules=tuple(rules))
     fns = train_step.make_train_step(model, optax.sgd(0.1), part,
                                      num_microbatches=num_microbatches, lengths=lengths)
-    state = fns.init(jax.random.PRNGKey(0))
+    # the initial state of a model, length and mesh made once (the same init program
+    # whatever the microbatches), placed anew for each run (its step donates it)
+    key = (cfg, length, tuple(mesh_shape), tuple(rules))
+    if key not in _INITS:
+        _INITS[key] = jax.device_get(fns.init(jax.random.PRNGKey(0)))
+    state = jax.device_put(_INITS[key], fns.state_shardings)
     for step in range(steps):
         batch = part.host_to_global(task.global_batch(step, 16), part.data_layout(16))
         state, metrics = fns.train_step(state, batch)
@@ -396,7 +418,7 @@ def test_routing_groups_depend_on_the_tokens_alone():
     assert moe.group_size_for(6, 16) == 4  # 3 groups would not split 16: 4 of 4
     assert moe.group_size_for(1024, 12000) == 1000  # 12 groups of 1000
     assert moe.group_size_for(4, 7) == 1  # a prime: single tokens
-    cfg = dataclasses.replace(MOE, moe_group_size=6)
+    cfg = dataclasses.replace(MOE, moe_group_size=6, num_layers=1)  # one layer routes them
     model = DecoderOnlyModel(cfg)
     # compiled, the init and the forward (op by op they took seconds of CPU)
     variables = jax.jit(lambda key: model.init(key, 2, {"targets": 8}))(jax.random.PRNGKey(0))
@@ -607,11 +629,11 @@ RESUME_RUNS = {  # devices: [(gin_file, feature lengths, a router statistic logg
 @pytest.mark.parametrize("devices", [8, 1])
 def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     """`python -m t5lite.train` on the tiny GLaM (decoder-only) and the tiny Switch T5
-    (capacity routing, dense and sparse layers; both with 512 vocabulary entries) over
-    data 2 x expert 4 (and the Switch on
-    one device): 4 steps saved at 2 and 4; a second run, from a copy holding only
-    step 2, resumes there and ends at step 4 with the very same state, and the log line
-    shows the routers' statistics.
+    (capacity routing, dense and sparse layers; both with 512 vocabulary entries, the
+    GLaM with 3 layers) over data 2 x expert 4 (and the Switch on one device): 4 steps
+    saved at 2 and 4; a second run, from a copy holding only step 2, resumes there and
+    ends at step 4 with the very same state, and the log line shows the routers'
+    statistics.
 
     All the runs of a device count share one interpreter (th.run_mains): the first runs,
     then (th.Between) the copies made, then the second runs. (A process of its own for
@@ -623,12 +645,14 @@ def test_a_moe_run_resumes_bit_exact_on_an_expert_mesh(tmp_path, devices):
     cmds = []
     for i, (gin_file, lengths, _) in enumerate(runs):
         # a 512-entry vocabulary: the real ones (50,304 / 32,128) would be most of each
-        # step and save, and what is under test is the routers' state and the resume
-        vocab = ("--gin.DecoderConfig.vocab_size=512" if "glam" in gin_file
-                 else "--gin.T5Config.vocab_size=512")
+        # step and save, and what is under test is the routers' state and the resume;
+        # GLaM's stack cut to 3 layers (sparse, dense, sparse: layer_2 still routes), the
+        # Switch's 2 + 2 as shipped (its sparse layer_1s)
+        vocab = (("--gin.DecoderConfig.vocab_size=512", "--gin.DecoderConfig.num_layers=3")
+                 if "glam" in gin_file else ("--gin.T5Config.vocab_size=512",))
         args = (f"--gin.ICI_MESH_SHAPE={mesh}", "--gin.CHECKPOINT_PERIOD=2",
                 "--gin.LOG_PERIOD=1", f"--gin.TASK_FEATURE_LENGTHS={lengths}",
-                "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0", vocab)
+                "--gin.MOE_GROUP_SIZE=16", "--gin.CAPACITY_FACTOR=1.0", *vocab)
         cmd = th.train_command(tmp_path / f"a{i}", *args, steps=4)
         cmd[3] = f"--gin_file={gin_file}"
         cmds.append(cmd[3:])
