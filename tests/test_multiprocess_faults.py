@@ -210,7 +210,8 @@ def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path
                                                                        tmp_path_factory):
     """Training on MNLI with EVAL_PERIOD=6: process 1 stopped as soon as process 0 has logged
     step 6, as their inference evaluation starts (it compiles the decoding first); process
-    0's evaluation (decoding shares the mesh of both) then waits for it, and its watcher ends it in one line naming checkpoint 4."""
+    0's evaluation (decoding shares the mesh of both) then waits for it, and its watcher
+    ends it in one line naming checkpoint 4."""
     from t5lite.data.files import demo_corpus
     from data_helpers import vocabulary
     mnli = tmp_path / "multinli"
@@ -225,7 +226,9 @@ def test_a_peer_stopped_during_an_evaluation_ends_the_other_in_one_line(tmp_path
     rc0, took, log = _stop_1_once(procs, logs, 0, "step 6/")
     line = _the_line(log)
     assert rc0 == EXIT_PEER_LOST and log.rstrip().endswith(line), log
-    assert re.search(r"because process 1 \(host .+\) stopped responding", line), line
+    assert re.search(r"because process 1 \(host .+\) stopped responding \(no "
+                     r"heartbeat for 5s", line), line
+    assert line.startswith("error: this process (0 of 2, "), line
     assert line.endswith(f"The last committed checkpoint is step 4 in {model_dir}: run the same "
                          f"command (every process) to resume from it"), line
     assert max(th.logged_steps(log)) == 6 and th.complete_steps(model_dir) == [4], log
