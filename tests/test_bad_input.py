@@ -11,10 +11,10 @@ too), and t5lite.vocab's here."""
 import numpy as np
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = tuple(mh.small_flags())
 
 
 BAD_SETTINGS = [

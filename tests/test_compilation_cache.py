@@ -19,6 +19,7 @@ import sys
 
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite.config import parsing
 from t5lite.errors import ConfigError
@@ -27,8 +28,7 @@ from t5lite.runtime.process import compilation_cache as cc
 GIN_FILES = (th.MODEL_FILES["t5"], th.SYNTHETIC)
 # Every command of this file runs this model: the same programs, so a warm cache serves
 # each (the vocabulary and layers do not matter to what the cache does).
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = tuple(mh.small_flags())
 
 
 def _train(model_dir, cache, *extra, steps=1, **kw):

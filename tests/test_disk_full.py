@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite.errors import DiskFullError, OutputWriteError
 from t5lite.runtime.process import disk_space
@@ -103,8 +104,7 @@ def _leftovers(model_dir):
 # ----------------------------------------------------------------------------- end to end
 
 
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = tuple(mh.small_flags())
 
 
 def _train_command(model_dir, steps, **kw):

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite.errors import ConfigError
 from t5lite.runtime.process import run_lock
 
 # the runs' model: the tiny T5 cut to one layer a side, a 512-entry vocabulary
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = tuple(mh.small_flags())
 
 
 def test_a_second_run_on_a_live_model_dir_refuses_and_the_first_finishes(tmp_path):

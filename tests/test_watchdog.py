@@ -11,11 +11,11 @@ import pytest
 from t5lite.errors import ConfigError
 from t5lite.runtime.process.watchdog import EXIT_HUNG, StepWatchdog, WatchdogSettings
 
+import model_helpers as mh
 import train_helpers as th
 
 # the real runs' model: the tiny T5 cut to one layer a side, a 512-entry vocabulary
-SMALL_MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
-               "--gin.T5Config.num_decoder_layers=1")
+SMALL_MODEL = tuple(mh.small_flags())
 
 
 def _settings(**kw):
