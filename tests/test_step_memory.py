@@ -161,6 +161,8 @@ INFO_RUNS = {
                            "--gin.ICI_MESH_SHAPE=[1, 4, 1]", "--cpu_compiler", "--json"],
     "too_small": T5_MEMORY + ["--memory", "--devices=2", "--per_device_batch=2",
                               "--device_memory_gib=0.00001", "--cpu_compiler"],
+    "zero": T5_MEMORY + ["--memory", "--devices=8", "--per_device_batch=1",
+                         "--gin.SHARD_OPTIMIZER_OVER_DATA=True", "--cpu_compiler", "--json"],
     "adamw": ["--gin_file=configs/large_pile_pretrain.gin", "--json"],
     "adafactor": ["--gin_file=configs/large_pile_pretrain.gin", "--optimizer=adafactor",
                   "--json"],
@@ -172,6 +174,9 @@ MISTAKES = [  # info's argv, the words its one error line names
       "--memory", "--devices=2", "--per_device_batch=1", "--gin.NUM_MICROBATCHES=4"],
      ["NUM_MICROBATCHES"]),
     (["--gin_file=configs/models/t5_1_1/tiny.gin", "--memory", "--devices=0"], ["--devices"]),
+    (T5_MEMORY + ["--memory", "--devices=2", "--per_device_batch=1",
+                  "--gin.SHARD_OPTIMIZER_OVER_DATA=1"],
+     ["SHARD_OPTIMIZER_OVER_DATA", "True or False"]),
 ]
 INFO_RUNS.update({f"mistake{i}": args for i, (args, _) in enumerate(MISTAKES) if i})
 
@@ -216,6 +221,23 @@ def test_info_memory_on_simulated_devices(info_runs):
     proc = info_runs["too_small"]
     assert proc.returncode == 0, proc.stderr
     assert "does not fit in 0 GiB" in proc.stdout and "REMAT_POLICY" in proc.stdout
+
+
+def test_info_memory_says_the_optimizer_state_split_over_data(info_runs):
+    """`info --memory` with SHARD_OPTIMIZER_OVER_DATA on 8 data-parallel devices: each
+    device holds the whole parameters and 1/8 of the optimizer state (read off the state's
+    shardings; the compiled arguments are their sum and the batch), and says so."""
+    proc = info_runs["zero"]
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    mem = report["step_memory"]
+    assert mem["mesh"]["data"] == 8 and mem["shard_optimizer_over_data"] is True
+    assert mem["params_bytes_per_device"] == report["param_bytes"]
+    whole = report["optimizer_state_bytes"]
+    assert whole / 8 <= mem["optimizer_state_bytes_per_device"] < 1.05 * whole / 8
+    assert 0 < mem["argument_bytes"] - mem["params_bytes_per_device"] - \
+        mem["optimizer_state_bytes_per_device"] < 0.01 * whole  # + the batch, step, key
+    assert "split over data too" in proc.stderr
 
 
 @pytest.mark.parametrize("case", range(len(MISTAKES)))

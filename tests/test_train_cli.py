@@ -442,6 +442,10 @@ BAD_INPUT = {
                               ["ICI_MESH_SHAPE=(3, 1, 1)", "3 devices", "2 are present"]),
     "microbatches_not_dividing": (["--gin.NUM_MICROBATCHES=3"], 1,
                                   ["BATCH_SIZE=8", "NUM_MICROBATCHES=3"]),
+    "sequence_parallel_without_tensor": (["--gin.SEQUENCE_PARALLEL=True"], 1,
+                                         ["SEQUENCE_PARALLEL", "tensor axis", "one device"]),
+    "sequence_parallel_not_a_bool": (["--gin.SEQUENCE_PARALLEL=1"], 2,
+                                     ["SEQUENCE_PARALLEL must be True or False"]),
     # the base / large / decoder-only Pile recipes set it: on a CPU, one line, not jax's
     # "no MLIR translation rule" traceback at the first step
     "cudnn_on_a_cpu": (["--gin.ATTENTION_IMPL='cudnn'"], 2,
@@ -513,8 +517,9 @@ RESUME_ONTO_ANOTHER_MESH = "--gin.ICI_MESH_SHAPE=[1,2,2]"
 @pytest.fixture(scope="module")
 def two_processes_and_one(request, tmp_path_factory):
     """PROCESS_RUN_STEPS steps of one run as two processes x 2 devices (ICI [2,1,1] x DCN
-    [2,1,1]: data=4 across processes, gloo collectives on 127.0.0.1, one checkpoint
-    written together) and, alongside, as one process x 4 devices (ICI [4,1,1]); then,
+    [2,1,1]: data=4 across processes, gloo collectives on 127.0.0.1, the optimizer state
+    split over data (SHARD_OPTIMIZER_OVER_DATA: each process holds half of it), one
+    checkpoint written together) and, alongside, as one process x 4 devices (ICI [4,1,1]); then,
     when test_resume_onto_another_mesh is selected, a copy of the two's MODEL_DIR resumed
     on another mesh by one process x 4 devices, in the interpreter of the one (th.run_mains,
     train.main: once a subprocess of its own; it waits for the two to end). Returns (the
@@ -551,6 +556,7 @@ def two_processes_and_one(request, tmp_path_factory):
         for i in range(2):
             cmd = th.train_command(multi_dir, *PROCESS_RUN_FLAGS, "--gin.ICI_MESH_SHAPE=[2,1,1]",
                                    "--gin.DCN_MESH_SHAPE=[2,1,1]",
+                                   "--gin.SHARD_OPTIMIZER_OVER_DATA=True",
                                    f"--coordinator_address=127.0.0.1:{port}",
                                    "--process_count=2", f"--process_index={i}",
                                    steps=PROCESS_RUN_STEPS)
@@ -572,7 +578,8 @@ def two_processes_and_one(request, tmp_path_factory):
 
 def test_two_processes_match_one_process(two_processes_and_one):
     """Two processes x 2 devices against one process x 4 devices (the fixture): same seed,
-    same global batches, float32 activations, AdamW.
+    same global batches, float32 activations, AdamW; the two with their optimizer state
+    split over data, the one without (the split changes no number).
 
     Measured after 10 AdamW steps (seeds 3 and 4, the 512-entry vocabulary, two layers a
     stack): logged metrics within 1e-7 relative; parameters within 2e-8 relative (L2 over
@@ -592,7 +599,7 @@ def test_two_processes_match_one_process(two_processes_and_one):
     assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
     assert single.returncode == 0, th.describe(single)
     mesh = "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 1}"
-    assert f"{mesh}; 2 process(es)" in logs[0]
+    assert f"{mesh} (optimizer state split over data); 2 process(es)" in logs[0]
     assert f"{mesh}; 1 process(es)" in single.stderr
 
     # only process 0 writes TensorBoard scalars and log lines
@@ -692,9 +699,10 @@ def test_a_signal_to_one_process_of_two_stops_both_at_the_same_saved_step(tmp_pa
 
 @pytest.mark.slow
 def test_resume_onto_another_mesh(two_processes_and_one):
-    """The two processes' checkpoint of step 10 (data=4 over 2 processes x 2 devices: the
-    fixture's) resumed by one process on another mesh, fsdp=2 x tensor=2 over 4 devices,
-    to step 20 (the fixture's run, on a copy of their MODEL_DIR)."""
+    """The two processes' checkpoint of step 10 (data=4 over 2 processes x 2 devices, the
+    optimizer state split over data: the fixture's) resumed by one process on another
+    mesh, fsdp=2 x tensor=2 over 4 devices without the split, to step 20 (the fixture's
+    run, on a copy of their MODEL_DIR)."""
     multi_dir, _, rcs, logs, _, (model_dir, proc) = two_processes_and_one
     assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
     assert th.logged_steps(logs[0]) == [5, 10]

@@ -2,6 +2,8 @@
 mesh, the same update for 1, 2 and 4 microbatches (with and without FP8), FP8 state
 kept out of the optimizer, and the learning rate the optimizer really used."""
 import dataclasses
+import functools
+import math
 
 import jax
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 from t5lite.optim import optimizers
 from t5lite.runtime import partitioning, train_step
+from t5lite.runtime.checkpointing.checkpoints import Checkpointer
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.models.configs import DecoderConfig, T5Config
 from t5lite.models.model import DecoderOnlyModel, EncoderDecoderModel
@@ -38,10 +41,17 @@ def _model(cfg):
     return model, SyntheticTask(lengths, cfg.vocab_size, kind, seed=3), lengths
 
 
-def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS):
+def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS, optimizer=None,
+         shard_optimizer_over_data=False):
+    """Losses, the host state and the device state after `steps` steps, and the step
+    functions. `optimizer` (a t5lite Optimizer, factored by the model's axis names) instead
+    of `tx` (default Adam)."""
     model, task, lengths = _model(cfg)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
-    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
+    part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices),
+                                    shard_optimizer_over_data=shard_optimizer_over_data)
+    if optimizer is not None:
+        tx = optimizer.transformation(model.logical_axes()["params"])
     fns = train_step.make_train_step(model, tx or optax.adam(1e-2), part,
                                   num_microbatches=num_microbatches, lengths=lengths)
     state = fns.init(jax.random.PRNGKey(0))
@@ -50,7 +60,7 @@ def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS):
         batch = part.host_to_global(task.global_batch(step, BATCH), part.data_layout(BATCH))
         state, metrics = fns.train_step(state, batch)
         losses.append(float(metrics["loss"]))
-    return losses, jax.device_get(state), state
+    return losses, jax.device_get(state), state, fns
 
 
 @pytest.fixture(scope="module", params=[T5, LLAMA], ids=["t5", "llama"])
@@ -64,16 +74,81 @@ def _assert_same(run, ref):
                            run[1].params, ref[1].params)
 
 
+@functools.lru_cache(maxsize=None)
+def _data_parallel(cfg, optimizer_name="adam", shard_optimizer_over_data=False):
+    """`_run` on eight data-parallel devices, run once per arguments for the tests that
+    read it (the mesh test's data mesh, the sharded optimizer's reference)."""
+    optimizer = (optimizers.adafactor(1e-2) if optimizer_name == "adafactor" else None)
+    return _run(cfg, (8, 1, 1), optimizer=optimizer,
+                shard_optimizer_over_data=shard_optimizer_over_data)
+
+
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
 def test_meshes_match_one_device(single_device, mesh_shape):
     cfg, ref = single_device
-    run = _run(cfg, mesh_shape)
+    run = _data_parallel(cfg) if mesh_shape == (8, 1, 1) else _run(cfg, mesh_shape)
     _assert_same(run, ref)
     # and the parameters really are sharded as the rules say
     kernel = run[2].params["params"]["decoder"]["layers_0"]["self_attention"]["query"]["kernel"]
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
     n_shards = len({str(s.index) for s in kernel.addressable_shards})
     assert n_shards == mesh_shape[1] * mesh_shape[2]
+
+
+def _bytes_per_device(tree):
+    return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+               for a in jax.tree_util.tree_leaves(tree))
+
+
+def _abstract(fns):
+    return jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), fns.abstract_state,
+        fns.state_shardings)
+
+
+@pytest.mark.parametrize("cfg, optimizer_name", [(LLAMA, "adam"), (T5, "adafactor")],
+                         ids=["llama-adam", "t5-adafactor"])
+def test_optimizer_state_sharded_over_data_updates_as_replicated(tmp_path, cfg,
+                                                                 optimizer_name):
+    """SHARD_OPTIMIZER_OVER_DATA on data=8 (Adam's moments; T5X's Adafactor on the T5):
+    three steps give the replicated optimizer's losses and parameters within 1e-6; each
+    device holds 1/8 of the optimizer state (a leaf that 8 divides in no dimension stays
+    whole) and every parameter whole; a checkpoint of either restores into the other,
+    bit for bit, on the other's shardings."""
+    replicated = _data_parallel(cfg, optimizer_name)
+    sharded = _data_parallel(cfg, optimizer_name, shard_optimizer_over_data=True)
+    np.testing.assert_allclose(sharded[0], replicated[0], rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                           sharded[1].params, replicated[1].params)
+    whole = _bytes_per_device(replicated[2].opt_state)  # every device: the whole state
+    assert whole / 8 <= _bytes_per_device(sharded[2].opt_state) < 1.05 * whole / 8
+    assert _bytes_per_device(sharded[2].params) == _bytes_per_device(replicated[2].params)
+    for name, (saved, into) in {"zero_to_whole": (sharded, replicated),
+                                "whole_to_zero": (replicated, sharded)}.items():
+        with Checkpointer(tmp_path / name) as ckpt:
+            ckpt.save(STEPS, saved[2], {}, force=True)
+            ckpt.wait()
+            restored, _ = ckpt.restore(STEPS, _abstract(into[3]))
+        for got, want, where in zip(jax.tree_util.tree_leaves(restored),
+                                    jax.tree_util.tree_leaves(saved[1]),
+                                    jax.tree_util.tree_leaves(into[3].state_shardings)):
+            np.testing.assert_array_equal(np.asarray(got), want)
+            assert got.sharding == where
+
+
+def test_the_data_axis_goes_where_a_dimension_divides():
+    """`optimizer_sharding.over_axis`: the dimension with the most elements a shard that
+    divides, joined to the axes it has; nothing when data is one device, already there,
+    or divides no dimension."""
+    from jax.sharding import PartitionSpec as P
+    from t5lite.runtime.optimizer_sharding import over_axis
+    mesh = {"data": 8, "fsdp": 2, "tensor": 4}
+    assert over_axis(P("fsdp", "tensor"), (512, 64), "data", mesh) == P(("fsdp", "data"), "tensor")
+    assert over_axis(P(None, "tensor"), (16, 512), "data", mesh) == P(None, ("tensor", "data"))
+    assert over_axis(P(), (6, 64), "data", mesh) == P(None, "data")
+    assert over_axis(P(), (6,), "data", mesh) == P()  # 8 divides no dimension
+    assert over_axis(P("data"), (64,), "data", mesh) == P("data")
+    assert over_axis(P(), (64,), "data", {"data": 1}) == P()
 
 
 @pytest.mark.parametrize("k", [2, 4])

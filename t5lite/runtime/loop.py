@@ -266,8 +266,10 @@ def _start(ctx: RunContext) -> None:
     config_written = not (model_dir / "config.gin").exists()
     if config_written:
         _write_config(model_dir)
-    log.info("start: %s at step %d; mesh %s; %d process(es)", ctx.source, step,
-             dict(run.partitioner.mesh.shape), jax.process_count())
+    log.info("start: %s at step %d; mesh %s%s; %d process(es)", ctx.source, step,
+             dict(run.partitioner.mesh.shape),
+             " (optimizer state split over data)"
+             if run.partitioner.shard_optimizer_over_data else "", jax.process_count())
     writer = metrics.MetricWriter(str(model_dir), jax.process_index(),
                                   log_every=args.log_period, total_steps=args.train_steps,
                                   subdir="train")

@@ -13,7 +13,9 @@ kernel's embed fsdp alone), heads / joined_kv / mlp / vocab -> tensor, expert ->
 a stacked layer axis `layers` and the pipeline's `stage` slots -> stage, the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
 activation_partitioning_dims=2 splits it over tensor) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
-defaults. `MeshSettings` carries ICI_MESH_SHAPE, DCN_MESH_SHAPE and PARTITION_RULES.
+defaults. The optimizer state follows its parameters, and with SHARD_OPTIMIZER_OVER_DATA
+is split over `data` too (`optimizer_sharding`). `MeshSettings` carries ICI_MESH_SHAPE,
+DCN_MESH_SHAPE, PARTITION_RULES and SHARD_OPTIMIZER_OVER_DATA.
 
     partitioner = MeshSettings.data_parallel().partitioner()
     step = partitioner.partition(step_fn, in_shardings=..., out_shardings=..., donate_argnums=(0,))
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from t5lite.data.edge import DataLayout
 from t5lite.errors import ConfigError, PartitioningError
 from t5lite.runtime.mesh import BATCH_AXES, MESH_AXES, is_mesh_axes, make_mesh, valid_shape
 from t5lite.runtime.model_on_mesh import check_model_on_mesh
+from t5lite.runtime.optimizer_sharding import derived_spec, over_axis
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     ("embed", ("fsdp", "expert")),
     ("embed", "fsdp"),
     ("activation_embed", None),  # the residual stream: whole (module docstring)
+    ("activation_length", None),  # its sequence: whole; SEQUENCE_PARALLEL: over tensor
     ("heads", "tensor"),
     ("joined_kv", "tensor"),
     ("mlp", "tensor"),
@@ -94,6 +97,11 @@ class Partitioner:
     extra_rules: Sequence[Tuple[str, Any]] = ()
     model_context: Callable[[], Any] = contextlib.nullcontext
     """What the model needs entered while it is traced (`model.tracing_context`)."""
+    shard_optimizer_over_data: bool = False
+    """SHARD_OPTIMIZER_OVER_DATA: the optimizer state, and the update computed on it,
+    split over `data` too (`optimizer_sharding`)."""
+    sequence_parallel: bool = False
+    """SEQUENCE_PARALLEL: the residual stream's sequence split over `tensor`."""
 
     def __post_init__(self):
         use_threefry_gpu_kernel()
@@ -103,8 +111,9 @@ class Partitioner:
         """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp; no
         stage axis: nothing maps to it, so specs name no axis of one device)."""
         no_experts = self.mesh.shape.get("expert", 1) == 1
-        return tuple((name, tuple(m) if isinstance(m, list) else m)
-                     for name, m in self.extra_rules) + tuple(
+        sequence = (("activation_length", "tensor"),) if self.sequence_parallel else ()
+        return sequence + tuple((name, tuple(m) if isinstance(m, list) else m)
+                                for name, m in self.extra_rules) + tuple(
             (name, self._without_unit_stage(
                 "fsdp" if no_experts and m == ("fsdp", "expert") else m))
             for name, m in DEFAULT_RULES)
@@ -179,10 +188,24 @@ class Partitioner:
             lambda a, n: self.sharding(self.spec_for(tuple(n), a.shape)), abstract_tree,
             names_tree, is_leaf=lambda x: isinstance(x, P))
 
+    def update_spec(self, spec: P, shape: Sequence[int]) -> P:
+        """Where the optimizer holds and updates a leaf of `shape` whose parameter's spec
+        is `spec`: there, or with SHARD_OPTIMIZER_OVER_DATA split over `data` too."""
+        if not self.shard_optimizer_over_data:
+            return spec
+        return over_axis(spec, shape, "data", dict(self.mesh.shape))
+
+    def update_shardings(self, abstract_params, param_specs):
+        """`update_spec`'s shardings for a tree of parameters and their specs."""
+        return jax.tree_util.tree_map(
+            lambda a, s: self.sharding(self.update_spec(s, a.shape)), abstract_params,
+            param_specs, is_leaf=lambda x: isinstance(x, P))
+
     def opt_state_shardings(self, abstract_opt_state, abstract_params, param_specs):
         """Shard each optimizer-state leaf like the parameter it belongs to: same shape ->
         same spec; a factored moment (one dimension reduced away) -> the spec without that
-        dimension; anything else (counts, scalars) replicated."""
+        dimension; anything else (counts, scalars) replicated. With
+        SHARD_OPTIMIZER_OVER_DATA each is split over `data` too (`update_spec`)."""
         params_def = jax.tree_util.tree_structure(abstract_params)
         flat_params = jax.tree_util.tree_leaves(abstract_params)
         flat_specs = jax.tree_util.tree_leaves(param_specs, is_leaf=lambda x: isinstance(x, P))
@@ -190,8 +213,10 @@ class Partitioner:
         def like_params(sub):
             leaves = jax.tree_util.tree_leaves(sub)
             return jax.tree_util.tree_unflatten(
-                params_def, [self.sharding(_derived_spec(leaf.shape, p.shape, s))
-                             for leaf, p, s in zip(leaves, flat_params, flat_specs)])
+                params_def,
+                [self.sharding(self.update_spec(derived_spec(leaf.shape, p.shape, s),
+                                                leaf.shape))
+                 for leaf, p, s in zip(leaves, flat_params, flat_specs)])
 
         def is_params_like(x):
             try:
@@ -278,12 +303,15 @@ class PartitionedFunction:
 class MeshSettings:
     """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor,
     expert, stage) (three or four entries: the axes left out are 1; one -1 entry in each
-    fills the devices), and PARTITION_RULES, extra (logical name, mesh axes) rules tried
-    before `DEFAULT_RULES`."""
+    fills the devices), PARTITION_RULES, extra (logical name, mesh axes) rules tried
+    before `DEFAULT_RULES`, SHARD_OPTIMIZER_OVER_DATA (`optimizer_sharding`) and
+    SEQUENCE_PARALLEL (the residual stream's `activation_length` over `tensor`)."""
 
     ici_mesh_shape: Sequence[int]
     dcn_mesh_shape: Sequence[int]
     partition_rules: Sequence[Tuple[str, Any]]
+    shard_optimizer_over_data: Optional[bool] = None  # None: off (runs/_shared.gin sets it)
+    sequence_parallel: Optional[bool] = None
 
     def __post_init__(self):
         for name, shape in (("ICI_MESH_SHAPE", self.ici_mesh_shape),
@@ -300,6 +328,10 @@ class MeshSettings:
             raise ConfigError(f"PARTITION_RULES must be a list of (logical axis, mesh axes) "
                               f"pairs, the mesh axes None, one of {list(MESH_AXES)} or a tuple "
                               f"of them, e.g. [('embed', 'fsdp')]; got {rules!r}")
+        for name, value in (("SHARD_OPTIMIZER_OVER_DATA", self.shard_optimizer_over_data),
+                            ("SEQUENCE_PARALLEL", self.sequence_parallel)):
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True or False; got {value!r}")
 
     @classmethod
     def data_parallel(cls) -> "MeshSettings":
@@ -315,25 +347,18 @@ class MeshSettings:
         Engine's mesh resource) joins the mesh and rules."""
         mesh = make_mesh(self.ici_mesh_shape, self.dcn_mesh_shape, devices)
         check_model_on_mesh(model, mesh, platform)
-        if model is None:
-            return Partitioner(mesh, self.partition_rules)
-        axes = {name: name for name in MESH_AXES}
-        return Partitioner(mesh, self.partition_rules,
-                           model_context=lambda: model.tracing_context(axes))
+        if self.shard_optimizer_over_data and mesh.shape["data"] == 1:
+            log.warning("SHARD_OPTIMIZER_OVER_DATA: the mesh's data axis has one device, so "
+                        "the optimizer state is sharded as the parameters are")
+        if self.sequence_parallel and mesh.shape["tensor"] == 1:
+            raise PartitioningError(
+                "SEQUENCE_PARALLEL splits the sequence over the tensor axis, which has one "
+                "device here: give ICI_MESH_SHAPE a tensor entry over 1 (e.g. [1, -1, 4]) "
+                "or leave SEQUENCE_PARALLEL off")
+        extra = {"shard_optimizer_over_data": bool(self.shard_optimizer_over_data),
+                 "sequence_parallel": bool(self.sequence_parallel)}
+        if model is not None:
+            axes = {name: name for name in MESH_AXES}
+            extra["model_context"] = lambda: model.tracing_context(axes)
+        return Partitioner(mesh, self.partition_rules, **extra)
 
-
-def _derived_spec(shape, param_shape, param_spec: P) -> P:
-    """The spec of an optimizer-state leaf of `shape` that belongs to a parameter of
-    `param_shape`: the parameter's spec, less the axes a factored moment reduced away
-    (one or several, e.g. Adafactor's [embed] row of an [embed, heads, kv] kernel; the
-    later axes are tried first); replicated when it is no such reduction."""
-    spec = tuple(param_spec) + (None,) * (len(param_shape) - len(param_spec))
-    if tuple(shape) == tuple(param_shape):
-        return P(*spec)
-    dropped = len(param_shape) - len(shape)
-    if 0 < dropped < len(param_shape):
-        for drop in reversed(list(itertools.combinations(range(len(param_shape)), dropped))):
-            kept = [a for a in range(len(param_shape)) if a not in drop]
-            if tuple(param_shape[a] for a in kept) == tuple(shape):
-                return P(*(spec[a] for a in kept))
-    return P()

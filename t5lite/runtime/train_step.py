@@ -14,6 +14,10 @@ new value (flax's overwrite-with-gradient contract); microbatches combine it wit
 (min for Transformer Engine's scales: `precision.combine_fp8`),
 and it never reaches the optimizer, clipping or weight decay.
 
+With SHARD_OPTIMIZER_OVER_DATA the optimizer state, the gradients it reads and the
+update are split over `data` (`runtime/optimizer_sharding.py`): the gradients are
+reduce-scattered, each replica updates its slice, and the parameters are all-gathered.
+
 With SKIP_BAD_STEPS the optimizer skips a step whose gradient is not finite or above
 MAX_GRAD_NORM_TO_APPLY (`optim/skipping.py`); the step then keeps the parameters and FP8
 state as they were (the step count and the dropout key still advance: the batch is
@@ -162,6 +166,11 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         abstract = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
     shardings = state_shardings(partitioner, model, abstract)
     trainable_shardings = model.split_trainable(shardings.params["params"])[0]
+    # where the optimizer updates each trainable leaf: as the parameter is sharded, or
+    # with SHARD_OPTIMIZER_OVER_DATA a 1/data slice of it (`optimizer_sharding`)
+    trainable_abstract = model.split_trainable(abstract.params["params"])[0]
+    update_shardings = partitioner.update_shardings(
+        trainable_abstract, jax.tree_util.tree_map(lambda s: s.spec, trainable_shardings))
 
     def step_fn(state: TrainState, batch: Dict[str, jax.Array]):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -172,11 +181,16 @@ def make_train_step(model, tx: optax.GradientTransformation, partitioner: Partit
         if bad_gradient_steps:
             bad = jnp.isin(state.step + 1, jnp.asarray(bad_gradient_steps, jnp.int32))
             grads = jax.tree_util.tree_map(lambda g: jnp.where(bad, jnp.nan, g), grads)
-        grads = jax.lax.with_sharding_constraint(grads, trainable_shardings)
+        # the gradients reduced onto the slices the optimizer updates (a reduce-scatter
+        # over data with SHARD_OPTIMIZER_OVER_DATA, else the parameters' own shardings);
+        # the updated slices gathered back into the parameters' shardings
+        grads = jax.lax.with_sharding_constraint(grads, update_shardings)
         trainable, frozen = model.split_trainable(state.params["params"])
+        trainable = jax.lax.with_sharding_constraint(trainable, update_shardings)
         updates, opt_state = tx.update(grads, state.opt_state, trainable)
-        new_params = {"params": model.join_trainable(optax.apply_updates(trainable, updates),
-                                                     frozen)}
+        updated = jax.lax.with_sharding_constraint(optax.apply_updates(trainable, updates),
+                                                   trainable_shardings)
+        new_params = {"params": model.join_trainable(updated, frozen)}
         new_fp8 = new_fp8 if state.fp8 else state.fp8
         applied = skipping.applied(opt_state)
         if applied is not None:  # a skipped step keeps the parameters and FP8 state as they were

@@ -86,7 +86,8 @@ def step_memory_report(the_run, task_feature_lengths, pack: bool,
     compiled = step_memory.compile_train_step(
         the_run, step_memory.abstract_batch(the_run, task_feature_lengths, pack))
     return step_memory.memory_report(the_run.partitioner.mesh, the_run.batch_size,
-                                     step_memory.compiled_memory(compiled), device_bytes)
+                                     step_memory.compiled_memory(compiled), device_bytes,
+                                     step_memory.state_bytes_per_device(the_run))
 
 
 def step_reports(report: Dict[str, Any], model, optimizer, devices, per_device_batch,
@@ -122,6 +123,12 @@ def _frozen(report: Dict[str, Any]) -> str:
     return "; LoRA: no gradient of a frozen weight" if report.get("lora_rank") else ""
 
 
+def _optimizer_split(mem: Dict[str, Any]) -> str:
+    """How the optimizer state is split beyond the parameters' shardings, if it is."""
+    return ("  (SHARD_OPTIMIZER_OVER_DATA: split over data too)"
+            if mem.get("shard_optimizer_over_data") else "")
+
+
 def _human_bytes(b: int) -> str:
     return f"{b:,} B ({b / 2**30:,.2f} GiB)"
 
@@ -154,6 +161,9 @@ def format_report(report: Dict[str, Any], source: str = "") -> str:
                   f"devices (mesh {mesh}), {mem['per_device_batch']:g} "
                   f"examples per device"),
                  ("  arguments", _human_bytes(mem["argument_bytes"])),
+                 ("    parameters", _human_bytes(mem["params_bytes_per_device"])),
+                 ("    optimizer state", _human_bytes(mem["optimizer_state_bytes_per_device"])
+                  + _optimizer_split(mem)),
                  ("  temporaries", _human_bytes(mem["temp_bytes"])),
                  ("  outputs not aliased", _human_bytes(mem["output_bytes"] - mem["alias_bytes"])),
                  ("  peak", _human_bytes(mem["peak_bytes"])),

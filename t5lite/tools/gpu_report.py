@@ -112,8 +112,9 @@ def gpu_step_report(model, optimizer, gpu: str, batch_size: int,
     report["predicted_step_overlapped_s"] = max(report["predicted_step_s"],
                                                 report["predicted_comm_s"])
     if device_bytes is not None:
-        report["step_memory"] = step_memory.memory_report(the_run.partitioner.mesh, batch_size,
-                                                          memory, device_bytes)
+        report["step_memory"] = step_memory.memory_report(
+            the_run.partitioner.mesh, batch_size, memory, device_bytes,
+            step_memory.state_bytes_per_device(the_run))
     report["kernels"] = kernels
     return report
 

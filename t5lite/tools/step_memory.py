@@ -20,6 +20,7 @@ upper bound.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Dict, Mapping, Optional
 
@@ -93,6 +94,22 @@ def abstract_state(run: TrainingRun):
         run.step_fns.abstract_state, run.step_fns.state_shardings)
 
 
+def state_bytes_per_device(run: TrainingRun) -> Dict[str, Any]:
+    """Bytes of the run's parameters (FP8 state included) and optimizer state that one
+    device holds, read off the state's shardings, and whether SHARD_OPTIMIZER_OVER_DATA
+    split the optimizer state over `data`."""
+    def held(tree, shardings):
+        return sum(math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+                   for a, s in zip(jax.tree_util.tree_leaves(tree),
+                                   jax.tree_util.tree_leaves(shardings)))
+
+    state, shardings = run.step_fns.abstract_state, run.step_fns.state_shardings
+    return {"params_bytes_per_device": held((state.params, state.fp8),
+                                            (shardings.params, shardings.fp8)),
+            "optimizer_state_bytes_per_device": held(state.opt_state, shardings.opt_state),
+            "shard_optimizer_over_data": run.partitioner.shard_optimizer_over_data}
+
+
 def compile_train_step(run: TrainingRun, batch: Mapping[str, Any], state: Any = None,
                        options: Optional[Mapping[str, Any]] = None,
                        timings: Optional[Dict[str, float]] = None):
@@ -139,14 +156,16 @@ def verdict(peak_bytes: int, device_bytes: int, headroom: float = HEADROOM) -> s
                 f"usable, {100 * peak_bytes / usable:.0f}%)")
     return (f"does not fit in {device}: needs {peak_bytes / GiB:.1f} GiB of "
             f"{usable / GiB:.1f} GiB usable; use remat (REMAT_POLICY), more "
-            f"NUM_MICROBATCHES, more fsdp shards or a smaller per-device batch")
+            f"NUM_MICROBATCHES, more fsdp shards, SHARD_OPTIMIZER_OVER_DATA=True (data "
+            f"parallelism) or a smaller per-device batch")
 
 
 def memory_report(mesh, batch_size: int, memory: Optional[StepMemory],
-                  device_bytes: int) -> Dict[str, Any]:
+                  device_bytes: int, state_bytes: Optional[Mapping[str, int]] = None
+                  ) -> Dict[str, Any]:
     """`info --memory`'s entry: `memory`, a compiled train step's (`compiled_memory`), on
     `mesh` for a global batch of `batch_size`, with the plain answer for a device of
-    `device_bytes`."""
+    `device_bytes`; `state_bytes` (`state_bytes_per_device`) joins it."""
     if memory is None:
         raise ConfigError("this backend reports no memory analysis for compiled programs")
     device = mesh.devices.flat[0]
@@ -155,7 +174,8 @@ def memory_report(mesh, batch_size: int, memory: Optional[StepMemory],
             "device_bytes": device_bytes,
             "device_kind": (device.device_kind if gpu_target.is_compile_only_gpu(device)
                             else None),
-            **memory.as_dict(), "verdict": verdict(memory.peak_bytes, device_bytes)}
+            **memory.as_dict(), **(state_bytes or {}),
+            "verdict": verdict(memory.peak_bytes, device_bytes)}
 
 
 def cpu_devices(count: int):

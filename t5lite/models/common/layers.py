@@ -55,6 +55,16 @@ class Layout:
     def constrain(self, x: Array, *rest: str) -> Array:
         return nn.with_logical_constraint(x, self.names(*rest))
 
+    def constrain_residual(self, x: Array) -> Array:
+        """The residual stream between blocks, [batch, length, embed]: its length named
+        `activation_length`, which sequence parallelism maps to `tensor` (the norms,
+        dropout and residual adds then run on a slice of the sequence); plain `length`
+        where that axis does not divide it (one decoding step's token, say)."""
+        length = ("activation_length"
+                  if splits_evenly(x.shape[self.length_axis], "activation_length") else "length")
+        names = ((length, "batch") if self.transposed else ("batch", length))
+        return nn.with_logical_constraint(x, names + ("activation_embed",))
+
 
 def splits_evenly(size: int, name: str) -> bool:
     """Whether an axis of `size` divides over the mesh axes its logical `name` maps to

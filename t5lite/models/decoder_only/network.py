@@ -43,8 +43,8 @@ class DecoderOnlyLayer(nn.Module):
         def residual(x, y):
             y = nn.Dropout(c.dropout_rate, broadcast_dims=(lay.length_axis,))(
                 y, deterministic=self.deterministic)
-            return lay.constrain(residual_add(x, y, c.dropout_rate, self.deterministic),
-                                 "activation_embed")
+            return lay.constrain_residual(residual_add(x, y, c.dropout_rate,
+                                                       self.deterministic))
 
         h = make_norm(c.norm_type, c.layer_norm_epsilon, dtype, "pre_self_attention_layer_norm")(x)
         bias = None
@@ -153,7 +153,7 @@ class DecoderOnly(nn.Module):
         if c.position_embedding == "learned":
             x = x + self.position_embedder(positions)
         x = self.embed_dropout(x, deterministic=deterministic)
-        x = lay.constrain(x, "activation_embed")
+        x = lay.constrain_residual(x)
         x = self.decoder(x, mask, positions, deterministic, decode)
         if c.tie_embeddings:
             if c.scale_tied_logits:  # GLaM, as T5 1.0: the shared embedding's logits / sqrt(d)

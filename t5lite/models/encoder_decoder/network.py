@@ -69,8 +69,7 @@ class _T5Layer(nn.Module):
         rate = self.cfg.dropout_rate
         y = nn.Dropout(rate, broadcast_dims=(self.layout.length_axis,))(
             y, deterministic=self.deterministic)
-        return self.layout.constrain(residual_add(x, y, rate, self.deterministic),
-                                     "activation_embed")
+        return self.layout.constrain_residual(residual_add(x, y, rate, self.deterministic))
 
     def output(self, x: Array):
         return (x, None) if self.scanned else x
@@ -123,7 +122,7 @@ class Encoder(nn.Module):
         transposed: it stays internal and feeds the decoder's cross-attention)."""
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         x = _dropout(c, self.embedder(lay.to_internal(tokens)), deterministic)
-        x = lay.constrain(x, "activation_embed")
+        x = lay.constrain_residual(x)
         length = tokens.shape[1]
         bias = RelativePositionBias(c.num_heads, c.relpos_num_buckets, c.relpos_max_distance,
                                     bidirectional=True, name="relpos_bias")(length, length)
@@ -179,7 +178,7 @@ class Decoder(nn.Module):
                                    decoder_segment_ids, encoder_segment_ids)
             bias = relpos(length, length)
         x = _dropout(c, self.embedder(lay.to_internal(decoder_input_tokens)), deterministic)
-        x = lay.constrain(x, "activation_embed")
+        x = lay.constrain_residual(x)
         x = run_layers(DecoderLayer, c.num_decoder_layers, x,
                        (encoded, bias, self_mask, cross_mask) + extra, scan=c.scan_layers,
                        remat=c.remat_policy, per_layer=lambda i: {"moe": c.is_moe_layer(i)},
