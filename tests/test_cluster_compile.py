@@ -57,7 +57,7 @@ def _rows(report, kind, axes):
 def test_a_pipeline_over_two_hosts_moves_activations_between_them(reports):
     r = reports["pipeline"]
     assert r["devices"] == 8 and r["hosts"] == 2
-    assert r["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4}
+    assert r["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4, "context": 1}
     assert r["pipeline"] == {"stages": 4, "microbatches": 4, "repeats": 1,
                              "bubble": pytest.approx(3 / 7)}
     moves = _rows(r, "collective-permute", ["stage"])

@@ -211,7 +211,7 @@ def test_info_memory_on_simulated_devices(info_runs):
     assert proc.returncode == 0, proc.stderr
     mem = json.loads(proc.stdout)["step_memory"]
     assert mem["devices"] == 4 and mem["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1,
-                                                   "expert": 1, "stage": 1}
+                                                   "expert": 1, "stage": 1, "context": 1}
     assert mem["per_device_batch"] == 2 and mem["batch_size"] == 8
     assert mem["peak_bytes"] == (mem["argument_bytes"] + mem["output_bytes"]
                                  - mem["alias_bytes"] + mem["temp_bytes"] + mem["code_bytes"])
@@ -260,6 +260,6 @@ def test_info_memory_of_a_pipeline_per_device(info_runs):
     piped = info_runs["pipeline"]
     assert piped.returncode == 0, piped.stderr
     mem = json.loads(piped.stdout)["step_memory"]
-    assert mem["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4}
+    assert mem["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4, "context": 1}
     assert mem["verdict"].startswith("fits in 80 GiB") and mem["argument_bytes"] > 0
     assert "stage 4" in piped.stderr

@@ -446,6 +446,9 @@ BAD_INPUT = {
                                          ["SEQUENCE_PARALLEL", "tensor axis", "one device"]),
     "sequence_parallel_not_a_bool": (["--gin.SEQUENCE_PARALLEL=1"], 2,
                                      ["SEQUENCE_PARALLEL must be True or False"]),
+    "context_not_dividing": (["--gin.ICI_MESH_SHAPE=[1,1,1,1,1,2]",
+                              "--gin.TASK_FEATURE_LENGTHS={'inputs': 33, 'targets': 16}"], 1,
+                             ["context axis of 2", "inputs", "multiple of 2"]),
     # the base / large / decoder-only Pile recipes set it: on a CPU, one line, not jax's
     # "no MLIR translation rule" traceback at the first step
     "cudnn_on_a_cpu": (["--gin.ATTENTION_IMPL='cudnn'"], 2,
@@ -598,7 +601,7 @@ def test_two_processes_match_one_process(two_processes_and_one):
     multi_dir, single_dir, rcs, logs, single, _ = two_processes_and_one
     assert rcs == [0, 0], "\n".join(th.tail(t) for t in logs)
     assert single.returncode == 0, th.describe(single)
-    mesh = "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 1}"
+    mesh = "mesh {'data': 4, 'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 1, 'context': 1}"
     assert f"{mesh} (optimizer state split over data); 2 process(es)" in logs[0]
     assert f"{mesh}; 1 process(es)" in single.stderr
 
@@ -708,7 +711,7 @@ def test_resume_onto_another_mesh(two_processes_and_one):
     assert th.logged_steps(logs[0]) == [5, 10]
     assert proc.returncode == 0, th.describe(proc)
     assert ("start: resume:10 at step 10; mesh {'data': 1, 'fsdp': 2, 'tensor': 2, 'expert': 1, "
-            "'stage': 1}; 1 process(es)" in proc.stderr), th.describe(proc)
+            "'stage': 1, 'context': 1}; 1 process(es)" in proc.stderr), th.describe(proc)
     assert th.logged_steps(proc.stderr) == [15, 20]
     assert th.complete_steps(model_dir) == [15, 20]  # KEEP_CHECKPOINTS = 2
     assert th.data_step(model_dir, 20) == 20

@@ -269,12 +269,13 @@ def test_batch_size_must_divide_data_shards():
     with pytest.raises(partitioning.PartitioningError, match="devices"):
         partitioning.make_mesh((3, 1, 1))
     assert dict(partitioning.make_mesh((-1, 2, 2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2,
-                                                             "expert": 1, "stage": 1}
+                                                             "expert": 1, "stage": 1, "context": 1}
     assert dict(partitioning.make_mesh((1, 2, 1, -1)).shape) == {"data": 1, "fsdp": 2,
                                                                  "tensor": 1, "expert": 4,
-                                                                 "stage": 1}
+                                                                 "stage": 1, "context": 1}
+    assert dict(partitioning.make_mesh((1, 2, 1, 1, 1, -1)).shape)["context"] == 4
     assert dict(partitioning.make_mesh((1, 2, 1, 1, -1)).shape) == {
-        "data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4}
+        "data": 1, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 4, "context": 1}
     part = partitioning.Partitioner(partitioning.make_mesh((1, 2, 1, 4)))
     assert part.data_shards == 8  # the batch is split over the expert axis too
     with pytest.raises(partitioning.PartitioningError, match="data x fsdp x expert = 1 x 2 x 4"):

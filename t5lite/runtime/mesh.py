@@ -1,7 +1,7 @@
-"""The device mesh: its five axes, and the mesh a run's ICI_MESH_SHAPE and DCN_MESH_SHAPE
+"""The device mesh: its six axes, and the mesh a run's ICI_MESH_SHAPE and DCN_MESH_SHAPE
 lay out over the devices.
 
-    MESH_AXES = ("data", "fsdp", "tensor", "expert", "stage")
+    MESH_AXES = ("data", "fsdp", "tensor", "expert", "stage", "context")
 
 - data: whole replicas, each a slice of the batch;
 - fsdp: a slice of the batch each, the parameters and optimizer state sharded too
@@ -9,9 +9,11 @@ lay out over the devices.
 - tensor: the heads, MLP columns and vocabulary split (Megatron's tensor parallelism);
 - expert: a mixture of experts' experts split (the batch too, outside the experts);
 - stage: the layers split into pipeline stages (`t5lite.models.pipeline`): each device
-  holds its stage's layers only, and activations move on to the next stage.
+  holds its stage's layers only, and activations move on to the next stage;
+- context: every activation's sequence split (context parallelism): each device holds a
+  slice of every sequence's tokens and all-gathers the keys and values it attends to.
 
-A shape of three or four entries is the first three or four: the axes left out are 1
+A shape of three to five entries is the first three to five: the axes left out are 1
 (the shipped configs' (data, fsdp, tensor) shapes stay valid). The shapes' products are
 the devices within a host (ICI) and the hosts (DCN); one -1 entry in each fills the rest.
 """
@@ -27,7 +29,7 @@ from jax.sharding import Mesh
 
 from t5lite.errors import PartitioningError
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert", "stage")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "stage", "context")
 # the batch is split over the expert axis too: outside the experts it is data parallel;
 # and over the stage axis: outside the pipeline (embeddings, logits, loss) each stage
 # takes its share of the rows; inside, every stage sees the whole microbatch
@@ -36,7 +38,7 @@ SHORTEST_SHAPE = 3  # (data, fsdp, tensor)
 
 
 def full_shape(shape: Sequence[int]) -> Tuple[int, ...]:
-    """A shape of 3 to 5 entries with the axes it leaves out as 1."""
+    """A shape of 3 to 6 entries with the axes it leaves out as 1."""
     shape = tuple(shape)
     return shape + (1,) * (len(MESH_AXES) - len(shape))
 
@@ -115,7 +117,7 @@ def is_mesh_axes(axes) -> bool:
 
 
 def valid_shape(shape) -> bool:
-    """Whether a gin value is a mesh shape: 3 to 5 whole numbers, each >= 1 or -1."""
+    """Whether a gin value is a mesh shape: 3 to 6 whole numbers, each >= 1 or -1."""
     return isinstance(shape, (list, tuple)) and SHORTEST_SHAPE <= len(shape) <= len(
         MESH_AXES) and not any(isinstance(s, bool) or not isinstance(s, int)
                                or (s < 1 and s != -1) for s in shape)

@@ -1,11 +1,12 @@
 """Whether a model can run on a mesh's devices, asked before anything is traced: its
 experts divide the mesh's expert axis, its layers split into the mesh's pipeline stages
-(and its batch into the pipeline's microbatches), and cuDNN's attention has GPUs to run
-on (a compile-only GPU, `info --gpu`'s, counts as one). Each answer a ConfigError or
-PartitioningError of one line that names the fix."""
+(and its batch into the pipeline's microbatches), its attention and sequences suit a
+context axis, and cuDNN's attention has GPUs to run on (a compile-only GPU, `info
+--gpu`'s, counts as one). Each answer a ConfigError or PartitioningError of one line
+that names the fix."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from jax.sharding import Mesh
 
@@ -24,6 +25,9 @@ def check_model_on_mesh(model: Any, mesh: Mesh, platform: Optional[str] = None) 
             f"NUM_EXPERTS={experts} does not divide over the mesh's expert axis of "
             f"{mesh.shape['expert']} devices; make the expert entry of ICI_MESH_SHAPE / "
             f"DCN_MESH_SHAPE a divisor of {experts}")
+    problem = _context_problem(config, mesh) if config else None
+    if problem:
+        raise ConfigError(problem)
     problem = pipeline.problem_on_mesh(config, mesh.shape["stage"]) if config else None
     if problem:
         raise PartitioningError(problem)
@@ -54,3 +58,43 @@ def check_batches_on_mesh(model: Any, mesh: Mesh, batch: int, pack: bool) -> Non
                           "(jax's cuDNN attention cannot take the packed rows' mask on every "
                           "stage at once): set PACK=False (cuDNN then takes sequence "
                           "lengths), or ATTENTION_IMPL='xla'")
+
+
+CONTEXT_ATTENTION = ("xla", "dot_product")
+"""The attention implementations context parallelism runs (keys and values all-gathered,
+the mask by positions). cuDNN's is not among them yet: jax cannot trace it without cuDNN,
+so its sharding over the context axis has not been compiled or checked here."""
+
+
+def _context_problem(config: Any, mesh: Mesh) -> Optional[str]:
+    """What keeps `config` from a context axis over 1 in `mesh`, in one line, or None."""
+    if mesh.shape["context"] == 1:
+        return None
+    impl = getattr(config, "attention_impl", None)
+    if impl not in CONTEXT_ATTENTION:
+        return (f"context parallelism (a context axis of {mesh.shape['context']}) runs with "
+                f"ATTENTION_IMPL {' or '.join(repr(i) for i in CONTEXT_ATTENTION)}, not "
+                f"{impl!r}: set --gin.ATTENTION_IMPL=\"'dot_product'\" or a context axis of 1")
+    if mesh.shape["stage"] > 1:
+        return ("context parallelism does not run inside a pipeline: give the mesh a stage "
+                "axis of 1 or a context axis of 1")
+    return None
+
+
+def check_lengths_on_mesh(model: Any, mesh: Mesh, lengths: Mapping[str, int]) -> None:
+    """PartitioningError (one line) when a context axis over 1 does not divide the
+    sequences the network reads (`lengths`: after packing): into 2 x context equal chunks
+    for a causal model that balances them (`context_order`), else into context."""
+    shards = mesh.shape["context"]
+    if shards == 1:
+        return
+    balanced = bool(getattr(model, "balances_context", lambda: False)())
+    chunks = 2 * shards if balanced else shards
+    for name, length in lengths.items():
+        if length and length % chunks:
+            how = (f"{chunks} equal chunks (two a device, one from each end)" if balanced
+                   else f"{chunks} equal slices")
+            raise PartitioningError(
+                f"a context axis of {shards} cuts every {name} sequence into {how}, and "
+                f"TASK_FEATURE_LENGTHS gives {name} {length} tokens: use a multiple of "
+                f"{chunks}")

@@ -8,8 +8,8 @@ Models never name a mesh axis; they tag parameters and activations with logical 
 (`batch`, `length`, `embed`, `heads`, `kv`, `joined_kv`, `mlp`, `vocab`, `relpos_buckets`,
 `layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert
 +stage (inside a pipeline's stages the stage axis is theirs: `models/pipeline`),
-embed -> fsdp+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText; an expert
-kernel's embed fsdp alone), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
+embed -> fsdp+context+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText, and
+over the context devices, as MaxText; an expert kernel's embed fsdp+context), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
 a stacked layer axis `layers` and the pipeline's `stage` slots -> stage, the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
 activation_partitioning_dims=2 splits it over tensor) replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
@@ -52,16 +52,21 @@ DEFAULT_RULES: Tuple[Tuple[str, Any], ...] = (
     # dispatched tokens' groups: the batch's split less the expert axis (all-to-all)
     ("expert_groups", ("data", "fsdp")),
     ("expert_logits", None),
-    ("embed", ("fsdp", "expert")),
-    ("embed", "fsdp"),
+    # FSDP over the experts and the context devices too (MaxText's): a context axis
+    # holds one copy of the weights between its devices, gathered layer by layer
+    ("embed", ("fsdp", "context", "expert")),
+    ("embed", ("fsdp", "context")),
     ("activation_embed", None),  # the residual stream: whole (module docstring)
-    ("activation_length", None),  # its sequence: whole; SEQUENCE_PARALLEL: over tensor
+    # sequences: a residual stream's (SEQUENCE_PARALLEL: over tensor too), a per-token
+    # activation's, split by context parallelism; keys and values whole (all-gathered)
+    ("activation_length", "context"),
+    ("length", "context"),
+    ("kv_length", None),
     ("heads", "tensor"),
     ("joined_kv", "tensor"),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
     ("kv", None),
-    ("length", None),
     ("layers", "stage"),  # stacked layers: each pipeline stage holds its own
     ("stage", "stage"),  # the pipeline's per-stage slots of activations
     ("pipeline_repeats", None),
@@ -110,21 +115,26 @@ class Partitioner:
     def rules(self) -> Tuple[Tuple[str, Any], ...]:
         """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp; no
         stage axis: nothing maps to it, so specs name no axis of one device)."""
-        no_experts = self.mesh.shape.get("expert", 1) == 1
-        sequence = (("activation_length", "tensor"),) if self.sequence_parallel else ()
+        sequence = ((("activation_length", self._without_unit_stage(("context", "tensor"))),)
+                    if self.sequence_parallel else ())
         return sequence + tuple((name, tuple(m) if isinstance(m, list) else m)
                                 for name, m in self.extra_rules) + tuple(
-            (name, self._without_unit_stage(
-                "fsdp" if no_experts and m == ("fsdp", "expert") else m))
+            (name, self._without_unit_stage(m, weights=name == "embed"))
             for name, m in DEFAULT_RULES)
 
-    def _without_unit_stage(self, axes):
-        """`axes` less a stage axis of one device (specs then name no axis of size 1)."""
-        if self.mesh.shape.get("stage", 1) > 1 or axes is None:
+    def _without_unit_stage(self, axes, weights: bool = False):
+        """`axes` less a stage or context axis of one device (and for the weights' `embed`,
+        an expert axis of one), one left as its name: specs name no axis of size 1, and
+        a mesh without those axes shards as it did before they existed."""
+        unit = {a for a in ("stage", "context") if self.mesh.shape.get(a, 1) == 1}
+        if weights and self.mesh.shape.get("expert", 1) == 1:
+            unit.add("expert")
+        if not unit or axes is None:
             return axes
         if isinstance(axes, str):
-            return None if axes == "stage" else axes
-        return tuple(a for a in axes if a != "stage")
+            return None if axes in unit else axes
+        kept = tuple(a for a in axes if a not in unit)
+        return (kept[0] if weights and len(kept) == 1 else kept) or None
 
     @property
     def batch_axes(self) -> Tuple[str, ...]:

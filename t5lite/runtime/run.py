@@ -24,7 +24,7 @@ from t5lite.data.edge import DataLayout, DataSettings
 from t5lite.errors import check_positive_int
 from t5lite.optim import skipping
 from t5lite.runtime import train_step
-from t5lite.runtime.model_on_mesh import check_batches_on_mesh
+from t5lite.runtime.model_on_mesh import check_batches_on_mesh, check_lengths_on_mesh
 from t5lite.runtime.skipped_steps import SkipSettings
 from t5lite.runtime.partitioning import MeshSettings, Partitioner
 
@@ -139,6 +139,7 @@ def build_run(*, model, data: TrainData, optimizer, num_microbatches: int = 1,
     iterator = make_iterator(model, data, layout)
     lengths = iterator.sequence_lengths  # decoder-only on a prefix-LM task: inputs + targets
     model.check_train_lengths(lengths, data.task_feature_lengths)
+    check_lengths_on_mesh(model, partitioner.mesh, lengths)
     change = model.microbatch_routing_change(data.batch_size, lengths, num_microbatches)
     if change:  # the one case where gradient accumulation changes the step
         log.warning("%s", change)

@@ -201,10 +201,13 @@ class Attention(nn.Module):
             if k is not None:
                 k = apply_rope(k, kv_positions, self.rope_theta)
         q = lay.constrain(q, "heads", "kv")
+        if k is not None:  # projected from this device's tokens (context parallelism:
+            # its slice of the sequence), then made whole below: an all-gather of k and v
+            k, v = lay.constrain(k, "heads", "kv"), lay.constrain(v, "heads", "kv")
         if self.decode:
             k, v = self._cached_kv(k, v, q_positions)
-        k = lay.constrain(k, "heads", "kv")
-        v = lay.constrain(v, "heads", "kv")
+        k = lay.constrain_keys(k)
+        v = lay.constrain_keys(v)
         if self.attention_impl == "xla" or self.decode:
             out = self._einsum_attention(q, k, v, bias, as_dense(mask))
         elif self.attention_impl == "te":
@@ -244,8 +247,8 @@ class Attention(nn.Module):
                     in_axes=(b_axis, b_axis, 0), out_axes=b_axis)(cache, x, start)
 
             new_k, new_v = write(ck.value, k), write(cv.value, v)
-        ck.value = lay.constrain(new_k.astype(ck.value.dtype), "heads", "kv")
-        cv.value = lay.constrain(new_v.astype(cv.value.dtype), "heads", "kv")
+        ck.value = lay.constrain_keys(new_k.astype(ck.value.dtype))
+        cv.value = lay.constrain_keys(new_v.astype(cv.value.dtype))
         return ck.value, cv.value
 
     def _einsum_attention(self, q, k, v, bias, mask):
@@ -281,8 +284,9 @@ class Attention(nn.Module):
         if self.layout.transposed:
             q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
         impl = "cudnn" if self.attention_impl == "cudnn" else None
-        by_ids = dict(is_causal=mask.causal) if isinstance(mask, MaskIds) else {}
-        if isinstance(mask, MaskIds) and not mask.packed:
+        by_ids = (dict(is_causal=mask.causal and mask.q_positions is None)
+                  if isinstance(mask, MaskIds) else {})
+        if isinstance(mask, MaskIds) and not mask.needs_dense:
             q_lengths, k_lengths = mask.lengths()
             by_ids.update(query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths)
             mask = None

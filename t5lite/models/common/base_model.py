@@ -215,7 +215,8 @@ class BaseModel:
         (`moe_metrics`), means over this batch's routing groups, not sums: `moe/objective`
         is the weighted router losses to add to the normalized loss."""
         rngs = {"dropout": rng} if rng is not None else {}
-        logits, state = self.module.apply(params, **self._network_inputs(batch),
+        batch, order = self.context_ordered(batch)
+        logits, state = self.module.apply(params, **self._network_inputs(batch), **order,
                                           deterministic=rng is None, rngs=rngs,
                                           mutable=[moe.STATS_COLLECTION])
         targets = batch["decoder_target_tokens"]
@@ -228,6 +229,12 @@ class BaseModel:
                 "nonpadding": jnp.sum(targets > 0).astype(jnp.float32),
                 **self.moe_metrics(state.get(moe.STATS_COLLECTION, {}))}
         return jnp.sum(tok_loss * weights), sums
+
+    def context_ordered(self, batch: Batch) -> Tuple[Batch, Dict[str, Any]]:
+        """(batch, extra network arguments) as the loss reads them under context
+        parallelism: unchanged here; a causal model may reorder its tokens so that
+        each device of the context axis gets an equal share (`context_order`)."""
+        return batch, {}
 
     def moe_metrics(self, stats) -> Dict[str, jax.Array]:
         """The routers' statistics sown by the MoE layers -> `moe.metrics`'s scalars."""

@@ -53,17 +53,30 @@ class Layout:
         return jnp.swapaxes(x, 0, 1) if self.transposed else x
 
     def constrain(self, x: Array, *rest: str) -> Array:
-        return nn.with_logical_constraint(x, self.names(*rest))
+        """A per-token activation (queries, attention outputs, MLP hidden, logits): its
+        `length` is what context parallelism splits over `context`."""
+        return self._constrain(x, "length", rest)
 
     def constrain_residual(self, x: Array) -> Array:
         """The residual stream between blocks, [batch, length, embed]: its length named
-        `activation_length`, which sequence parallelism maps to `tensor` (the norms,
-        dropout and residual adds then run on a slice of the sequence); plain `length`
-        where that axis does not divide it (one decoding step's token, say)."""
-        length = ("activation_length"
-                  if splits_evenly(x.shape[self.length_axis], "activation_length") else "length")
-        names = ((length, "batch") if self.transposed else ("batch", length))
-        return nn.with_logical_constraint(x, names + ("activation_embed",))
+        `activation_length`, which context parallelism maps to `context` and sequence
+        parallelism to `tensor` as well (the norms, dropout and residual adds then run
+        on a slice of the sequence)."""
+        return self._constrain(x, "activation_length", ("activation_embed",))
+
+    def constrain_keys(self, x: Array) -> Array:
+        """Keys or values, [batch, kv_length, heads, kv]: `kv_length` is never split, so
+        under context parallelism each device all-gathers the whole sequence's keys and
+        values for its slice of the queries."""
+        return self._constrain(x, "kv_length", ("heads", "kv"))
+
+    def _constrain(self, x: Array, length: str, rest: Sequence[str]) -> Array:
+        """`x` constrained to (batch, `length`, *rest) in this layout; the length left
+        whole where its mesh axes do not divide it (one decoding step's token, say)."""
+        if not splits_evenly(x.shape[self.length_axis], length):
+            length = None
+        names = (length, "batch") if self.transposed else ("batch", length)
+        return nn.with_logical_constraint(x, names + tuple(rest))
 
 
 def splits_evenly(size: int, name: str) -> bool:

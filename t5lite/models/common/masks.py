@@ -28,11 +28,17 @@ NEG_INF = -1e10  # added to masked attention logits
 
 def attention_mask(q_valid: Array, k_valid: Array, causal: bool = False,
                    q_segments: Optional[Array] = None,
-                   k_segments: Optional[Array] = None) -> Array:
+                   k_segments: Optional[Array] = None,
+                   q_positions: Optional[Array] = None,
+                   k_positions: Optional[Array] = None) -> Array:
     """Boolean mask [batch, 1, q, k] from validity [batch, q] / [batch, k], optional
-    causality and packed-segment ids (attention only within one segment)."""
+    causality and packed-segment ids (attention only within one segment). Causal by
+    the tokens' places, or with positions [batch, q] / [batch, k] by those (a sequence
+    kept out of order: `context_order`)."""
     mask = q_valid[:, None, :, None] & k_valid[:, None, None, :]
-    if causal:
+    if causal and q_positions is not None:
+        mask = mask & (q_positions[:, None, :, None] >= k_positions[:, None, None, :])
+    elif causal:
         q_len, k_len = q_valid.shape[1], k_valid.shape[1]
         mask = mask & jnp.asarray(np.tril(np.ones((q_len, k_len), bool)))[None, None]
     if q_segments is not None and k_segments is not None:
@@ -56,15 +62,22 @@ class MaskIds:
     q_segments: Optional[Array] = None   # [batch, q_length] packed-segment ids, or None
     k_segments: Optional[Array] = None   # [batch, kv_length]
     causal: bool = flax.struct.field(pytree_node=False, default=False)
+    q_positions: Optional[Array] = None  # [batch, q_length]: causal by these, not places
+    k_positions: Optional[Array] = None  # [batch, kv_length]
 
     def dense(self) -> Array:
         """The same mask as `attention_mask` builds: bool [batch, 1, q, k]."""
         return attention_mask(self.q_valid, self.k_valid, self.causal, self.q_segments,
-                              self.k_segments)
+                              self.k_segments, self.q_positions, self.k_positions)
 
     @property
     def packed(self) -> bool:
         return self.q_segments is not None and self.k_segments is not None
+
+    @property
+    def needs_dense(self) -> bool:
+        """Whether only the dense mask says it: packed rows, or a sequence out of order."""
+        return self.packed or self.q_positions is not None
 
     def lengths(self):
         """(query lengths, key lengths), int32 [batch] each: the valid tokens a row."""
@@ -73,11 +86,14 @@ class MaskIds:
 
 
 def make_mask(kind: str, q_valid: Array, k_valid: Array, causal: bool = False,
-              q_segments: Optional[Array] = None, k_segments: Optional[Array] = None):
+              q_segments: Optional[Array] = None, k_segments: Optional[Array] = None,
+              q_positions: Optional[Array] = None, k_positions: Optional[Array] = None):
     """The mask in the form ATTENTION_MASK names ('dense' | 'lengths')."""
     if kind == "lengths":
-        return MaskIds(q_valid, k_valid, q_segments, k_segments, causal)
-    return attention_mask(q_valid, k_valid, causal, q_segments, k_segments)
+        return MaskIds(q_valid, k_valid, q_segments, k_segments, causal, q_positions,
+                       k_positions)
+    return attention_mask(q_valid, k_valid, causal, q_segments, k_segments, q_positions,
+                          k_positions)
 
 
 def as_dense(mask):

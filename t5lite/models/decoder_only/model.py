@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from t5lite.errors import ConfigError
 from t5lite.models import decoding, flops
-from t5lite.models.common import features
+from t5lite.models.common import context_order, features
 from t5lite.models.common import model_kinds
 from t5lite.models.common.base_model import MODEL_EOS, Batch, BaseModel
 from t5lite.models.decoder_only.network import DecoderOnly
@@ -24,6 +24,25 @@ class DecoderOnlyModel(BaseModel):
                 "decoder_positions", "decoder_causal_attention")
     FEATURE_CONVERTER_KIND = model_kinds.DECODER_ONLY
     NETWORK = DecoderOnly
+
+    def balances_context(self) -> bool:
+        """Whether `context_ordered` reorders this model's tokens under a context axis."""
+        c = self.config
+        return not c.num_experts and c.position_embedding != "relative"
+
+    def context_ordered(self, batch: Batch):
+        """Under context parallelism (a context axis over 1 in the mesh being traced
+        under), the loss's tokens in `context_order.balanced_order` (each device a chunk
+        from the front and one from the back), masked by their positions. Not for a
+        mixture of experts (reordered tokens would fill its routing groups differently
+        from one device's) nor relative position biases (made by places): they keep
+        the natural order, each device a contiguous slice."""
+        shards = context_order.context_size()
+        if shards == 1 or not self.balances_context():
+            return batch, {}
+        length = batch["decoder_target_tokens"].shape[1]
+        order = context_order.balanced_order(length, shards)
+        return context_order.reorder(batch, order), {"causal_by_positions": True}
 
     def predict_batch(self, params, batch: Batch, *,
                       decoder: decoding.DecoderSpec = "greedy",

@@ -115,7 +115,8 @@ class DecoderOnly(nn.Module):
                  decoder_positions: Optional[Array] = None,
                  decoder_causal_attention: Optional[Array] = None,
                  deterministic: bool = True, decode: bool = False,
-                 max_decode_length: Optional[int] = None) -> Array:
+                 max_decode_length: Optional[int] = None,
+                 causal_by_positions: bool = False) -> Array:
         """decode=True (with mutable "cache"): incremental decoding against a KV cache of
         `max_decode_length` slots; the tokens sit at `decoder_positions` (default
         0..length-1; consecutive within a row). The first call, without a cache, must
@@ -123,7 +124,9 @@ class DecoderOnly(nn.Module):
         ignored when decoding. decoder_causal_attention [batch, length]: 1 on a prefix-LM
         sequence's prompt positions (BOS and inputs), read when the config's
         `bidirectional_prefix` is on: those positions then attend to each other both ways
-        (in decoding, pass it with the prompt block that fills the cache)."""
+        (in decoding, pass it with the prompt block that fills the cache).
+        causal_by_positions: the tokens are out of order (`context_order`): the causal
+        mask compares their `decoder_positions`, not their places."""
         del decoder_target_tokens  # no padding mask needed: see the module docstring
         c, lay = self.cfg, Layout(self.cfg.transpose_bs)
         batch, length = decoder_input_tokens.shape
@@ -140,12 +143,13 @@ class DecoderOnly(nn.Module):
                 mask = mask | (prefix[:, None, :, None] & keys[:, None, None, :])
         else:
             valid = jnp.ones((batch, length), bool)
+            by = (decoder_positions,) * 2 if causal_by_positions else (None, None)
             if prefix is None:
                 mask = make_mask(c.attention_mask, valid, valid, True, decoder_segment_ids,
-                                 decoder_segment_ids)
+                                 decoder_segment_ids, *by)
             else:  # a prefix LM: causal or within the prefix, only as a dense mask
                 mask = (attention_mask(valid, valid, True, decoder_segment_ids,
-                                       decoder_segment_ids)
+                                       decoder_segment_ids, *by)
                         | attention_mask(prefix, prefix, False, decoder_segment_ids,
                                          decoder_segment_ids))
         x = self.token_embedder(lay.to_internal(decoder_input_tokens))
