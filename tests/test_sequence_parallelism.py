@@ -41,10 +41,12 @@ BOTH = (1, 1, 2, 1, 1, 4)
 LOSS_RTOL, GRAD_TOL = 1e-6, 1e-5
 
 
-def _model(name):
+def _model(name, attention="xla"):
     gin_file, config = MODELS[name]
+    dtype = "bfloat16" if attention == "cudnn" else "float32"  # cuDNN's: 16-bit only
     parsing.parse_gin([gin_file], [f"{config}.vocab_size = 128",
-                                   "ACTIVATION_DTYPE = 'float32'"])
+                                   f"ACTIVATION_DTYPE = '{dtype}'",
+                                   f"ATTENTION_IMPL = '{attention}'"])
     return parsing.resolve_macro("MODEL")
 
 
@@ -71,9 +73,9 @@ def _batch(name, model):
     return batch
 
 
-def _step(name, mesh_shape, sequence_parallel):
+def _step(name, mesh_shape, sequence_parallel, attention="xla"):
     """One SGD step at rate 1: (loss, gradient as a host tree)."""
-    model = _model(name)
+    model = _model(name, attention)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
     part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices),
                                     sequence_parallel=sequence_parallel)
@@ -92,13 +94,18 @@ def _one_device(name):
     return _step(name, (1, 1, 1), False)
 
 
-@pytest.mark.parametrize("name, mesh_shape, sequence_parallel", [
-    ("llama", SEQUENCE_PARALLEL, True), ("gpt", SEQUENCE_PARALLEL, True),
-    ("t5", SEQUENCE_PARALLEL, True), ("llama", CONTEXT, False), ("gpt", CONTEXT, False),
-    ("t5", CONTEXT, False), ("llama", BOTH, True)],
-    ids=["llama-sp", "gpt-sp", "t5-sp", "llama-cp", "gpt-cp", "t5-cp", "llama-sp-cp"])
-def test_a_split_sequence_step_is_one_devices_step(name, mesh_shape, sequence_parallel):
-    loss, grads = _step(name, mesh_shape, sequence_parallel)
+@pytest.mark.parametrize("name, mesh_shape, sequence_parallel, attention", [
+    ("llama", SEQUENCE_PARALLEL, True, "xla"), ("gpt", SEQUENCE_PARALLEL, True, "xla"),
+    ("t5", SEQUENCE_PARALLEL, True, "xla"), ("llama", CONTEXT, False, "xla"),
+    ("gpt", CONTEXT, False, "dot_product"), ("t5", CONTEXT, False, "dot_product"),
+    ("llama", BOTH, True, "dot_product")],
+    ids=["llama-sp", "gpt-sp", "t5-sp", "llama-cp", "gpt-cp-jax-nn", "t5-cp-jax-nn",
+         "llama-sp-cp-jax-nn"])
+def test_a_split_sequence_step_is_one_devices_step(name, mesh_shape, sequence_parallel,
+                                                   attention):
+    """(`dot_product`: jax.nn's attention, in context parallelism's shard_map, against
+    the one device's einsum: the same numbers.)"""
+    loss, grads = _step(name, mesh_shape, sequence_parallel, attention)
     ref_loss, ref_grads = _one_device(name)
     np.testing.assert_allclose(loss, ref_loss, rtol=LOSS_RTOL)
     scale = max(float(np.max(np.abs(g))) for g in jax.tree_util.tree_leaves(ref_grads))
@@ -110,6 +117,22 @@ def test_a_split_sequence_step_is_one_devices_step(name, mesh_shape, sequence_pa
     jax.tree_util.tree_map_with_path(close, grads, ref_grads)
 
 
+def _gpu_program(model, mesh_shape, sequence_parallel):
+    """The HLO text of `model`'s train step on `_batch`'s batch, compiled for 8 H100s."""
+    part = partitioning.Partitioner(partitioning.make_mesh(
+        mesh_shape, devices=gpu_target.gpu_devices("h100", 8)),
+        sequence_parallel=sequence_parallel)
+    fns = train_step.make_train_step(model, optax.sgd(1.0), part,
+                                     lengths={"targets": LENGTHS["llama"]["targets"]})
+    state = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), fns.abstract_state,
+        fns.state_shardings)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=part.batch_sharding(v.ndim))
+             for k, v in _batch("llama", model).items()}
+    return fns.train_step.lower(state, batch).compile(
+        gpu_target.compiler_options(None)).as_text()
+
+
 def test_compiled_for_gpus_the_layers_reduce_scatter_and_gather_the_sequence():
     """LLaMA tiny compiled for 8 H100s on [fsdp=2, tensor=4] with sequence parallelism:
     each layer's two boundaries, forward and backward, are reduce-scatters over the tensor
@@ -118,17 +141,7 @@ def test_compiled_for_gpus_the_layers_reduce_scatter_and_gather_the_sequence():
     a residual-sized array over them (without it: the out-projection and wo all-reduce
     [4, 256, 64] float32 per device, 256 KiB or more)."""
     model = _model("llama")
-    part = partitioning.Partitioner(partitioning.make_mesh(
-        SEQUENCE_PARALLEL, devices=gpu_target.gpu_devices("h100", 8)), sequence_parallel=True)
-    fns = train_step.make_train_step(model, optax.sgd(1.0), part,
-                                     lengths=model.feature_lengths(LENGTHS["llama"]))
-    state = jax.tree_util.tree_map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), fns.abstract_state,
-        fns.state_shardings)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=part.batch_sharding(v.ndim))
-             for k, v in _batch("llama", model).items()}
-    text = fns.train_step.lower(state, batch).compile(
-        gpu_target.compiler_options(None)).as_text()
+    text = _gpu_program(model, SEQUENCE_PARALLEL, True)
     residual = BATCH // 2 * LENGTHS["llama"]["targets"] * model.config.emb_dim * 4
     in_layers = [c for c in collectives.program_collectives(text)
                  if "/decoder/layers_" in c.op_name and c.group_size == 4]
@@ -161,6 +174,33 @@ def test_sequence_parallelism_settings_are_checked():
                 if "sharding_constraint" in line]
 
     assert '{"tensor"}' in specs(8)[0] and '{"tensor"}' not in specs(1)[0]
+
+
+def test_cudnn_attention_compiles_over_the_context_axis_for_gpus():
+    """LLaMA tiny with cuDNN's attention on [fsdp=2, context=4], compiled for 8 H100s
+    (jax's own partitioning of it refuses queries split unlike their keys): each layer's
+    attention is one cuDNN call each way, a device's 4 rows x 64 queries against the
+    whole 256 keys, the keys and values all-gathered over the context groups forward and
+    their gradients reduce-scattered backward, and no all-reduce over those groups of
+    anything as large."""
+    model = _model("llama", "cudnn")
+    cfg = model.config
+    text = _gpu_program(model, CONTEXT, False)
+    calls = [line for line in text.splitlines()
+             if "custom-call(" in line and "__cudnn$fmha" in line]
+    forward = [line for line in calls if "Backward" not in line]
+    assert len(forward) == len(calls) - len(forward) == cfg.num_layers, calls
+    queries = f"bf16[4,{cfg.num_heads},64,{cfg.head_dim}]"
+    keys = f"bf16[4,{cfg.kv_heads},256,{cfg.head_dim}]"
+    assert all(queries in line.split("custom-call(")[0] for line in forward), forward
+    assert all(keys in line.split("custom-call(")[0] for line in calls if "Backward" in line)
+    whole_keys = BATCH // 2 * LENGTHS["llama"]["targets"] * cfg.kv_heads * cfg.head_dim * 2
+    layers = [c for c in collectives.program_collectives(text)
+              if "/decoder/" in c.op_name and c.group_size == 4 and c.bytes >= whole_keys]
+    for kind in ("all-gather", "reduce-scatter"):
+        assert sum(c.kind == kind and "shard_map" in c.op_name for c in layers) >= \
+            cfg.num_layers, (kind, [c.op_name for c in layers])
+    assert not [c.op_name for c in layers if c.kind == "all-reduce"]
 
 
 def test_a_causal_models_tokens_are_balanced_over_the_context_axis():
@@ -214,10 +254,9 @@ def test_a_context_axis_divides_the_steps_activations():
 def test_context_parallelism_settings_are_checked():
     from t5lite.runtime.model_on_mesh import check_lengths_on_mesh, check_model_on_mesh
     mesh = partitioning.make_mesh((1, 2, 1, 1, 1, 4))
-    for impl in ("te", "cudnn"):
-        with pytest.raises(ConfigError, match=f"ATTENTION_IMPL .* not '{impl}'"):
-            check_model_on_mesh(SimpleNamespace(config=SimpleNamespace(attention_impl=impl)),
-                                mesh)
+    with pytest.raises(ConfigError, match="ATTENTION_IMPL .* not 'te'"):
+        check_model_on_mesh(SimpleNamespace(config=SimpleNamespace(attention_impl="te")),
+                            mesh)
     with pytest.raises(ConfigError, match="does not run inside a pipeline"):
         check_model_on_mesh(SimpleNamespace(config=SimpleNamespace(attention_impl="xla")),
                             partitioning.make_mesh((1, 1, 1, 1, 2, 4)))

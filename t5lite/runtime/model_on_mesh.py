@@ -60,10 +60,10 @@ def check_batches_on_mesh(model: Any, mesh: Mesh, batch: int, pack: bool) -> Non
                           "lengths), or ATTENTION_IMPL='xla'")
 
 
-CONTEXT_ATTENTION = ("xla", "dot_product")
-"""The attention implementations context parallelism runs (keys and values all-gathered,
-the mask by positions). cuDNN's is not among them yet: jax cannot trace it without cuDNN,
-so its sharding over the context axis has not been compiled or checked here."""
+CONTEXT_ATTENTION = ("xla", "dot_product", "cudnn")
+"""The attention implementations context parallelism runs: the einsum with its keys and
+values gathered by the partitioner, jax.nn's (XLA's or cuDNN's kernel) in a shard_map over
+the context axis (`models/common/context_attention.py`). Not Transformer Engine's."""
 
 
 def _context_problem(config: Any, mesh: Mesh) -> Optional[str]:

@@ -18,6 +18,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from t5lite.models.common import te_backend
+from t5lite.models.common.context_attention import attend_over_context
+from t5lite.models.common.context_order import context_size
 from t5lite.models.common.layers import Dense, Layout, gemm_input_views
 from t5lite.models.lora import LoraSpec
 from t5lite.models.common.masks import NEG_INF, MaskIds, as_dense
@@ -202,18 +204,21 @@ class Attention(nn.Module):
                 k = apply_rope(k, kv_positions, self.rope_theta)
         q = lay.constrain(q, "heads", "kv")
         if k is not None:  # projected from this device's tokens (context parallelism:
-            # its slice of the sequence), then made whole below: an all-gather of k and v
+            # its slice of the sequence), then made whole: an all-gather of k and v
             k, v = lay.constrain(k, "heads", "kv"), lay.constrain(v, "heads", "kv")
         if self.decode:
             k, v = self._cached_kv(k, v, q_positions)
-        k = lay.constrain_keys(k)
-        v = lay.constrain_keys(v)
+        # jax.nn's attention under a context axis gathers them itself (context_attention)
+        over_context = (not self.decode and self.attention_impl in ("dot_product", "cudnn")
+                        and context_size() > 1)
+        if not over_context:
+            k, v = lay.constrain_keys(k), lay.constrain_keys(v)
         if self.attention_impl == "xla" or self.decode:
             out = self._einsum_attention(q, k, v, bias, as_dense(mask))
         elif self.attention_impl == "te":
             out = self._te_attention(q, k, v, bias, as_dense(mask))
         else:
-            out = self._jax_nn_attention(q, k, v, bias, mask)
+            out = self._jax_nn_attention(q, k, v, bias, mask, over_context)
         out = lay.constrain(out, "heads", "kv")
         y = self._dense((x_q.shape[-1],), ("heads", "kv", "embed"), "out", n_in=2)(out)
         return checkpoint_name(y, "out_proj")
@@ -275,24 +280,32 @@ class Attention(nn.Module):
         out = jnp.einsum(f"bhgqk,{ks}hd->{qs}hgd", probs, v)
         return out.reshape(out.shape[:-3] + (h, self.head_dim))
 
-    def _jax_nn_attention(self, q, k, v, bias, mask):
+    def _jax_nn_attention(self, q, k, v, bias, mask, over_context: bool = False):
         """`jax.nn.dot_product_attention` ("cudnn": cuDNN flash attention on GPU;
         "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv].
         A `MaskIds` goes as its causal flag (cuDNN then skips the blocks above the diagonal)
         and sequence lengths, or packed as the [batch, 1, q, k] boolean mask (to jax a bias
-        without a gradient, one for every head)."""
+        without a gradient, one for every head). `over_context`: each device of the
+        context axis attends with its queries (`context_attention`), the mask dense."""
         if self.layout.transposed:
             q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
         impl = "cudnn" if self.attention_impl == "cudnn" else None
         by_ids = (dict(is_causal=mask.causal and mask.q_positions is None)
-                  if isinstance(mask, MaskIds) else {})
-        if isinstance(mask, MaskIds) and not mask.needs_dense:
+                  if isinstance(mask, MaskIds) and not over_context else {})
+        if isinstance(mask, MaskIds) and not mask.needs_dense and not over_context:
             q_lengths, k_lengths = mask.lengths()
             by_ids.update(query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths)
             mask = None
-        out = jax.nn.dot_product_attention(
-            q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=as_dense(mask),
-            scale=self.logits_scale, implementation=impl, **by_ids)
+
+        def attend(q, k, v, bias, mask):
+            return jax.nn.dot_product_attention(
+                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
+                scale=self.logits_scale, implementation=impl, **by_ids)
+
+        if over_context:
+            out = attend_over_context(attend, q, k, v, bias, as_dense(mask))
+        else:
+            out = attend(q, k, v, bias, as_dense(mask))
         return jnp.swapaxes(out, 0, 1) if self.layout.transposed else out
 
     def _te_attention(self, q, k, v, bias, mask):
