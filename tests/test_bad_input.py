@@ -143,7 +143,7 @@ WRONG_VALUES = {
     "EVAL_STEPS": ["'x'", "0"],
     "EXTRA_IDS": ["'x'", "-1"], "FP8": ["'x'"], "FP8_BACKEND": ["'x'"], "FP8_RECIPE": ["'x'"],
     "FUSE_QKV": ["'x'"],
-    "ICI_MESH_SHAPE": ["'x'", "[1,1]", "[0,1,1]", "[1.5,1,1]", "[1,1,1,1,1,1]"],
+    "ICI_MESH_SHAPE": ["'x'", "[1,1]", "[0,1,1]", "[1.5,1,1]", "[1,1,1,1,1,1,1]"],
     "INITIAL_CHECKPOINT_PATH": ["3", "'/nonexistent'"], "INJECT_STALL": ["'x'", "3"],
     "KEEP_CHECKPOINTS": ["'x'", "0", "-1"], "LABEL_SMOOTHING": ["'x'", "1.5", "-1"],
     "LOG_PERIOD": ["'x'", "0"], "LORA_ALPHA": ["'x'", "-1"],

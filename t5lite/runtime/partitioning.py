@@ -9,13 +9,16 @@ Models never name a mesh axis; they tag parameters and activations with logical 
 `layers`, `lora_rank`, `expert`, ...). `DEFAULT_RULES` maps them: batch -> data+fsdp+expert
 +stage (inside a pipeline's stages the stage axis is theirs: `models/pipeline`),
 embed -> fsdp+context+expert (FSDP over the experts, as Pax's GPU GLaM and MaxText, and
-over the context devices, as MaxText; an expert kernel's embed fsdp+context), heads / joined_kv / mlp / vocab -> tensor, expert -> expert,
-a stacked layer axis `layers` and the pipeline's `stage` slots -> stage, the rest (LoRA's rank, the residual stream's `activation_embed`: T5X's
-activation_partitioning_dims=2 splits it over tensor) replicated. Extra rules, the gin macro
+over the context devices, as MaxText; an expert kernel's embed fsdp+context), heads /
+joined_kv / mlp / vocab -> tensor, expert -> expert, a stacked layer axis `layers` and the
+pipeline's `stage` slots -> stage, sequences (`activation_length`, `length`) -> context
+(keys' and values' `kv_length` whole), the rest (LoRA's rank, the residual stream's
+`activation_embed`: T5X's activation_partitioning_dims=2 splits it over tensor)
+replicated. Extra rules, the gin macro
 PARTITION_RULES (`--gin.PARTITION_RULES="[('kv', 'tensor')]"`), are tried before the
 defaults. The optimizer state follows its parameters, and with SHARD_OPTIMIZER_OVER_DATA
 is split over `data` too (`optimizer_sharding`). `MeshSettings` carries ICI_MESH_SHAPE,
-DCN_MESH_SHAPE, PARTITION_RULES and SHARD_OPTIMIZER_OVER_DATA.
+DCN_MESH_SHAPE, PARTITION_RULES, SHARD_OPTIMIZER_OVER_DATA and SEQUENCE_PARALLEL.
 
     partitioner = MeshSettings.data_parallel().partitioner()
     step = partitioner.partition(step_fn, in_shardings=..., out_shardings=..., donate_argnums=(0,))
@@ -113,16 +116,17 @@ class Partitioner:
 
     @property
     def rules(self) -> Tuple[Tuple[str, Any], ...]:
-        """Extra rules, then the defaults (no expert axis: fsdp+expert reads as fsdp; no
-        stage axis: nothing maps to it, so specs name no axis of one device)."""
-        sequence = ((("activation_length", self._without_unit_stage(("context", "tensor"))),)
+        """SEQUENCE_PARALLEL's rule, the extra rules, then the defaults (no expert axis:
+        fsdp+expert reads as fsdp; no stage or context axis: nothing maps to it, so specs
+        name no axis of one device)."""
+        sequence = ((("activation_length", self._without_unit_axes(("context", "tensor"))),)
                     if self.sequence_parallel else ())
         return sequence + tuple((name, tuple(m) if isinstance(m, list) else m)
                                 for name, m in self.extra_rules) + tuple(
-            (name, self._without_unit_stage(m, weights=name == "embed"))
+            (name, self._without_unit_axes(m, weights=name == "embed"))
             for name, m in DEFAULT_RULES)
 
-    def _without_unit_stage(self, axes, weights: bool = False):
+    def _without_unit_axes(self, axes, weights: bool = False):
         """`axes` less a stage or context axis of one device (and for the weights' `embed`,
         an expert axis of one), one left as its name: specs name no axis of size 1, and
         a mesh without those axes shards as it did before they existed."""
@@ -139,7 +143,7 @@ class Partitioner:
     @property
     def batch_axes(self) -> Tuple[str, ...]:
         """The mesh axes the batch is split over (`BATCH_AXES`, less a stage axis of one)."""
-        return self._without_unit_stage(BATCH_AXES)
+        return self._without_unit_axes(BATCH_AXES)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
