@@ -11,7 +11,8 @@ gradient) within 1e-5, on rows that are one sequence and rows packed with three,
 [fsdp=2, tensor=4] with sequence parallelism, on [fsdp=2, context=4], and on [tensor=2,
 context=4] with both; compiled for 8 H100s, sequence parallelism's layers end in
 reduce-scatters and all-gathers with no all-reduce of the residual stream; a context
-axis of 4 cuts the step's temporaries by about 4; bad settings are one line."""
+axis of 4 cuts the step's temporaries by about 4; decoding and scoring under it are one
+device's; bad settings are one line."""
 import functools
 from types import SimpleNamespace
 
@@ -268,3 +269,21 @@ def test_context_parallelism_settings_are_checked():
     check_lengths_on_mesh(t5, mesh, {"inputs": 12, "targets": 4})  # T5: slices of 4
     with pytest.raises(PartitioningError, match="inputs 10 tokens: use a multiple of 4"):
         check_lengths_on_mesh(t5, mesh, {"inputs": 10, "targets": 4})
+
+
+def test_decoding_and_scoring_under_a_context_axis_are_one_devices():
+    """An eval / infer mesh with a context axis: LLaMA's greedy continuations of prompts
+    (the KV cache's one-token steps keep their length whole) and its teacher-forced
+    logits (natural order, split over context) are one device's."""
+    model = _model("llama", "dot_product")
+    params = {"params": model.init(jax.random.PRNGKey(0), lengths={"targets": 16})["params"]}
+    prompts = np.tile(np.array([2, 5, 7, 9, 11, 3, 4, 6], np.int32), (BATCH, 1))
+    prompts[::2, 5:] = 0
+    batch = {"decoder_input_tokens": prompts, "decoder_target_tokens": prompts}
+    want = (model.predict_batch(params, batch, max_decode_length=8), model.logits(params, batch))
+    part = partitioning.Partitioner(partitioning.make_mesh(CONTEXT))
+    with part.context():
+        got = jax.jit(lambda p, b: (model.predict_batch(p, b, max_decode_length=8),
+                                    model.logits(p, b)))(params, batch)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), atol=1e-5)
