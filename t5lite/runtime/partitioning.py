@@ -316,8 +316,8 @@ class PartitionedFunction:
 @dataclasses.dataclass(frozen=True)
 class MeshSettings:
     """Where the arrays live: ICI_MESH_SHAPE and DCN_MESH_SHAPE over (data, fsdp, tensor,
-    expert, stage) (three or four entries: the axes left out are 1; one -1 entry in each
-    fills the devices), PARTITION_RULES, extra (logical name, mesh axes) rules tried
+    expert, stage, context) (three to six entries: the axes left out are 1; one -1 entry
+    in each fills the devices), PARTITION_RULES, extra (logical name, mesh axes) rules tried
     before `DEFAULT_RULES`, SHARD_OPTIMIZER_OVER_DATA (`optimizer_sharding`) and
     SEQUENCE_PARALLEL (the residual stream's `activation_length` over `tensor`)."""
 
