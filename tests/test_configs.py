@@ -30,6 +30,8 @@ EXPECTED_PARAMS = {
     "models/llama2/7b.gin": 6_738_415_616,
     "models/llama2/13b.gin": 13_015_864_320,
     "models/llama2/70b.gin": 68_976_648_192,
+    "models/llama3/8b.gin": 8_030_261_248,    # transformers' own counts (on meta tensors)
+    "models/llama3/70b.gin": 70_553_706_496,
 }
 SWITCH_DEFAULTS = {macro: configs.Switches.__dataclass_fields__[field].default
                    for field, macro in configs.switch_macros().items()}
