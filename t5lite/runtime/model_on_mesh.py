@@ -88,7 +88,7 @@ def check_lengths_on_mesh(model: Any, mesh: Mesh, lengths: Mapping[str, int]) ->
     shards = mesh.shape["context"]
     if shards == 1:
         return
-    balanced = bool(getattr(model, "balances_context", lambda: False)())
+    balanced = model.balances_context()
     chunks = 2 * shards if balanced else shards
     for name, length in lengths.items():
         if length and length % chunks:

@@ -230,6 +230,10 @@ class BaseModel:
                 **self.moe_metrics(state.get(moe.STATS_COLLECTION, {}))}
         return jnp.sum(tok_loss * weights), sums
 
+    def balances_context(self) -> bool:
+        """Whether `context_ordered` reorders this model's tokens under a context axis."""
+        return False
+
     def context_ordered(self, batch: Batch) -> Tuple[Batch, Dict[str, Any]]:
         """(batch, extra network arguments) as the loss reads them under context
         parallelism: unchanged here; a causal model may reorder its tokens so that

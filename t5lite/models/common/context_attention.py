@@ -15,12 +15,13 @@ bias ([batch or 1, heads, q, k]) arrive split along their queries.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
 from jax.sharding import PartitionSpec as P
+
+from t5lite.models.common.layers import splits_evenly
 
 Array = jax.Array
 
@@ -30,13 +31,9 @@ AXIS = "context"
 def _spec(shape: Sequence[int], names: Sequence[Optional[str]]) -> P:
     """The mesh axes of an array with logical `names` under the rules traced under, a
     dimension they do not divide left whole."""
-    mesh = jax.sharding.get_abstract_mesh()
-    out = []
-    for size, axes in zip(shape, nn.logical_to_mesh_axes(tuple(names))):
-        split = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        out.append(axes if split and size % math.prod(mesh.shape[a] for a in split) == 0
-                   else None)
-    return P(*out)
+    axes = nn.logical_to_mesh_axes(tuple(names))
+    return P(*(a if n is not None and splits_evenly(size, n) else None
+               for size, n, a in zip(shape, names, axes)))
 
 
 def attend_over_context(attend: Callable[..., Array], q: Array, k: Array, v: Array,
@@ -45,10 +42,9 @@ def attend_over_context(attend: Callable[..., Array], q: Array, k: Array, v: Arr
     slice of the queries, k / v [batch, kv_length, kv_heads, kv] the whole sequence's
     (gathered here from each device's slice), bias and mask their rows of the queries.
     Returns [batch, length, heads, kv], split as q is."""
-    heads = "heads"
-    tensor = _spec((q.shape[2],), (heads,))[0]
-    if tensor is None or _spec((k.shape[2],), (heads,))[0] is None:
-        heads = None  # query heads split only where their key heads split alike (GQA)
+    # query heads split only where their key heads split alike (GQA)
+    heads = "heads" if splits_evenly(q.shape[2], "heads") and splits_evenly(
+        k.shape[2], "heads") else None
     tokens = _spec(q.shape, ("batch", "length", heads, "kv"))
     keys = _spec(k.shape, ("batch", "length", heads, "kv"))
     operands, specs = [q, k, v], [tokens, keys, keys]

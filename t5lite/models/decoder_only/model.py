@@ -26,7 +26,8 @@ class DecoderOnlyModel(BaseModel):
     NETWORK = DecoderOnly
 
     def balances_context(self) -> bool:
-        """Whether `context_ordered` reorders this model's tokens under a context axis."""
+        """A dense model whose attention masks by positions: not a mixture of experts,
+        not relative biases (`context_ordered`)."""
         c = self.config
         return not c.num_experts and c.position_embedding != "relative"
 
