@@ -32,6 +32,13 @@ EXPECTED_PARAMS = {
     "models/llama2/70b.gin": 68_976_648_192,
     "models/llama3/8b.gin": 8_030_261_248,    # transformers' own counts (on meta tensors)
     "models/llama3/70b.gin": 70_553_706_496,
+    "models/llama3/3_1_8b.gin": 8_030_261_248,
+    "models/llama3/1b.gin": 1_235_814_400,     # LLaMA-3.2 1B, tied
+    "models/mistral/7b.gin": 7_241_732_096,
+    "models/qwen2_5/7b.gin": 7_615_616_512,
+    "models/qwen2_5/0_5b.gin": 494_032_768,
+    "models/qwen3/8b.gin": 8_190_735_360,
+    "models/qwen3/0_6b.gin": 596_049_920,
 }
 SWITCH_DEFAULTS = {macro: configs.Switches.__dataclass_fields__[field].default
                    for field, macro in configs.switch_macros().items()}
@@ -168,7 +175,8 @@ def _write(tmp_path, name, text):
 
 
 ERROR_CASES = ["syntax", "unknown_configurable", "unknown_parameter", "missing_file",
-               "missing_include", "required", "bad_flag_binding"]
+               "missing_include", "required", "bad_flag_binding", "rope_scaling",
+               "sliding_window"]
 REAL_PROCESS_CASE = "syntax"  # `python -m t5lite.info` itself; the others share a process
 RUN_CONFIGS = [
     ("configs/large_pile_pretrain.gin", "models/t5_1_1/large.gin"),
@@ -195,6 +203,10 @@ def _error_case(tmp_path, case):
                      ["BATCH_SIZE", "r.gin:2"]),
         "bad_flag_binding": (["models/t5_1_1/tiny.gin", "--gin.REMAT_POLICY=full"],
                              ["REMAT_POLICY", "quotes"]),
+        "rope_scaling": (["models/llama3/tiny.gin", "--gin.DecoderConfig.rope_scaling='yarn'"],
+                         ["rope_scaling", "'yarn'", "llama3"]),
+        "sliding_window": ([_write(tmp_path, "w.gin", "include 'models/mistral/tiny.gin'\n"
+                                   "ATTENTION_IMPL = 'te'\n")], ["sliding_window", "'te'"]),
     }[case]
     return [a if a.startswith("--") else f"--gin_file={a}" for a in args], expect
 

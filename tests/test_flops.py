@@ -43,6 +43,20 @@ def test_decoder_only_by_hand_gated_gqa():
     assert flops.train_flops_per_example(cfg, seq_length=6) == 47808
 
 
+def test_a_sliding_window_counts_the_keys_a_query_sees():
+    """Mistral's window W < S: W - W^2 / (2 S) keys a query on average (S / 2 at W = S,
+    the causal convention); a window as long as the sequence counts as none."""
+    plain = _toy_decoder(mlp_activations=("silu", "linear"))
+    windowed = _toy_decoder(mlp_activations=("silu", "linear"), sliding_window=2)
+    attn = 4 * 2 * 4 * (2 * 6 * 2 - 2 * 2) // (2 * 6)   # 53 (96 without the window)
+    per_token = 3 * (2 * (256 + 128 + 768 + attn) + 2 * 8 * 10)
+    assert flops.decoder_only_train_flops_per_token(windowed, 6) == per_token == 7710
+    for wide in (6, 7):
+        cfg = _toy_decoder(mlp_activations=("silu", "linear"), sliding_window=wide)
+        assert (flops.decoder_only_train_flops_per_token(cfg, 6)
+                == flops.decoder_only_train_flops_per_token(plain, 6) == 7968)
+
+
 def test_decoder_only_by_hand_plain_gelu():
     cfg = _toy_decoder(mlp_activations=("gelu",), num_kv_heads=None)
     # MHA: Hkv = H = 2; one MLP input projection (n_in = 1)

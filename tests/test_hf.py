@@ -519,15 +519,15 @@ def test_special_token_ids_travel_both_ways():
     """bos / eos ids from an HF config into the t5lite config and back out: transformers'
     defaults when absent (LLaMA 1 / 2, T5 EOS 1), the first of an EOS list, and a
     t5lite-trained model's own ids (0 / 1) written as they are."""
-    from t5lite.interop import hf_config
-    llama = hf_config.llama_hf_config(LLAMA_TINY)
+    from t5lite.interop import hf_config, hf_decoder_config
+    llama = hf_decoder_config.decoder_hf_config(LLAMA_TINY)
     assert (llama["bos_token_id"], llama["eos_token_id"]) == (0, 1)  # T5-style vocabulary
     del llama["bos_token_id"], llama["eos_token_id"]
     cfg = hf_config.config_from_hf(llama)
     assert (cfg.bos_id, cfg.eos_id) == (1, 2)  # LlamaConfig's defaults
     cfg = hf_config.config_from_hf({**llama, "bos_token_id": 5, "eos_token_id": [7, 9]})
     assert (cfg.bos_id, cfg.eos_id) == (5, 7)
-    out = hf_config.llama_hf_config(cfg)
+    out = hf_decoder_config.decoder_hf_config(cfg)
     assert (out["bos_token_id"], out["eos_token_id"]) == (5, 7)
     t5 = hf_config.t5_hf_config(dataclasses.replace(T5_V11_TINY, eos_id=3))
     assert t5["eos_token_id"] == 3 and hf_config.config_from_hf(t5).eos_id == 3

@@ -1,7 +1,7 @@
 """How each model family's parameters map onto a Hugging Face `model_type`: weight tables,
 the output-head decision, and the config.json of a saved model. `FAMILIES` is keyed by
-the t5lite config's `HF_MODEL_TYPE`, so loading and saving (t5lite.interop.hf) never
-branch on the family.
+model_type (`family_of`: the one a t5lite config is written as), so loading and saving
+(t5lite.interop.hf) never branch on the family.
 
 Output logits follow the installed transformers (5.x) semantics:
 
@@ -12,8 +12,11 @@ Output logits follow the installed transformers (5.x) semantics:
   `logits_dense` kernel (the lm_head, or a copy of the embedding); scaled with a distinct
   lm_head -> `logits_dense` with the scale folded into the kernel.
 - LLaMA: `tie_word_embeddings` and no distinct `lm_head.weight` -> `tie_embeddings=True`.
+- Mistral, Qwen2, Qwen3: as LLaMA, one weight table (Qwen2's query / key / value biases,
+  Qwen3's `self_attn.q_norm` / `k_norm` where the config has them); a decoder-only config
+  maps onto the model_type `hf_decoder_config.decoder_model_type` names.
 - Mixtral: as LLaMA. A decoder-only config with experts (`num_experts` > 0) maps onto
-  "mixtral" (`MOE_MODEL_TYPES`). Its expert tensors come in two layouts, both read:
+  "mixtral". Its expert tensors come in two layouts, both read:
   transformers 5's stacked `mlp.experts.gate_up_proj` [expert, 2 * inter, hidden] (the
   gate, w1, first; then the up projection, w3) and `mlp.experts.down_proj`
   [expert, hidden, inter], and transformers 4's (which transformers 5 still writes by
@@ -34,8 +37,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from t5lite.interop import hf_switch
-from t5lite.interop.hf_config import (
-    llama_hf_config, mixtral_hf_config, t5_hf_config, t5_scales_output)
+from t5lite.interop.hf_config import t5_hf_config, t5_scales_output
+from t5lite.interop.hf_decoder_config import decoder_hf_config, decoder_model_type
 
 # --------------------------------------------------------------------------- weight maps
 #
@@ -141,9 +144,13 @@ def _llama_entries(cfg) -> List[Entry]:
         for a, b in (("q", "query"), ("k", "key"), ("v", "value")):
             entries.append((f"{hf}.self_attn.{a}_proj.weight",
                             f"{ours}/self_attention/{b}/kernel", "in_heads"))
-            if cfg.use_bias:
+            if cfg.use_bias or cfg.qkv_bias:
                 entries.append((f"{hf}.self_attn.{a}_proj.bias",
                                 f"{ours}/self_attention/{b}/bias", "bias_heads"))
+        if cfg.qk_norm:  # Qwen3
+            entries += [(f"{hf}.self_attn.{a}_norm.weight",
+                         f"{ours}/self_attention/{b}_norm/scale", "copy")
+                        for a, b in (("q", "query"), ("k", "key"))]
         entries.append((f"{hf}.self_attn.o_proj.weight", f"{ours}/self_attention/out/kernel",
                         "heads_out"))
         if cfg.use_bias:
@@ -334,18 +341,21 @@ class Family:
         return self.output_head(cfg, hf, embedding, lm_head, tied)
 
 
+def _decoder_family(model_type: str, **layout) -> Family:
+    """LLaMA and its kin: one weight table (the config says which tensors there are)."""
+    return Family(model_type, ("model.embed_tokens.weight",), "logits_dense/kernel",
+                  _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
+                  decoder_hf_config, _llama_zero_bias_groups, **layout)
+
+
 FAMILIES: Dict[str, Family] = {
     "t5": Family("t5", ("shared.weight", "encoder.embed_tokens.weight",
                         "decoder.embed_tokens.weight"),
                  "decoder/logits_dense/kernel", _t5_entries, _t5_output_head,
                  lambda cfg: not cfg.logits_via_embedding, t5_hf_config),
-    "llama": Family("llama", ("model.embed_tokens.weight",), "logits_dense/kernel",
-                    _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
-                    llama_hf_config, _llama_zero_bias_groups),
-    "mixtral": Family("mixtral", ("model.embed_tokens.weight",), "logits_dense/kernel",
-                      _llama_entries, _llama_output_head, lambda cfg: not cfg.tie_embeddings,
-                      mixtral_hf_config, read_layout=_mixtral_read_layout,
-                      write_layout=_mixtral_write_layout),
+    **{kind: _decoder_family(kind) for kind in ("llama", "mistral", "qwen2", "qwen3")},
+    "mixtral": _decoder_family("mixtral", read_layout=_mixtral_read_layout,
+                               write_layout=_mixtral_write_layout),
     "switch_transformers": Family(
         "switch_transformers", ("shared.weight", "encoder.embed_tokens.weight",
                                 "decoder.embed_tokens.weight"),
@@ -354,16 +364,16 @@ FAMILIES: Dict[str, Family] = {
         lambda cfg: hf_switch.switch_hf_config(cfg, t5_hf_config),
         read_layout=hf_switch.read_layout, write_layout=hf_switch.write_layout),
 }
-# A family's configs with experts (num_experts > 0) map onto another model_type.
-MOE_MODEL_TYPES = {"llama": "mixtral", "t5": "switch_transformers"}
 
 
 def family_of(cfg) -> Family:
-    """The HF mapping of a t5lite config (`cfg.HF_MODEL_TYPE`; with experts, the
-    model_type `MOE_MODEL_TYPES` gives it)."""
+    """The HF mapping of a t5lite config (`cfg.HF_MODEL_TYPE`: "t5", with experts
+    "switch_transformers"; "llama": the decoder kin `decoder_model_type` names)."""
     kind = getattr(cfg, "HF_MODEL_TYPE", None)
-    if getattr(cfg, "num_experts", 0) and kind in MOE_MODEL_TYPES:
-        kind = MOE_MODEL_TYPES[kind]
+    if kind == "llama":
+        kind = decoder_model_type(cfg)
+    elif kind == "t5" and getattr(cfg, "num_experts", 0):
+        kind = "switch_transformers"
     if kind not in FAMILIES:
         raise ValueError(f"no Hugging Face mapping for config type {type(cfg).__name__}")
     return FAMILIES[kind]

@@ -1,5 +1,6 @@
-"""Attention: relative position bias (T5), RoPE (LLaMA), masks, and the multi-head /
-grouped-query `Attention` module with its KV cache and fused-kernel paths.
+"""Attention: relative position bias (T5), and the multi-head / grouped-query `Attention`
+module with its KV cache and fused-kernel paths; RoPE (`t5lite.models.common.rope`) and
+Qwen3's per-head query / key norms applied inside it.
 
 Shapes use the logical axis names of `t5lite.models.common.layers` (`batch`, `q_length`,
 `kv_length`, `heads`, `kv`, `embed`, `stack`, `relpos_buckets`); masks
@@ -20,9 +21,10 @@ from jax.ad_checkpoint import checkpoint_name
 from t5lite.models.common import te_backend
 from t5lite.models.common.context_attention import attend_over_context
 from t5lite.models.common.context_order import context_size
-from t5lite.models.common.layers import Dense, Layout, gemm_input_views
+from t5lite.models.common.layers import Dense, Layout, RMSNorm, gemm_input_views
 from t5lite.models.lora import LoraSpec
 from t5lite.models.common.masks import NEG_INF, MaskIds, as_dense
+from t5lite.models.common.rope import Rope, apply_rope
 
 Array = jax.Array
 
@@ -83,19 +85,6 @@ class RelativePositionBias(nn.Module):
         return jnp.moveaxis(jnp.take(table, buckets, axis=1), 0, 1)  # [b, heads, q, k]
 
 
-def apply_rope(x: Array, positions: Array, theta: float) -> Array:
-    """Rotary embedding, half-split pairing (i, i + d/2). x [..., length, heads, kv] with
-    positions [..., length] in the same (layout) order; computed in float32."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., length, d/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[..., None, :]
-    xf = x.astype(jnp.float32)
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (xf * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
-
-
 # ----------------------------------------------------------------------------- attention
 
 
@@ -143,7 +132,11 @@ class Attention(nn.Module):
     attention_impl: str = "xla"
     logits_dtype: jnp.dtype = jnp.float32
     causal: bool = False  # a causal self-attention (its mask is causal; TE must know it)
-    rope_theta: Optional[float] = None
+    rope: Optional[Rope] = None  # RoPE on queries and keys (at their positions)
+    qkv_bias: bool = False  # biases on the query / key / value projections (Qwen2)
+    # RMSNorm over each head's query and key (scale [kv] each) before RoPE (Qwen3), with
+    # this epsilon; None: none
+    qk_norm_epsilon: Optional[float] = None
     decode: bool = False
     lora: Optional[LoraSpec] = None  # low-rank adapters on the projections it names
 
@@ -151,8 +144,9 @@ class Attention(nn.Module):
         """A projection; adapted when LoRA names `target` (default: its name). A fused
         kernel keeps `adapters` adapters, one per projection (`lora.slot_adapters`)."""
         spec = self.lora and self.lora.for_target(target or name)
+        bias = self.use_bias or (self.qkv_bias and name != "out")
         return Dense(features=features, kernel_axes=axes, n_in=n_in, dtype=self.dtype,
-                     use_bias=self.use_bias, fp8=self.fp8, init_scale=init_scale,
+                     use_bias=bias, fp8=self.fp8, init_scale=init_scale,
                      lora=spec, lora_adapters=adapters if spec else 0,
                      deterministic=self.deterministic, name=name)
 
@@ -198,10 +192,14 @@ class Attention(nn.Module):
                         and self.has_variable("cache", "cached_key"))
         # [b, l, heads, kv] (or [l, b, ...])
         q, k, v = self._project(x_q, None if cross_cached else x_kv)
-        if self.rope_theta is not None:
-            q = apply_rope(q, q_positions, self.rope_theta)
+        if self.qk_norm_epsilon is not None:
+            q = self._head_norm("query_norm")(q)
             if k is not None:
-                k = apply_rope(k, kv_positions, self.rope_theta)
+                k = self._head_norm("key_norm")(k)
+        if self.rope is not None:
+            q = apply_rope(q, q_positions, self.rope)
+            if k is not None:
+                k = apply_rope(k, kv_positions, self.rope)
         q = lay.constrain(q, "heads", "kv")
         if k is not None:  # projected from this device's tokens (context parallelism:
             # its slice of the sequence), then made whole: an all-gather of k and v
@@ -222,6 +220,10 @@ class Attention(nn.Module):
         out = lay.constrain(out, "heads", "kv")
         y = self._dense((x_q.shape[-1],), ("heads", "kv", "embed"), "out", n_in=2)(out)
         return checkpoint_name(y, "out_proj")
+
+    def _head_norm(self, name: str) -> RMSNorm:
+        """Qwen3's RMSNorm over one head's [kv] features, the same scale for every head."""
+        return RMSNorm(epsilon=self.qk_norm_epsilon, dtype=self.dtype, axis="kv", name=name)
 
     def _cached_kv(self, k: Optional[Array], v: Optional[Array],
                    q_positions: Optional[Array]):
@@ -283,9 +285,9 @@ class Attention(nn.Module):
     def _jax_nn_attention(self, q, k, v, bias, mask, over_context: bool = False):
         """`jax.nn.dot_product_attention` ("cudnn": cuDNN flash attention on GPU;
         "dot_product": whatever jax picks, XLA on CPU). Expects [batch, length, heads, kv].
-        A `MaskIds` goes as its causal flag (cuDNN then skips the blocks above the diagonal)
-        and sequence lengths, or packed as the [batch, 1, q, k] boolean mask (to jax a bias
-        without a gradient, one for every head). `over_context`: each device of the
+        A `MaskIds` goes as its causal flag (cuDNN then skips the blocks above the
+        diagonal), sequence lengths and sliding window, or packed as the [batch, 1, q, k]
+        boolean mask (to jax a bias without a gradient, one for every head). `over_context`: each device of the
         context axis attends with its queries (`context_attention`), the mask dense."""
         if self.layout.transposed:
             q, k, v = (jnp.swapaxes(t, 0, 1) for t in (q, k, v))
@@ -295,6 +297,8 @@ class Attention(nn.Module):
         if isinstance(mask, MaskIds) and not mask.needs_dense and not over_context:
             q_lengths, k_lengths = mask.lengths()
             by_ids.update(query_seq_lengths=q_lengths, key_value_seq_lengths=k_lengths)
+            if mask.window is not None:  # the query and the window - 1 keys before it
+                by_ids.update(local_window_size=(mask.window - 1, 0))
             mask = None
 
         def attend(q, k, v, bias, mask):

@@ -266,15 +266,16 @@ def residual_add(x: Array, y: Array, dropout_rate: float, deterministic: bool) -
 
 class RMSNorm(nn.Module):
     """T5 "LayerNorm": x * rsqrt(mean(x^2) + eps) * scale, in float32 (`rms_norm`).
-    x: [..., embed]."""
+    x: [..., embed] (or [..., kv], `axis` "kv": Qwen3's norm of each head's query / key)."""
 
     epsilon: float = 1e-6
     dtype: jnp.dtype = jnp.bfloat16
+    axis: str = "embed"  # the logical name of the normalized (last) axis
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
-                                                                 ("embed",)),
+                                                                 (self.axis,)),
                            (x.shape[-1],), jnp.float32)
         return rms_norm(x, scale, self.epsilon, self.dtype)
 

@@ -8,7 +8,9 @@ Decoder-only (`DecoderConfig`)::
     position_embedder/embedding                       [abspos_buckets, embed] (learned
                                                       positions; max_length rows)
     decoder/layers_{i}/pre_self_attention_layer_norm/{scale,bias}
-    decoder/layers_{i}/self_attention/{query,key,value}/kernel (+bias with use_bias)
+    decoder/layers_{i}/self_attention/{query,key,value}/kernel (+bias with use_bias or
+                                                      qkv_bias)
+    decoder/layers_{i}/self_attention/{query,key}_norm/scale  [kv] (qk_norm)
     decoder/layers_{i}/self_attention/out/kernel      [heads, kv, embed]
     decoder/layers_{i}/pre_mlp_layer_norm/{scale,bias}
     decoder/layers_{i}/mlp/{wi_0,wi_1 | wi, wo}/kernel (+bias)
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Optional, Tuple
 
+from t5lite.models.common.rope import Rope
 from t5lite.models.common.settings import MoeSettings, check_special_ids
 
 
@@ -45,9 +48,22 @@ class DecoderConfig(MoeSettings):
     position_embedding: str = "rope"
     max_length: int = 4096  # table size for learned positions
     rope_theta: float = 10000.0
+    # RoPE scaling: "default" (none) or "llama3" (LLaMA-3.1 / 3.2's: the frequencies
+    # slower than the original context divided by rope_factor, the fast ones kept, those
+    # between blended; `t5lite.models.common.rope`)
+    rope_scaling: str = "default"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_length: int = 8192
+    # Mistral's sliding window: each token attends to the `sliding_window` latest tokens,
+    # itself included, in training and in decoding; None: to every earlier token
+    sliding_window: Optional[int] = None
     relpos_num_buckets: int = 32
     relpos_max_distance: int = 128
     use_bias: bool = False  # biases on every projection (GPT)
+    qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's query and key before RoPE (Qwen3)
     tie_embeddings: bool = False
     # attention scores times head_dim^-0.5 (off: GLaM, whose query is not scaled)
     scale_attention_logits: bool = True
@@ -79,6 +95,17 @@ class DecoderConfig(MoeSettings):
             raise ValueError("position_embedding='relative' adds a bias to the attention scores, "
                              "which ATTENTION_IMPL='te' does not take here: use 'xla' or "
                              "'cudnn'")
+        if self.position_embedding == "rope":
+            self.rope  # noqa: B018  (checks the scaling's fields)
+        if self.sliding_window is not None:
+            if isinstance(self.sliding_window, bool) or not (
+                    isinstance(self.sliding_window, int) and self.sliding_window >= 1):
+                raise ValueError(f"sliding_window must be a whole number >= 1 or None, got "
+                                 f"{self.sliding_window!r}")
+            if self.attention_impl == "te" or self.bidirectional_prefix:
+                raise ValueError("sliding_window is not taken with ATTENTION_IMPL='te' or a "
+                                 "bidirectional prefix: use 'xla', 'dot_product' or 'cudnn', "
+                                 "causal throughout")
         if self.bidirectional_prefix and self.attention_impl != "xla":
             raise ValueError(f"bidirectional_prefix needs attention_impl 'xla' (the fused "
                              f"kernels take causal or padding masks only), got "
@@ -87,3 +114,10 @@ class DecoderConfig(MoeSettings):
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+    @property
+    def rope(self) -> Rope:
+        """RoPE's settings (read when position_embedding is 'rope')."""
+        return Rope(self.rope_theta, self.rope_scaling, self.rope_factor,
+                    self.rope_low_freq_factor, self.rope_high_freq_factor,
+                    self.rope_original_length)

@@ -1,6 +1,7 @@
 """Decoder-only transformer: GPT (LayerNorm with bias, learned positions, GELU MLP, biases,
-tied or untied output) and LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query attention), one
-network configured by `DecoderConfig`.
+tied or untied output) and LLaMA (RMSNorm, RoPE, SwiGLU, grouped-query attention), with
+LLaMA-3.1's RoPE scaling, Mistral's sliding window, Qwen2's query / key / value biases and
+Qwen3's per-head query / key norms: one network configured by `DecoderConfig`.
 
 Attention is causal; packed sequences are kept apart by `decoder_segment_ids`. Right
 padding needs no mask (causal attention never looks ahead), so token id 0 stays an
@@ -57,12 +58,13 @@ class DecoderOnlyLayer(nn.Module):
                     if self.decode else relpos(length, length))
         h = Attention(
             num_heads=c.num_heads, num_kv_heads=c.kv_heads, head_dim=c.head_dim, layout=lay,
-            dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, fp8=fp8_mode(c),
+            dtype=dtype, fuse_qkv=c.fuse_qkv, use_bias=c.use_bias, qkv_bias=c.qkv_bias,
+            qk_norm_epsilon=c.layer_norm_epsilon if c.qk_norm else None, fp8=fp8_mode(c),
             logits_scale=c.head_dim ** -0.5 if c.scale_attention_logits else 1.0,
             dropout_rate=c.dropout_rate,
             deterministic=self.deterministic, attention_impl=c.attention_impl, causal=True,
             logits_dtype=jnp.dtype(c.attention_logits_dtype),
-            rope_theta=c.rope_theta if c.position_embedding == "rope" else None,
+            rope=c.rope if c.position_embedding == "rope" else None,
             decode=self.decode, lora=lora.spec(c), name="self_attention")(
                 h, h, bias, mask, positions, positions)
         x = residual(x, h)
@@ -137,7 +139,7 @@ class DecoderOnly(nn.Module):
                   if c.bidirectional_prefix and decoder_causal_attention is not None else None)
         if decode:
             slots = max_decode_length or length
-            mask = decode_mask(decoder_positions, slots)
+            mask = decode_mask(decoder_positions, slots, c.sliding_window)
             if prefix is not None:  # the prompt block: its keys sit at slots 0..length-1
                 keys = jnp.pad(prefix, ((0, 0), (0, slots - length)))
                 mask = mask | (prefix[:, None, :, None] & keys[:, None, None, :])
@@ -146,7 +148,7 @@ class DecoderOnly(nn.Module):
             by = (decoder_positions,) * 2 if causal_by_positions else (None, None)
             if prefix is None:
                 mask = make_mask(c.attention_mask, valid, valid, True, decoder_segment_ids,
-                                 decoder_segment_ids, *by)
+                                 decoder_segment_ids, *by, window=c.sliding_window)
             else:  # a prefix LM: causal or within the prefix, only as a dense mask
                 mask = (attention_mask(valid, valid, True, decoder_segment_ids,
                                        decoder_segment_ids, *by)

@@ -3,7 +3,8 @@
 Conventions: matmul FLOPs only (2 per multiply-add), forward + backward = 3 x forward,
 no recomputation counted, padding counts as real tokens. `inner = num_heads * head_dim`;
 `n_in = len(mlp_activations)` input projections in the MLP (2 for gated MLPs). Decoder-only
-attention is causal, so its score/value matmuls are halved. Pure functions of a config's
+attention is causal, so its score/value matmuls are halved (in a sliding window W < S, a
+query sees W - W^2 / (2 S) keys on average). Pure functions of a config's
 numbers (a `T5Config` for the encoder-decoder formulas, a `DecoderConfig` for the
 decoder-only ones), no gin: a room of its own that needs nothing of t5lite.
 
@@ -104,7 +105,13 @@ def _decoder_only_parts(cfg, S: int) -> Tuple[int, int, int]:
                                 + 2 * d * H * hd                 # output projection
                                 ) + 2 * d * V                    # the logits
     weights += _mlps(cfg, cfg.num_layers)
-    attention = cfg.num_layers * (4 * S * H * hd // 2)           # QK^T and AV, causal: halved
+    # QK^T and AV over the keys a query sees on average: causal, S / 2; in a window W < S,
+    # W - W^2 / (2 S)
+    W = getattr(cfg, "sliding_window", None)
+    if W is None or W >= S:
+        attention = cfg.num_layers * (4 * S * H * hd // 2)
+    else:
+        attention = cfg.num_layers * (4 * H * hd * (2 * S * W - W * W) // (2 * S))
     adapters = cfg.num_layers * (
         _adapter(cfg, "query", d, H * hd) + _adapter(cfg, "key", d, Hkv * hd)
         + _adapter(cfg, "value", d, Hkv * hd) + _adapter(cfg, "out", H * hd, d)
