@@ -19,6 +19,9 @@ RUNTIME = [
     "gin-config>=0.5.0",
     "numpy>=2.5.2",
     "sentencepiece>=0.2.0",
+    # Hugging Face tokenizer.json vocabularies (LLaMA-3's, Qwen's byte-level BPE;
+    # t5lite/data/tokenizer_json.py); its huggingface-hub is never called (no network).
+    "tokenizers>=0.15",
     "safetensors>=0.4",
     # TensorBoard: the event-file writer of the training loop, and the `tensorboard
     # --logdir MODEL_DIR` the run's closing line suggests.

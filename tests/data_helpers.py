@@ -41,6 +41,46 @@ def llama_vocabulary(tmp_path_factory) -> str:
     return _VOCAB["llama"]
 
 
+def mixed_lines(count: int, seed: int = 0) -> List[str]:
+    """`count` lines of mixed text: ASCII, accents, CJK, emoji, code and runs of '!'."""
+    import random
+    rng = random.Random(seed)
+    words = ["the", "model", "Hello", "world", "Ada", "boat", "lake", "ok", "training",
+             "café", "naïve", "Zürich", "São", "Paulo", "Ærø", "façade", "crème", "brûlée",
+             "東京", "你好世界", "日本語のテキスト", "한국어", "Привет", "مرحبا", "Ελλάδα",
+             "🙂", "🚀", "👩‍💻", "🇫🇷", "∑x²", "def f(x):", "return x**2;", "{'a': [1, 2]}",
+             "<div class=\"a\">", "for (int i=0;i<n;++i)", "!", "!!", "Wow!", "?!", "--",
+             "    ", "\t", "https://example.com/a?b=c"]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+            for _ in range(count)]
+
+
+def byte_bpe_tokenizer(tmp_path_factory, config: bool = True) -> str:
+    """A byte-level BPE tokenizer.json as LLaMA-3's and Qwen's are made (the `tokenizers`
+    library, GPT-2's byte alphabet: id 0 is '!', a token of text), about 600 ids with
+    `<|begin_of_text|>` / `<|end_of_text|>` added last, and with `config` a
+    tokenizer_config.json beside it naming them bos_token / eos_token. Once a session."""
+    key = f"byte_bpe_{config}"
+    if key not in _VOCAB:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        directory = tmp_path_factory.mktemp(key)
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(mixed_lines(400, seed=11), trainer)
+        tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+        assert tok.id_to_token(0) == "!"
+        tok.save(str(directory / "tokenizer.json"))
+        if config:
+            (directory / "tokenizer_config.json").write_text(
+                '{"bos_token": "<|begin_of_text|>", '
+                '"eos_token": {"content": "<|end_of_text|>", "special": true}}')
+        _VOCAB[key] = str(directory / "tokenizer.json")
+    return _VOCAB[key]
+
+
 def data_env(monkeypatch, tmp_path, vocab_path: str, **dirs: str) -> None:
     """Point the settings at `dirs` (pile_dir=..., mnli_dir=...) through the environment,
     with an empty TFDS data directory unless tfds_data_dir is given; clears any

@@ -13,11 +13,17 @@ import seqio  # noqa: E402
 
 
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
-                      bos_id: int = 0) -> seqio.FeatureConverter:
+                      bos_id: int = 0, zero_is_token: bool = False):
     """seqio's converter to T5X model features for `model_kind`, its decoder inputs
     starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
     task as one sequence, prompt then answer, with the loss on the answer only
-    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do)."""
+    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do).
+
+    `zero_is_token` (a vocabulary whose id 0 is a token of text, `TokenizerJsonVocabulary`):
+    the converter runs on ids shifted up by one (`ZeroKeptConverter`), so that seqio's
+    padding, loss weights (`targets != 0`) and packing never take a real 0 for padding."""
+    if zero_is_token:
+        return ZeroKeptConverter(feature_converter(model_kind, pack, with_inputs, bos_id + 1))
     if model_kind == ENCODER_DECODER:
         return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
     if model_kind == DECODER_ONLY:
@@ -26,6 +32,29 @@ def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
                                                   bos_id=bos_id)
         return seqio.LMFeatureConverter(pack=pack, bos_id=bos_id)
     raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+
+
+class ZeroKeptConverter:
+    """A feature converter (`converter`, built with BOS + 1) run on a task's token ids
+    shifted up by one, its token features (`*_tokens`) shifted back after it: a real id 0
+    reaches the model as 0 with its loss weight and segment id, padding as 0 with none.
+    The shift is an int32 add on each feature: ids up to 2^31 - 2."""
+
+    def __init__(self, converter: seqio.FeatureConverter):
+        self.converter = converter
+
+    def __call__(self, ds, task_feature_lengths: Mapping[str, int]):
+        tf = import_tensorflow()
+
+        def up(ex):
+            return {k: v + 1 if k in ("inputs", "targets") and v.dtype.is_integer else v
+                    for k, v in ex.items()}
+
+        def down(ex):
+            return {k: tf.where(v > 0, v - 1, 0) if k.endswith("_tokens") else v
+                    for k, v in ex.items()}
+
+        return self.converter(ds.map(up), task_feature_lengths).map(down)
 
 
 def has_inputs(provider) -> bool:

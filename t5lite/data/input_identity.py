@@ -1,6 +1,7 @@
 """What a task's token stream is made of, fingerprinted, so that a resumed run can tell
-whether it still reads the same: the vocabulary (its SentencePiece model's bytes, extra
-ids) and the split's data files (each file's size and fingerprint).
+whether it still reads the same: the vocabulary (its file's bytes, a SentencePiece
+model's or a tokenizer.json's, and extra ids) and the split's data files (each file's
+size and fingerprint).
 
     now = stream_inputs(provider, "train")
     # {"vocabulary": {"path": ..., "sha256": ..., "extra_ids": 100},
@@ -26,7 +27,8 @@ import seqio  # noqa: E402
 
 
 def _vocabulary(vocab) -> Optional[Dict[str, Any]]:
-    path = getattr(vocab, "sentencepiece_model_file", None)
+    path = (getattr(vocab, "vocabulary_file", None)
+            or getattr(vocab, "sentencepiece_model_file", None))
     if path is None:
         return None
     with tf.io.gfile.GFile(path, "rb") as f:

@@ -127,7 +127,7 @@ def register_tasks(data: Optional[settings.DataSettings] = None) -> None:
     from its environment variable), which its source and vocabulary hold and resolve
     when a dataset is built."""
     data = data if data is not None else settings.DataSettings()
-    vocab = vocabularies.DeferredSentencePieceVocabulary(data=data)
+    vocab = vocabularies.DeferredVocabulary(data=data)
     pile = _source(data, PILE_SPLITS, source_resolvers.resolve_pile,
                    "the Pile (PILE_DIR or TFDS the_pile)")
     c4 = _source(data, C4_SPLITS, source_resolvers.resolve_c4, "C4 (C4_DIR or TFDS c4/en)")

@@ -1,4 +1,6 @@
-"""The tasks' vocabulary: a SentencePiece model plus extra ids (T5's 100 sentinels).
+"""The tasks' vocabulary: a SentencePiece model, or a Hugging Face tokenizer.json
+(LLaMA-3's, Qwen's: `TokenizerJsonVocabulary`, over t5lite/data/files/tokenizer_file.py),
+plus extra ids (T5's 100 sentinels).
 
 Its path is the `vocabulary_path` setting (gin macro VOCABULARY_PATH, environment variable
 T5LITE_VOCABULARY_PATH; see t5lite/data/settings.py). The public T5 vocabulary is
@@ -20,15 +22,24 @@ resolves them on first use; `get_vocabulary(data=...)` takes them explicitly, an
 them uses those of the registered t5lite tasks (`settings_in_force`: SeqIO's registry is
 where the settings of the last `t5lite.data.tasks.configure` live).
 
-Special ids come from the SentencePiece model: its EOS ends every sequence (T5's models
-use 1, LLaMA's 2); the model's `eos_id` must agree (`model.check_vocabulary`). Padding is
-always id 0 (seqio's convention), whatever piece 0 is (LLaMA's: unk).
+The kind is the file's: a path ending in `.json` is read as a tokenizer.json, anything
+else as a SentencePiece model; a file that does not read as its kind is one line.
+
+Special ids come from the vocabulary: its EOS ends every sequence (T5's models use 1,
+LLaMA-2's 2, LLaMA-3's 128001); the model's `eos_id` must agree
+(`model.check_vocabulary`). Padding is always id 0 (seqio's convention): a SentencePiece
+model's piece 0 is never a token of text (LLaMA-2's: unk); a tokenizer.json's id 0 is
+(`zero_is_token`), and the feature converter keeps it apart from padding
+(t5lite/data/features.py).
 """
 from __future__ import annotations
 
 import functools
 from typing import Optional
 
+import numpy as np
+
+from t5lite.data.files import tokenizer_file
 from t5lite.data.settings import DataSettings, ResolvedDataSettings, how_to_set
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import VocabularyError
@@ -52,7 +63,7 @@ def settings_in_force() -> DataSettings:
     environment) when they are not registered."""
     if SETTINGS_TASK in seqio.TaskRegistry.names():
         vocab = seqio.TaskRegistry.get(SETTINGS_TASK).output_features["targets"].vocabulary
-        if isinstance(vocab, DeferredSentencePieceVocabulary):
+        if isinstance(vocab, DeferredVocabulary):
             return vocab.data
     return DataSettings()
 
@@ -68,18 +79,22 @@ def resolve_path(path: Optional[str] = None,
     if not path:
         raise VocabularyError(
             f"no vocabulary: {how_to_set('vocabulary_path')} to a SentencePiece "
-            f"model (the public T5 one is {PUBLIC_T5_VOCABULARY}), or {TRAIN_HINT}")
+            f"model (the public T5 one is {PUBLIC_T5_VOCABULARY}) or a Hugging Face "
+            f"tokenizer.json, or {TRAIN_HINT}")
     if not tf.io.gfile.exists(path):
         raise VocabularyError(f"vocabulary file {path!r} ({where}) does not exist; point "
-                              f"VOCABULARY_PATH at a SentencePiece .model file, or "
-                              f"{TRAIN_HINT}")
+                              f"VOCABULARY_PATH at a SentencePiece .model file or a "
+                              f"tokenizer.json, or {TRAIN_HINT}")
     _check_model_file(path, where)
     return path
 
 
 @functools.lru_cache(maxsize=8)
 def _check_model_file(path: str, where: str) -> None:
-    """VocabularyError unless `path` loads as a SentencePiece model."""
+    """VocabularyError unless `path` loads as its kind's vocabulary, with an EOS above 0."""
+    if tokenizer_file.is_tokenizer_json(path):
+        tokenizer_file.TokenizerFile(path).check(where)
+        return
     import sentencepiece as spm
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
@@ -97,63 +112,173 @@ def _check_model_file(path: str, where: str) -> None:
             f"with an EOS above 0 (T5's: 1, LLaMA's: 2), or {TRAIN_HINT}")
 
 
-class DeferredSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-    """A `seqio.SentencePieceVocabulary` whose file is looked up on first use.
+class DeferredVocabulary(seqio.Vocabulary):
+    """A vocabulary whose file, and so its kind, is looked up on first use.
 
     Tasks are registered when `t5lite.data.tasks` is imported, before any gin file has
     named a vocabulary; this one holds the `DataSettings` it is given (`data`) and reads
     their `vocabulary_path` and `extra_ids` (resolved then, environment fallbacks
     included) only when a dataset is tokenized (or its size is asked), and names the
-    missing setting if there is none.
+    missing setting if there is none. Then it is the vocabulary `get_vocabulary` gives
+    for them (a SentencePiece one, or a tokenizer.json's), and every call goes to it.
     """
 
     def __init__(self, path: Optional[str] = None, extra_ids: Optional[int] = None,
                  data: Optional[DataSettings] = None):
-        super().__init__(path, extra_ids=extra_ids)
-        self._extra_ids = extra_ids  # None: the setting, on first use
+        super().__init__(extra_ids=0)
+        self._path, self._extra = path, extra_ids
         self.data = data if data is not None else DataSettings()
-
-    def _resolve(self) -> str:
-        if self._extra_ids is None or self._sentencepiece_model_file is None:
-            current = self.data.resolve()
-            if self._extra_ids is None:
-                self._extra_ids = current.extra_ids()
-            if self._sentencepiece_model_file is None:
-                self._sentencepiece_model_file = resolve_path(None, current)
-        return self._sentencepiece_model_file
+        self._inner: Optional[seqio.Vocabulary] = None
 
     @property
-    def extra_ids(self) -> int:
-        self._resolve()
-        return self._extra_ids
+    def resolved(self) -> seqio.Vocabulary:
+        """The vocabulary the settings name (read on first use)."""
+        if self._inner is None:
+            self._inner = get_vocabulary(self._path, self._extra, self.data)
+        return self._inner
+
+    # every property and method of seqio.Vocabulary, the resolved one's
+    bos_id = property(lambda self: self.resolved.bos_id)
+    eos_id = property(lambda self: self.resolved.eos_id)
+    unk_id = property(lambda self: self.resolved.unk_id)
+    pad_id = property(lambda self: self.resolved.pad_id)
+    extra_ids = property(lambda self: self.resolved.extra_ids)
+    vocab_size = property(lambda self: self.resolved.vocab_size)
+    _base_vocab_size = property(lambda self: self.resolved._base_vocab_size)
+    zero_is_token = property(lambda self: getattr(self.resolved, "zero_is_token", False))
+
+    def encode(self, s):
+        return self.resolved.encode(s)
+
+    def decode(self, ids):
+        return self.resolved.decode(ids)
+
+    def encode_tf(self, s):
+        return self.resolved.encode_tf(s)
+
+    def decode_tf(self, ids):
+        return self.resolved.decode_tf(ids)
+
+    def _encode(self, s):
+        return self.resolved._encode(s)
+
+    def _decode(self, ids):
+        return self.resolved._decode(ids)
+
+    def _encode_tf(self, s):
+        return self.resolved._encode_tf(s)
+
+    def _decode_tf(self, ids):
+        return self.resolved._decode_tf(ids)
 
     @property
-    def sentencepiece_model_file(self) -> str:
-        return self._resolve()
+    def vocabulary_file(self) -> str:
+        """The file it reads (a SentencePiece model or a tokenizer.json)."""
+        inner = self.resolved
+        return getattr(inner, "vocabulary_file", None) or inner.sentencepiece_model_file
 
-    def _model_context(self):
-        self._resolve()
-        return super()._model_context()
+    def __eq__(self, other) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, DeferredVocabulary):
+            other = other.resolved
+        return isinstance(other, seqio.Vocabulary) and self.resolved == other
+
+    __hash__ = None  # as seqio's SentencePieceVocabulary: equal by content, unhashable
 
     def __str__(self) -> str:
-        if self._sentencepiece_model_file is None:
-            extra = "<the extra_ids setting>" if self._extra_ids is None else self._extra_ids
-            return (f"DeferredSentencePieceVocabulary(file=<the vocabulary_path setting>, "
+        if self._inner is None:
+            extra = "<the extra_ids setting>" if self._extra is None else self._extra
+            return (f"DeferredVocabulary(file=<the vocabulary_path setting>, "
                     f"extra_ids={extra})")
-        return super().__str__()
+        return str(self._inner)
+
+
+class TokenizerJsonVocabulary(seqio.Vocabulary):
+    """A tokenizer.json (`tokenizer_file.TokenizerFile`) as a SeqIO vocabulary, its
+    `extra_ids` counted on top of its ids as SentencePiece's are. Its id 0 is a token of
+    text (`zero_is_token`): the feature converter keeps it apart from padding
+    (t5lite/data/features.py). In TensorFlow (SeqIO's `tokenize`) the Rust tokenizer runs
+    in a `tf.numpy_function` declared stateless (a pure function of its input), so the
+    pipeline still saves its position (tf.data refuses to save stateful functions)."""
+
+    zero_is_token = True
+
+    def __init__(self, path: str, extra_ids: int = 0):
+        super().__init__(extra_ids=extra_ids)
+        self.vocabulary_file = str(path)
+        self._file: Optional[tokenizer_file.TokenizerFile] = None
+
+    @property
+    def file(self) -> tokenizer_file.TokenizerFile:
+        if self._file is None:
+            self._file = tokenizer_file.TokenizerFile(self.vocabulary_file)
+        return self._file
+
+    bos_id = property(lambda self: self.file.bos_id)
+    eos_id = property(lambda self: self.file.eos_id)
+    unk_id = property(lambda self: None)  # byte-level: every text has its tokens
+    _base_vocab_size = property(lambda self: self.file.size)
+
+    def _encode(self, s: str):
+        return self.file.encode(s)
+
+    def _decode(self, ids):
+        return self.file.decode(ids)
+
+    def _encode_tf(self, s):
+        def encode(text):  # bytes, or a 0-d array of them (eagerly)
+            text = text.item() if isinstance(text, np.ndarray) else text
+            return np.asarray(self.file.encode(text.decode("utf-8")), np.int32)
+
+        if s.shape.rank != 0:
+            raise ValueError(f"encode_tf takes one string (a scalar), got shape {s.shape}")
+        ids = tf.numpy_function(encode, [s], tf.int32, stateful=False)
+        ids.set_shape([None])
+        return ids
+
+    def _decode_tf(self, ids):
+        def decode(rows):
+            texts = [self.decode(r.tolist()).encode("utf-8")
+                     for r in rows.reshape((-1, rows.shape[-1]))]
+            return np.asarray(texts, object).reshape(rows.shape[:-1])
+
+        out = tf.numpy_function(decode, [ids], tf.string, stateful=False)
+        out.set_shape(ids.shape[:-1])
+        return out
+
+    def decode_tf(self, ids):
+        """[..., length] ids -> [...] texts, each up to its first EOS (seqio's own puts the
+        padding id, a token here, after EOS)."""
+        return self._decode_tf(tf.convert_to_tensor(ids, tf.int32))
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, TokenizerJsonVocabulary) and other.extra_ids == self.extra_ids
+                and other.vocabulary_file == self.vocabulary_file)
+
+    def __hash__(self) -> int:
+        return hash((self.vocabulary_file, self.extra_ids))
+
+    def __getstate__(self):  # the Rust tokenizer is read again where it is unpickled
+        return {**self.__dict__, "_file": None}
+
+    def __str__(self) -> str:
+        return f"TokenizerJsonVocabulary(file={self.vocabulary_file}, extra_ids={self.extra_ids})"
 
 
 @functools.lru_cache(maxsize=None)
-def _cached(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
+def _cached(path: str, extra_ids: int) -> seqio.Vocabulary:
+    if tokenizer_file.is_tokenizer_json(path):
+        return TokenizerJsonVocabulary(path, extra_ids=extra_ids)
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 def get_vocabulary(path: Optional[str] = None, extra_ids: Optional[int] = None,
-                   data: Optional[DataSettings] = None) -> seqio.SentencePieceVocabulary:
-    """The SentencePiece vocabulary at `path` (default: the `vocabulary_path` setting)
-    with `extra_ids` sentinels (default: the `extra_ids` setting); the settings are
-    `data`, default the settings in force (`settings_in_force`). The same object for the
-    same arguments."""
+                   data: Optional[DataSettings] = None) -> seqio.Vocabulary:
+    """The vocabulary at `path` (default: the `vocabulary_path` setting; a SentencePiece
+    model, or a tokenizer.json by its extension) with `extra_ids` sentinels (default:
+    the `extra_ids` setting); the settings are `data`, default the settings in force
+    (`settings_in_force`). The same object for the same arguments."""
     current = None
     if path is None or extra_ids is None:
         current = (data if data is not None else settings_in_force()).resolve()

@@ -107,7 +107,10 @@ class TaskEvaluator:
             with metrics.Progress(self.num_examples.get(task), desc=f"eval {task}",
                                   enable=None if progress else False) as bar:
                 for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
-                    inputs = [row[row > 0] for row in features["encoder_input_tokens"]]
+                    # each row's padding: the zeros after its EOS (a tokenizer.json's id
+                    # 0 is a token of text, kept)
+                    inputs = [np.trim_zeros(row, "b")
+                              for row in features["encoder_input_tokens"]]
                     tokens = session.predict(session.model.inference_batch(
                         inputs, session.feature_lengths), index=int(indices[0]))
                     out.extend((int(i), [int(t) for t in row])

@@ -335,8 +335,16 @@ class BaseModel:
 
     def check_vocabulary(self, vocabulary) -> None:
         """ConfigError when `vocabulary` (pieces + extra ids: `.vocab_size`) has ids past
-        the model's embedding, or ends its sequences with another EOS than the model."""
+        the model's embedding, ends its sequences with another EOS than the model, or
+        has a token at id 0 (`zero_is_token`) where the model reads 0 as padding."""
         name = type(self.config).__name__
+        if getattr(vocabulary, "zero_is_token", False) and \
+                self.FEATURE_CONVERTER_KIND == "encoder_decoder":
+            raise ConfigError(
+                "the vocabulary (a tokenizer.json) has a token of text at id 0, which an "
+                "encoder-decoder model takes for padding in its inputs; give T5 a "
+                "SentencePiece model (VOCABULARY_PATH), or train a decoder-only model with "
+                "this vocabulary")
         if vocabulary.eos_id != self.eos_id:
             raise ConfigError(
                 f"the vocabulary ends sequences with EOS {vocabulary.eos_id} but the model "
