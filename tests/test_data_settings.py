@@ -100,10 +100,10 @@ def test_each_configure_gives_tasks_that_read_its_settings(tmp_path, monkeypatch
     assert task_b is not task_a and tasks.configured() == b
     assert _shards(task_b) == [str(squad_b / "train-v1.1.json")]
     assert vocabularies.get_vocabulary().sentencepiece_model_file == vocab_b
-    assert task_b.output_features["targets"].vocabulary.sentencepiece_model_file == vocab_b
+    assert task_b.output_features["targets"].vocabulary.vocabulary_file == vocab_b
     # The task built under A still reads A: nothing it reads was overwritten by B.
     assert _shards(task_a) == [str(squad_a / "train-v1.1.json")]
-    assert task_a.output_features["targets"].vocabulary.sentencepiece_model_file == vocab_a
+    assert task_a.output_features["targets"].vocabulary.vocabulary_file == vocab_a
     assert vocabularies.get_vocabulary(data=a).sentencepiece_model_file == vocab_a
     ds = task_b.get_dataset({"inputs": 128, "targets": 16}, split="validation",
                             shuffle=False)

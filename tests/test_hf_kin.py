@@ -176,3 +176,34 @@ def test_class_defaults_fill_what_config_json_leaves_out():
     assert (mistral.sliding_window, mistral.kv_heads, mistral.mlp_dim) == (4096, 8, 14336)
     wide = hf_config.config_from_hf({"model_type": "mistral", "sliding_window": None})
     assert wide.sliding_window is None
+
+
+SHIPPED_TINY = {"models/llama3/tiny.gin": ("llama", transformers.LlamaForCausalLM),
+                "models/mistral/tiny.gin": ("mistral", transformers.MistralForCausalLM),
+                "models/qwen2_5/tiny.gin": ("qwen2", transformers.Qwen2ForCausalLM),
+                "models/qwen3/tiny.gin": ("qwen3", transformers.Qwen3ForCausalLM)}
+
+
+@pytest.mark.parametrize("gin_file", sorted(SHIPPED_TINY))
+def test_shipped_tiny_configs_are_their_family_in_transformers(gin_file, tmp_path):
+    """Each family's shipped tiny config, random weights saved by `save_pretrained`:
+    transformers reads it as that family (its model_type and class) and gives t5lite's
+    logits on 80-token rows (past LLaMA-3.1 tiny's original context of 64, Mistral
+    tiny's window of 16)."""
+    import gin
+    from t5lite.config import parsing
+    try:
+        parsing.parse_gin([gin_file], ["ACTIVATION_DTYPE = 'float32'"])
+        model = parsing.resolve_macro("MODEL")
+    finally:
+        gin.clear_config()
+    kind, cls = SHIPPED_TINY[gin_file]
+    variables = hf_tests.random_variables(model, 5)
+    hf.save_pretrained(model, variables, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == kind
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    assert type(theirs) is cls
+    batch = lm_batch(6, length=80, valid=(80, 51), vocab=model.config.vocab_size)
+    diff = hf_tests.max_diff(hf_tests.logits(model, variables, batch),
+                             hf_lm_logits(theirs, batch), batch)
+    assert diff <= TOL, diff

@@ -174,6 +174,20 @@ def test_the_mnli_pipeline_tokenizes_with_it_and_resumes_exactly(mnli_env, token
     second.close()
 
 
+def test_a_model_smaller_than_the_vocabulary_refuses_it(tokenizer):
+    """The tokenizer's 522 ids and T5's 100 extra ids (EXTRA_IDS left at its default)
+    do not fit a 600-row embedding: one line naming the count."""
+    from t5lite.models.configs import DecoderConfig
+    from t5lite.models.model import DecoderOnlyModel
+    vocab = vocabularies.get_vocabulary(tokenizer, extra_ids=100)
+    model = DecoderOnlyModel(DecoderConfig(vocab_size=600, emb_dim=16, num_heads=2,
+                                           head_dim=8, num_layers=1, mlp_dim=32,
+                                           bos_id=vocab.bos_id, eos_id=vocab.eos_id))
+    with pytest.raises(ConfigError, match=f"has {vocab.vocab_size} ids .* only 600"):
+        model.check_vocabulary(vocab)
+    assert vocab.vocab_size == 622
+
+
 def test_an_encoder_decoder_model_refuses_it(mnli_env, tokenizer):
     from t5lite.models.configs import T5Config
     from t5lite.models.model import EncoderDecoderModel
