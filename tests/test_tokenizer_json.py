@@ -244,3 +244,44 @@ def test_a_llama3_model_finetunes_on_mnli_with_it_through_the_cli(mnli_env, toke
     rows = [json.loads(l) for l in (tmp_path / "out" / "predictions.jsonl").open()]
     assert [r["inputs"] for r in rows] == [inputs.read_text().strip()]
     assert isinstance(rows[0]["prediction"], str)
+
+    # t5lite.eval: MultiNLI's perplexity, and zero-shot Lambada (its last words scored
+    # with the tokenizer's ids)
+    from t5lite import eval as eval_cli
+    demo_corpus.write_lambada(str(tmp_path / "lambada"), n=8)
+    evals = {"perplexity": ["--gin.MODE='perplexity'", "--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                            "--gin.SPLIT='validation_matched'", f'--gin.MNLI_DIR="{mnli_env}"'],
+             "zero_shot": ["--gin.MODE='zero_shot'", "--gin.MIXTURE_OR_TASK_NAME='lambada'",
+                           f'--gin.LAMBADA_DIR="{tmp_path / "lambada"}"',
+                           "--gin.TASK_FEATURE_LENGTHS={'inputs': 256, 'targets': 16}"]}
+    for mode, flags in evals.items():
+        out = tmp_path / f"eval_{mode}"
+        assert eval_cli.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/runs/eval.gin",
+                              f'--gin.CHECKPOINT_PATH="{run}"', f'--gin.OUTPUT_DIR="{out}"',
+                              "--gin.BATCH_SIZE=8", *common, *flags]) == 0, mode
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["mode"] == mode and metrics["step"] == 3, metrics
+    assert np.isfinite(json.loads((tmp_path / "eval_perplexity" / "metrics.json").read_text())
+                       ["metrics"]["mnli"]["loss"])
+
+
+def test_bad_input_through_the_commands_is_one_line(tmp_path, capsys, mnli_env, tokenizer):
+    """`t5lite.convert --from=hf` of a config with another RoPE scaling, and `t5lite.info`
+    with a VOCABULARY_PATH that is no tokenizer.json: one `error:` line, a non-zero exit."""
+    from t5lite import convert, train
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({
+        "model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    (hf_dir / "model.safetensors").write_bytes(b"")
+    assert convert.main(["--from=hf", f"--input={hf_dir}", f"--output={tmp_path / 'c'}"]) != 0
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    assert train.main(["--gin_file=models/llama3/tiny.gin", "--gin_file=configs/finetune_mnli.gin",
+                       f'--gin.MODEL_DIR="{tmp_path / "run"}"', "--gin.TRAIN_STEPS=1",
+                       f'--gin.INITIAL_CHECKPOINT_PATH="{tmp_path / "none"}"',
+                       f'--gin.VOCABULARY_PATH="{bad}"', "--gin.EXTRA_IDS=0"]) != 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 2, lines
+    assert "rope type 'yarn'" in lines[0] and "not a Hugging Face tokenizer.json" in lines[1]
+    assert not (tmp_path / "c").exists() and not (tmp_path / "run" / "checkpoints").exists()
