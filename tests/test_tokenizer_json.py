@@ -50,9 +50,13 @@ def test_ids_equal_tokenizers_own_and_decode_back(tokenizer):
     expected = [e.ids for e in theirs.encode_batch(lines, add_special_tokens=False)]
     assert [list(vocab.encode(line)) for line in lines] == expected
     assert sum(ids.count(0) for ids in expected) > 100  # '!' (id 0) is a token of this text
+    # in TensorFlow (a task's stream) id 0 is written as the stand-in, one past the last id
+    assert vocab.zero_stand_in == vocab.vocab_size
     in_tf = tf.data.Dataset.from_tensor_slices(lines).map(vocab.encode_tf)
-    assert [x.tolist() for x in in_tf.as_numpy_iterator()] == expected
+    streamed = [x.tolist() for x in in_tf.as_numpy_iterator()]
+    assert streamed == [[vocab.zero_stand_in if i == 0 else i for i in ids] for ids in expected]
     assert [vocab.decode(ids) for ids in expected] == lines
+    assert [vocab.decode(ids) for ids in streamed] == lines
     # decoding stops at EOS (left out, as the padding after it); decode_tf likewise
     eos = vocab.eos_id
     rows = tf.constant([expected[0] + [eos, 0, 0], expected[0] + [0, eos, 5]])
@@ -102,14 +106,19 @@ def test_what_is_not_a_usable_tokenizer_json_is_one_line(case, fragment, tmp_pat
     assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+STAND_IN = 600  # a real id 0 as a task's stream writes it (one past a 600-id vocabulary)
+
+
 def _rows(model_kind, pack, with_inputs, examples, lengths):
-    """The feature converter's rows for token-id examples, ids shifted around it."""
+    """The feature converter's rows for token-id examples, their zeros written as the
+    tokenizer.json vocabulary's encode_tf writes them."""
     def gen():
-        yield from examples
+        for ex in examples:
+            yield {k: np.where(v == 0, STAND_IN, v).astype(np.int32) for k, v in ex.items()}
     spec = {k: tf.TensorSpec([None], tf.int32) for k in examples[0]}
     ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
     convert = features.feature_converter(model_kind, pack, with_inputs, bos_id=7,
-                                         zero_is_token=True)
+                                         zero_stand_in=STAND_IN)
     return list(convert(ds, lengths).as_numpy_iterator())
 
 
@@ -172,6 +181,34 @@ def test_the_mnli_pipeline_tokenizes_with_it_and_resumes_exactly(mnli_env, token
     assert (expected[0]["decoder_loss_weights"] > 0).sum() > 0 and tokens.max() < 522
     first.close()
     second.close()
+
+
+def test_text_files_stream_as_the_tokenizer_reads_them(tmp_path, monkeypatch, tokenizer):
+    """text_lm (the text pretraining recipes' task: documents joined, EOS after each, cut
+    into rows by T5's `split_tokens`, which drops every 0 it sees) on a .jsonl of mixed
+    lines with the tokenizer.json: the rows' weighted tokens are exactly the documents'
+    ids and one EOS each, real zeros included."""
+    from tokenizers import Tokenizer
+    lines = [l for l in mixed_lines(40, seed=5) if l.strip()]
+    (tmp_path / "notes.jsonl").write_text("".join(json.dumps({"text": l}) + "\n"
+                                                  for l in lines))
+    data_env(monkeypatch, tmp_path, tokenizer, text_files=tmp_path / "notes.jsonl")
+    monkeypatch.setenv("T5LITE_EXTRA_IDS", "0")
+    try:
+        it = pipeline.make_iterator("text_lm", split="train", feature_lengths={"targets": 64},
+                                    layout=DataLayout(4), model_kind="decoder_only",
+                                    bos_id=520, pack=True, shuffle=False, repeat=False,
+                                    drop_remainder=False)
+        rows = [(b["decoder_target_tokens"], b["decoder_loss_weights"]) for b in it]
+        it.close()
+    finally:
+        reset_data_settings()
+    streamed = [int(t) for tokens, weights in rows for row_t, row_w in zip(tokens, weights)
+                for t, w in zip(row_t, row_w) if w > 0]
+    theirs = Tokenizer.from_file(tokenizer)
+    expected = [t for line in lines
+                for t in theirs.encode(line, add_special_tokens=False).ids + [521]]
+    assert sorted(streamed) == sorted(expected) and streamed.count(0) == expected.count(0) > 0
 
 
 def test_a_model_smaller_than_the_vocabulary_refuses_it(tokenizer):

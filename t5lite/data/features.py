@@ -13,17 +13,19 @@ import seqio  # noqa: E402
 
 
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
-                      bos_id: int = 0, zero_is_token: bool = False):
+                      bos_id: int = 0, zero_stand_in: Optional[int] = None):
     """seqio's converter to T5X model features for `model_kind`, its decoder inputs
     starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
     task as one sequence, prompt then answer, with the loss on the answer only
     (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do).
 
-    `zero_is_token` (a vocabulary whose id 0 is a token of text, `TokenizerJsonVocabulary`):
-    the converter runs on ids shifted up by one (`ZeroKeptConverter`), so that seqio's
-    padding, loss weights (`targets != 0`) and packing never take a real 0 for padding."""
-    if zero_is_token:
-        return ZeroKeptConverter(feature_converter(model_kind, pack, with_inputs, bos_id + 1))
+    `zero_stand_in` (a vocabulary whose id 0 is a token of text writes it so in a task's
+    stream, `vocabularies.TokenizerJsonVocabulary`): the token features leave the
+    converter with it turned back into 0 (`ZeroKeptConverter`), after seqio's padding,
+    loss weights (`targets != 0`) and packing have counted it as the token it is."""
+    if zero_stand_in is not None:
+        return ZeroKeptConverter(feature_converter(model_kind, pack, with_inputs, bos_id),
+                                 zero_stand_in)
     if model_kind == ENCODER_DECODER:
         return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
     if model_kind == DECODER_ONLY:
@@ -35,26 +37,21 @@ def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
 
 
 class ZeroKeptConverter:
-    """A feature converter (`converter`, built with BOS + 1) run on a task's token ids
-    shifted up by one, its token features (`*_tokens`) shifted back after it: a real id 0
-    reaches the model as 0 with its loss weight and segment id, padding as 0 with none.
-    The shift is an int32 add on each feature: ids up to 2^31 - 2."""
+    """A feature converter whose token features (`*_tokens`) leave it with `stand_in`
+    (a real id 0 as the task's stream writes it) turned back into 0: a real 0 reaches
+    the model as 0 with its loss weight and segment id, padding as 0 with none."""
 
-    def __init__(self, converter: seqio.FeatureConverter):
-        self.converter = converter
+    def __init__(self, converter: seqio.FeatureConverter, stand_in: int):
+        self.converter, self.stand_in = converter, int(stand_in)
 
     def __call__(self, ds, task_feature_lengths: Mapping[str, int]):
         tf = import_tensorflow()
 
-        def up(ex):
-            return {k: v + 1 if k in ("inputs", "targets") and v.dtype.is_integer else v
+        def restore(ex):
+            return {k: tf.where(v == self.stand_in, 0, v) if k.endswith("_tokens") else v
                     for k, v in ex.items()}
 
-        def down(ex):
-            return {k: tf.where(v > 0, v - 1, 0) if k.endswith("_tokens") else v
-                    for k, v in ex.items()}
-
-        return self.converter(ds.map(up), task_feature_lengths).map(down)
+        return self.converter(ds, task_feature_lengths).map(restore)
 
 
 def has_inputs(provider) -> bool:

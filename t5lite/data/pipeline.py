@@ -168,7 +168,7 @@ class SeqioIterator:
             kwargs["shuffle_buffer_size"] = self.shuffle_buffer_size
         convert = feature_converter(self.model_kind, self.pack, has_inputs(self.provider),
                                     self.bos_id,
-                                    getattr(self.vocabulary, "zero_is_token", False))
+                                    getattr(self.vocabulary, "zero_stand_in", None))
         schedule, parts = self.blend()
         if schedule is None:
             ds = convert(self.provider.get_dataset(**kwargs), self.feature_lengths)

@@ -29,8 +29,8 @@ Special ids come from the vocabulary: its EOS ends every sequence (T5's models u
 LLaMA-2's 2, LLaMA-3's 128001); the model's `eos_id` must agree
 (`model.check_vocabulary`). Padding is always id 0 (seqio's convention): a SentencePiece
 model's piece 0 is never a token of text (LLaMA-2's: unk); a tokenizer.json's id 0 is
-(`zero_is_token`), and the feature converter keeps it apart from padding
-(t5lite/data/features.py).
+(`zero_is_token`): its stream writes it as a stand-in that the feature converter turns
+back into 0 (`TokenizerJsonVocabulary`, t5lite/data/features.py).
 """
 from __future__ import annotations
 
@@ -146,6 +146,7 @@ class DeferredVocabulary(seqio.Vocabulary):
     vocab_size = property(lambda self: self.resolved.vocab_size)
     _base_vocab_size = property(lambda self: self.resolved._base_vocab_size)
     zero_is_token = property(lambda self: getattr(self.resolved, "zero_is_token", False))
+    zero_stand_in = property(lambda self: getattr(self.resolved, "zero_stand_in", None))
 
     def encode(self, s):
         return self.resolved.encode(s)
@@ -196,10 +197,15 @@ class DeferredVocabulary(seqio.Vocabulary):
 
 class TokenizerJsonVocabulary(seqio.Vocabulary):
     """A tokenizer.json (`tokenizer_file.TokenizerFile`) as a SeqIO vocabulary, its
-    `extra_ids` counted on top of its ids as SentencePiece's are. Its id 0 is a token of
-    text (`zero_is_token`): the feature converter keeps it apart from padding
-    (t5lite/data/features.py). In TensorFlow (SeqIO's `tokenize`) the Rust tokenizer runs
-    in a `tf.numpy_function` declared stateless (a pure function of its input), so the
+    `extra_ids` counted on top of its ids as SentencePiece's are.
+
+    Its id 0 is a token of text (`zero_is_token`), where SeqIO and T5's preprocessors take
+    0 for padding (T5's `split_tokens`, under `full_lm`, drops every 0). So in TensorFlow,
+    where a task's preprocessors run, `encode_tf` writes id 0 as `zero_stand_in` (one past
+    the last id); the feature converter turns it back into 0 (t5lite/data/features.py),
+    and `decode` reads it as 0. `encode` (Python: the inference batches, which carry their
+    own lengths) gives the ids as they are. The Rust tokenizer runs in a
+    `tf.numpy_function` declared stateless (a pure function of its input), so the
     pipeline still saves its position (tf.data refuses to save stateful functions)."""
 
     zero_is_token = True
@@ -219,17 +225,22 @@ class TokenizerJsonVocabulary(seqio.Vocabulary):
     eos_id = property(lambda self: self.file.eos_id)
     unk_id = property(lambda self: None)  # byte-level: every text has its tokens
     _base_vocab_size = property(lambda self: self.file.size)
+    zero_stand_in = property(lambda self: self.vocab_size)
 
     def _encode(self, s: str):
         return self.file.encode(s)
 
     def _decode(self, ids):
-        return self.file.decode(ids)
+        stand_in = self.zero_stand_in
+        return self.file.decode([0 if int(i) == stand_in else i for i in ids])
 
     def _encode_tf(self, s):
+        stand_in = self.zero_stand_in
+
         def encode(text):  # bytes, or a 0-d array of them (eagerly)
             text = text.item() if isinstance(text, np.ndarray) else text
-            return np.asarray(self.file.encode(text.decode("utf-8")), np.int32)
+            ids = np.asarray(self.file.encode(text.decode("utf-8")), np.int32)
+            return np.where(ids == 0, np.int32(stand_in), ids)
 
         if s.shape.rank != 0:
             raise ValueError(f"encode_tf takes one string (a scalar), got shape {s.shape}")

@@ -100,6 +100,8 @@ class TaskEvaluator:
         of each task's examples on a terminal (the eval command's; not during training,
         whose own bar is on the terminal then)."""
         tokens_by_task: Dict[str, Dict[int, List[int]]] = {}
+        provider = edge.import_tasks().get_provider(self.name)
+        stand_in = getattr(provider.output_features["inputs"].vocabulary, "zero_stand_in", None)
 
         def predict_fn(ds, model_feature_shapes=None):
             out = []
@@ -107,9 +109,7 @@ class TaskEvaluator:
             with metrics.Progress(self.num_examples.get(task), desc=f"eval {task}",
                                   enable=None if progress else False) as bar:
                 for indices, features in ds.batch(session.batch_size).as_numpy_iterator():
-                    # each row's padding: the zeros after its EOS (a tokenizer.json's id
-                    # 0 is a token of text, kept)
-                    inputs = [np.trim_zeros(row, "b")
+                    inputs = [_unpadded(row, stand_in)
                               for row in features["encoder_input_tokens"]]
                     tokens = session.predict(session.model.inference_batch(
                         inputs, session.feature_lengths), index=int(indices[0]))
@@ -187,3 +187,10 @@ def write_predictions(path: Path, result: TaskResult) -> None:
 def tfds_numpy(ds, stream: int = 0):
     """The dataset's elements as numpy; a bad record raises the reader's DataError."""
     return edge.numpy_iterator(ds, stream)
+
+
+def _unpadded(row: np.ndarray, stand_in: Optional[int]) -> np.ndarray:
+    """An evaluation input without its padding, the zeros after its EOS; a tokenizer.json's
+    id 0 (a token of text, written as `stand_in` in the task's stream) as 0 again."""
+    row = np.trim_zeros(row, "b")
+    return row if stand_in is None else np.where(row == stand_in, 0, row)
