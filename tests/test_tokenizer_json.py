@@ -247,6 +247,10 @@ def test_a_llama3_model_finetunes_on_mnli_with_it_through_the_cli(mnli_env, toke
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from t5lite import convert, infer, train
     vocab = vocabularies.TokenizerJsonVocabulary(tokenizer)
+    dev = mnli_env / "multinli_1.0_dev_matched.jsonl"  # every hypothesis ends in '!' (id 0)
+    records = [json.loads(l) for l in dev.open()]
+    dev.write_text("".join(json.dumps({**r, "sentence2": r["sentence2"].rstrip(".") + "!"})
+                           + "\n" for r in records))
     torch.manual_seed(0)
     hf_in = tmp_path / "hf_in"
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -281,6 +285,23 @@ def test_a_llama3_model_finetunes_on_mnli_with_it_through_the_cli(mnli_env, toke
     rows = [json.loads(l) for l in (tmp_path / "out" / "predictions.jsonl").open()]
     assert [r["inputs"] for r in rows] == [inputs.read_text().strip()]
     assert isinstance(rows[0]["prediction"], str)
+    # the validation split through the task's stream (its '!' written as the stand-in)
+    # and the same inputs as an INPUT_FILE (Python's ids) decode alike
+    predicted = {}
+    for name, flags in (("split", ["--gin.MIXTURE_OR_TASK_NAME='mnli'",
+                                   "--gin.SPLIT='validation_matched'",
+                                   f'--gin.MNLI_DIR="{mnli_env}"']),
+                        ("file", [f'--gin.INPUT_FILE="{tmp_path / "split_inputs.txt"}"'])):
+        assert infer.main([f"--gin_file={ckpt}/model.gin", "--gin_file=configs/runs/infer.gin",
+                           f'--gin.CHECKPOINT_PATH="{run}"', "--gin.BATCH_SIZE=8",
+                           f'--gin.OUTPUT_DIR="{tmp_path / name}"', *common, *flags]) == 0
+        predicted[name] = [json.loads(l) for l in (tmp_path / name / "predictions.jsonl").open()]
+        if name == "split":
+            assert all("!" in r["inputs"] for r in predicted[name])
+            (tmp_path / "split_inputs.txt").write_text(
+                "".join(r["inputs"] + "\n" for r in predicted[name]))
+    assert [r["prediction"] for r in predicted["split"]] == \
+        [r["prediction"] for r in predicted["file"]]
 
     # t5lite.eval: MultiNLI's perplexity, and zero-shot Lambada (its last words scored
     # with the tokenizer's ids)

@@ -146,15 +146,20 @@ def _task_examples(provider, split: str, lengths: Mapping[str, int]
         ds = provider.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1,
                                   use_cached=False)
     vocab = provider.output_features["targets"].vocabulary
+    # a tokenizer.json's id 0 (a token of text) is written as a stand-in in a task's stream
+    stand_in = getattr(vocab, "zero_stand_in", None)
+
+    def ids(key):
+        return [0 if int(t) == stand_in else int(t) for t in ex[key]]
+
     for ex in tfds_numpy(ds, stream):
         def text(key):
             raw = ex.get(f"{key}_pretokenized")
             if raw is None:
-                return vocab.decode([int(t) for t in ex[key]])
+                return vocab.decode(ids(key))
             return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         yield {"inputs": text("inputs"), "targets": text("targets"),
-               "inputs_ids": [int(t) for t in ex["inputs"]],
-               "targets_ids": [int(t) for t in ex["targets"]]}
+               "inputs_ids": ids("inputs"), "targets_ids": ids("targets")}
 
 
 def _batches(it: Iterator, size: int) -> Iterator[List]:
