@@ -142,6 +142,21 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: -costs.get(os.path.basename(str(item.path)), 0))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-profile", metavar="DIR", default=None,
+                     help="write each test's CPU seconds (its own and its subprocesses') "
+                          "to DIR/cpu_<worker>.jsonl; `python tests/cpu_profile.py DIR` "
+                          "sums them up (tests/cpu_profile.py)")
+
+
+def pytest_configure(config):
+    directory = config.getoption("--cpu-profile")
+    if directory:
+        import cpu_profile
+        config.pluginmanager.register(cpu_profile.CpuProfile(os.path.abspath(directory)),
+                                      "t5lite_cpu_profile")
+
+
 # `-n auto`: one worker more than the cores this process may use. A core-bound suite
 # leaves about an eighth of a 2-core machine idle with one worker a core (measured: 1.74
 # of 2 cores busy), while workers wait on subprocesses starting, timers and sleeps
