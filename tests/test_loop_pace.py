@@ -11,6 +11,7 @@ step's metrics before fetching the next batch, or read a logged step before queu
 next one, puts them in another order."""
 import dataclasses
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite import train as train_command
 from t5lite.runtime import loop, step_duties
@@ -51,7 +52,8 @@ def _recorded_run(monkeypatch, tmp_path):
             "--gin.BATCH_SIZE=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
             f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={STEPS}",
             f"--gin.LOG_PERIOD={LOG_PERIOD}", f"--gin.CHECKPOINT_PERIOD={CHECKPOINT_PERIOD}",
-            "--gin.CheckpointSettings.async_save=False"]
+            "--gin.CheckpointSettings.async_save=False",
+            *mh.small_flags()]  # the order is what counts, not the model: T5 cut small
     assert train_command.main(argv) == 0
     return events, model_dir
 

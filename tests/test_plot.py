@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import model_helpers as mh
 import train_helpers as th
 from t5lite import plot
 from t5lite.runtime import event_files
@@ -64,7 +65,7 @@ def test_two_runs_overlaid_one_panel_a_tag(tmp_path, capsys):
 
 def test_a_real_run_and_its_inference_eval_subdir(tmp_path):
     """The scalars a tiny training run writes, read back through the command."""
-    proc = th.run_train(tmp_path / "run", "--gin.LOG_PERIOD=1", steps=3)
+    proc = th.run_train(tmp_path / "run", "--gin.LOG_PERIOD=1", *mh.small_flags(), steps=3)
     assert proc.returncode == 0, th.describe(proc)
     proc = th.run([sys.executable, "-m", "t5lite.plot", str(tmp_path / "run"),
                    f"--out={tmp_path / 'run.png'}", "--tags=loss_per_token,learning_rate"])
