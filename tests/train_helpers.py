@@ -51,7 +51,8 @@ DEFAULT_TIMEOUT = 420
 # zeroes, about a fifth of the step's CPU time. Measured, 150 demo steps on this 2-core
 # machine: 0.117 -> 0.088 s a step, 60.9 -> 52.5 CPU s for the whole command, 5.29 M ->
 # 0.56 M page faults, 2.0 -> 2.4 GB peak. Only for step-heavy runs: with one arena,
-# XLA's multithreaded compilation contends on it (the tests' fast-compile runs: +25% CPU).
+# XLA's multithreaded compilation contends on it (compile-heavy in-process tests: +25%
+# CPU; the fast-compile training subprocesses: no change).
 STEP_HEAVY_MALLOC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
                      "glibc.malloc.trim_threshold=4294967296")
 
