@@ -27,6 +27,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
+import warm_python
+
 REPO = Path(__file__).resolve().parents[1]
 PathLike = Union[str, Path]
 
@@ -115,9 +117,22 @@ def train_command(model_dir: Optional[PathLike], *extra: str, model: str = "t5",
 def run(cmd: Sequence[str], devices: int = 1, cwd: Optional[PathLike] = None,
         timeout: float = DEFAULT_TIMEOUT, extra_env: Optional[Mapping[str, str]] = None
         ) -> subprocess.CompletedProcess:
-    """Run `cmd` to completion (text stdout / stderr captured)."""
-    return subprocess.run(list(cmd), env=env(devices, extra_env), cwd=str(cwd or _outside()),
+    """Run `cmd` to completion (text stdout / stderr captured); a Python command as a
+    child of a warm interpreter (tests/warm_python.py)."""
+    environment, directory = env(devices, extra_env), str(cwd or _outside())
+    if _warmable(extra_env):
+        proc = warm_python.run(cmd, environment, directory, timeout)
+        if proc is not None:
+            return proc
+    return subprocess.run(list(cmd), env=environment, cwd=directory,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _warmable(extra_env: Optional[Mapping[str, str]]) -> bool:
+    """Whether a command may run as a child of a warm interpreter (tests/warm_python.py):
+    not one with variables of its own (a cache directory, the demo's step-heavy settings),
+    which few other commands share."""
+    return not extra_env
 
 
 HEAVY_PACKAGES = ("tensorflow", "tensorflow_datasets", "seqio", "t5", "clu")
@@ -226,13 +241,16 @@ def start(cmd: Sequence[str], log_path: PathLike, devices: int = 1,
     """Start `cmd` in the background; stdout and stderr go to `log_path` (poll it with
     `read_log`). The caller must `finish` or `kill` it. A Python `cmd` starts with SIGINT
     and SIGHUP at their defaults (the signal tests send them)."""
-    cmd = list(cmd)
-    if cmd and cmd[0] == sys.executable:
-        cmd = [sys.executable, "-c", _DEFAULT_SIGNALS] + cmd[1:]
+    cmd, environment, directory = list(cmd), env(devices, extra_env), str(cwd or _outside())
     log = open(log_path, "w")
     try:
-        return subprocess.Popen(cmd, env=env(devices, extra_env),
-                                cwd=str(cwd or _outside()), stdout=log,
+        warm = (warm_python.popen(cmd, environment, directory, log.fileno(), log.fileno())
+                if _warmable(extra_env) else None)
+        if warm is not None:  # its child starts with those signals at their defaults
+            return warm
+        if cmd and cmd[0] == sys.executable:
+            cmd = [sys.executable, "-c", _DEFAULT_SIGNALS] + cmd[1:]
+        return subprocess.Popen(cmd, env=environment, cwd=directory, stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
     finally:
         log.close()  # the child holds its own copy of the descriptor

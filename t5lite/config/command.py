@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from t5lite.config import flags, parsing
 from t5lite.errors import (CheckpointMismatchError, ConfigError, OutputWriteError,
                            PartitioningError, TrainingError)
-from t5lite.runtime.process import compilation_cache, disk_space, distributed
+from t5lite.runtime.process import compilation_cache, disk_space, distributed, gc_settings
 
 log = logging.getLogger(__name__)
 EXIT_CONFIG_ERROR = 2
@@ -110,7 +110,9 @@ def run_main(main: Callable[[], Optional[int]]) -> None:
     A failed command, and every command of a multi-process run, exits at once
     (`exit_now`). In a multi-process run the process first
     leaves JAX's runtime with its status, which the other processes read
-    (`runtime/process/distributed.py`)."""
+    (`runtime/process/distributed.py`). Python's cycle collector is set for a process
+    that traces a model (`runtime/process/gc_settings.py`)."""
+    gc_settings.for_command()
     try:
         status = main() or 0
     except ConfigError as e:
