@@ -4,7 +4,10 @@ On the 2-core machines the suite runs on, every core is busy for the whole run (
 xdist workers, tests/conftest.py), so a test's wall time says more about what ran beside
 it than about the test; its CPU time is what the run pays for it. A subprocess's CPU
 counts once it has been waited for (every helper in train_helpers.py waits), and
-includes the processes it waited for in turn (a launcher's python runs).
+includes the processes it waited for in turn (a launcher's python runs); a command forked
+from a warm interpreter (warm_python.py) counts when it ends, as its interpreter reports
+it. A warm interpreter's own start-up counts where it is reaped: in a test when it makes
+room for another, else at the worker's exit, after the last test (not in any line).
 
     python -m pytest -n auto --dist loadfile tests --cpu-profile=DIR   # DIR/cpu_<worker>.jsonl
     python tests/cpu_profile.py DIR [--top N]                          # files and tests, costliest first

@@ -14,9 +14,9 @@ Called once, by `command.run_main` (a process's `python -m t5lite.X`), never by 
 command's `main(argv)` run in a process that lives on (a test, a notebook): a frozen
 object in a cycle is never collected, which a one-shot process does not mind.
 
-Measured on a 2-core CPU machine, `python -m t5lite.train` of the tiny T5 for 2 steps:
-the collector's share of the CPU time and the command's total, before and after, are in
-docs/performance.md ("Start-up").
+Measured (docs/performance.md, "Python's cycle collector"): 9% of a test run's CPU was in
+the collector; a tiny T5's 2-step command 2% less CPU, a test file tracing many models in
+one process 7% less.
 """
 from __future__ import annotations
 
