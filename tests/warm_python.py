@@ -98,7 +98,9 @@ class WarmProcess:
             return True
         if not select.select([self._status], [], [], timeout)[0]:
             return False
-        data = self._status.recv(4096)
+        data = b""
+        while chunk := self._status.recv(4096):  # the report, then the end of the stream
+            data += chunk
         self._status.close()
         if not data:  # the warm interpreter died before reporting: nothing to wait for
             self.returncode = -9
