@@ -157,3 +157,17 @@ def test_bad_bytes_input_is_one_line(tmp_path, monkeypatch, capsys, args, needle
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_a_later_writer_wins_when_the_file_names_tie_to_the_second(tmp_path):
+    """Event files are read in the order written: two writers of one process in one second
+    differ only in TensorBoard's counter, the 10th after the 9th (not as strings)."""
+    for counter, value in ((9, 1.0), (10, 2.0)):
+        scratch = tmp_path / f"w{counter}"
+        writer = event_files.ScalarWriter(str(scratch))
+        writer.write_scalars(1, {"loss": value})
+        writer.close()
+        (written,) = scratch.iterdir()
+        written.rename(tmp_path / f"events.out.tfevents.1796000000.host.4242.{counter}")
+    assert event_files.read_scalars(str(tmp_path))["loss"] == [(1, 1.0), (1, 2.0)]
+    assert plot.curves.read_curves(str(tmp_path))["loss"] == ([1], [2.0])

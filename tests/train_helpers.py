@@ -1,4 +1,6 @@
-"""Helpers for tests that run `python -m t5lite.train` (and friends) as subprocesses.
+"""Helpers for tests that run `python -m t5lite.train` (and friends) as subprocesses
+(a Python command as a child forked from a warm interpreter that has done its imports
+once: tests/warm_python.py).
 
 Every subprocess gets JAX_PLATFORMS=cpu and its own fake device count
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N`, replacing the 8 that
@@ -237,7 +239,7 @@ _DEFAULT_SIGNALS = ("import os, signal, sys; signal.signal(signal.SIGINT, signal
 
 def start(cmd: Sequence[str], log_path: PathLike, devices: int = 1,
           cwd: Optional[PathLike] = None, extra_env: Optional[Mapping[str, str]] = None
-          ) -> subprocess.Popen:
+          ) -> Union[subprocess.Popen, warm_python.WarmProcess]:
     """Start `cmd` in the background; stdout and stderr go to `log_path` (poll it with
     `read_log`). The caller must `finish` or `kill` it. A Python `cmd` starts with SIGINT
     and SIGHUP at their defaults (the signal tests send them)."""

@@ -61,6 +61,13 @@ class ScalarWriter:
             self._writer.close()
 
 
+def _file_order(name: str):
+    """`events.out.tfevents.<seconds>.<host>.<pid>.<n>` in the order written: numbers
+    compared as numbers (a process's 10th writer in one second after its 9th)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in name.split(".")]
+
+
 def read_scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:
     """{tag: [(step, value), ...]} from every event file in `logdir` (oldest first):
     `simple_value` scalars and scalar tensors (what tf.summary writes)."""
@@ -68,7 +75,7 @@ def read_scalars(logdir: str) -> Dict[str, List[Tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.util import tensor_util
     out: Dict[str, List[Tuple[int, float]]] = {}
-    names = sorted(n for n in os.listdir(logdir) if "tfevents" in n) \
+    names = sorted((n for n in os.listdir(logdir) if "tfevents" in n), key=_file_order) \
         if os.path.isdir(logdir) else []
     for name in names:
         for event in EventFileLoader(os.path.join(logdir, name)).Load():
