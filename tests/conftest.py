@@ -144,9 +144,8 @@ def _file_costs():
 # suite (perf, every process) found 9% of its CPU in the collector, the test processes'
 # share as large as the subprocesses'.
 def pytest_collection_finish(session):
-    gc.freeze()
-    _, second, third = gc.get_threshold()
-    gc.set_threshold(50_000, second, third)
+    from t5lite.runtime.process import gc_settings
+    gc_settings.for_command()
 
 
 def pytest_collection_modifyitems(session, config, items):

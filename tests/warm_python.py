@@ -258,8 +258,9 @@ def _serve(fd: int) -> None:
     from jax._src import xla_bridge
     assert not xla_bridge._backends, "a jax backend exists before forking"
     import gc
+    from t5lite.runtime.process import gc_settings
     gc.collect()
-    gc.freeze()  # the children's collections leave the preloaded objects alone (and shared)
+    gc_settings.for_command()  # the children's collections leave the preloaded objects alone
     control.sendall(b"ready")
     children: Dict[int, socket.socket] = {}
     open_ = True

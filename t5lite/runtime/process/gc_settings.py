@@ -12,7 +12,8 @@ Python services do after their start-up.
 
 Called once, by `command.run_main` (a process's `python -m t5lite.X`), never by a
 command's `main(argv)` run in a process that lives on (a test, a notebook): a frozen
-object in a cycle is never collected, which a one-shot process does not mind.
+object in a cycle is never collected, which a one-shot process does not mind. (The test
+processes call it once too, after collecting the tests: tests/conftest.py.)
 
 Measured (docs/performance.md, "Python's cycle collector"): 9% of a test run's CPU was in
 the collector; a tiny T5's 2-step command 2% less CPU, a test file tracing many models in
