@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import train_helpers as th
+import warm_shim
 from data_helpers import vocabulary
 from t5lite.data.files import demo_corpus
 
@@ -37,21 +38,16 @@ MODEL = ("--gin.T5Config.vocab_size=512", "--gin.T5Config.num_encoder_layers=1",
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """Pile-style jsonl.zst, MultiNLI jsonl and a vocabulary, and a `python3` that is
-    this interpreter (the launchers call python3)."""
+    """Pile-style jsonl.zst, MultiNLI jsonl and a vocabulary. (The launchers' `python3`
+    is this interpreter, warm: `_run`.)"""
     root = tmp_path_factory.mktemp("launcher_data")
     demo_corpus.write_pile(str(root / "pile"), train_files=1, docs_per_file=60, eval_docs=2)
     demo_corpus.write_multinli(str(root / "mnli"), train=40, dev=6)
-    shim = root / "bin"
-    shim.mkdir()
-    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (shim / "python3").chmod(0o755)
     empty_tfds = root / "tfds"
     empty_tfds.mkdir()
     return {"T5LITE_PILE_DIR": str(root / "pile"), "T5LITE_MNLI_DIR": str(root / "mnli"),
             "T5LITE_VOCABULARY_PATH": vocabulary(tmp_path_factory),
-            "TFDS_DATA_DIR": str(empty_tfds),
-            "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+            "TFDS_DATA_DIR": str(empty_tfds), "PATH": os.environ["PATH"]}
 
 
 def _run(script, *args, devices=1, env=None, slurm=False, unset=(), timeout=TIMEOUT):
@@ -63,8 +59,17 @@ def _run(script, *args, devices=1, env=None, slurm=False, unset=(), timeout=TIME
     full_env = th.env(devices, extra)
     for name in unset:
         full_env.pop(name, None)
+    # the scripts' `python3 -m t5lite.train` runs warm (tests/warm_shim.py); what the test
+    # and the scripts set for the scripts alone does not separate warm interpreters
+    full_env = warm_shim.environment(full_env, run_time_only=(*extra, *SCRIPT_SET))
     return subprocess.run(["bash", str(SCRIPTS / script), *map(str, args)], cwd=th.REPO,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+# Variables the launchers and the stand-in srun set for their commands, none read by a
+# module as it is imported (bash's own among them).
+SCRIPT_SET = ("SLURM_*", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION", "PATH",
+              "SHLVL", "_", "PWD", "OLDPWD")
 
 
 def _config(model_dir):

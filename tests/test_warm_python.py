@@ -10,6 +10,7 @@ import pytest
 
 import train_helpers as th
 import warm_python
+import warm_shim
 
 # What a command sees of its process: argv, directory, __main__, its environment, exit.
 PROBE = r"""
@@ -134,3 +135,76 @@ def test_cold_turns_it_off(monkeypatch, tmp_path):
     start = time.monotonic()
     assert th.run([sys.executable, "-c", "pass"], cwd=tmp_path).returncode == 0
     assert time.monotonic() - start < 60
+
+
+# ----------------------------------------------------------------------------- warm_shim
+
+SHIM_SET = ("PATH", "SHLVL", "_", "PWD", "OLDPWD")  # what bash changes for its commands
+
+
+def _script(tmp_path, body, extra_env=None, run_time_only=SHIM_SET):
+    """`bash -c body` with tests/warm_shim.py's `python3` first on PATH."""
+    env = warm_shim.environment(th.env(1, extra_env), run_time_only=run_time_only)
+    return subprocess.run(["bash", "-c", body], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_a_script_s_python3_runs_warm_from_its_second_command_as_a_fresh_one_would(tmp_path):
+    """A script's `python3 -c PROBE` three times: what each prints (stdout, stderr, exit
+    status through bash) is what a fresh process prints; the first execs the real
+    interpreter (the probe's pid is the shim's: $!), the later ones are warm children (a
+    pid of their own). SLURM_PROCID, set by the script and named run-time only, shares
+    the warm interpreter."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    body = "\n".join(
+        f'SLURM_PROCID={i} python3 -c "$(cat {probe})" {arg} > out{i} 2> err{i} & '
+        f'shim=$!; wait $shim; echo "$shim $?"' for i, arg in enumerate(["", "3", "raise"]))
+    started = warm_python.STATS["started"]
+    proc = _script(tmp_path, body, {"JAX_SHIM_TEST": str(tmp_path)},
+                   run_time_only=(*SHIM_SET, "SLURM_*"))
+    assert proc.returncode == 0, th.describe(proc)
+    shims = [line.split() for line in proc.stdout.splitlines()]
+    assert [int(status) for _, status in shims] == [0, 3, 1]
+    pids = [json.loads((tmp_path / f"out{i}").read_text().splitlines()[0])["pid"]
+            for i in range(3)]
+    assert pids[0] == int(shims[0][0])  # cold: the shim exec'd python
+    assert pids[1] != int(shims[1][0]) and pids[2] != int(shims[2][0])  # warm children
+    assert warm_python.STATS["started"] == started + 2
+    cold = subprocess.run([sys.executable, "-c", PROBE, "3"], env=th.env(1), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert _seen(subprocess.CompletedProcess([], 3, (tmp_path / "out1").read_text())) == \
+        _seen(cold)
+    assert (tmp_path / "err1").read_text() == "to stderr\n"
+    assert (tmp_path / "err2").read_text().splitlines()[-1] == "ValueError: raised"
+
+
+def test_a_signal_to_the_shim_reaches_its_child_and_a_killed_shim_takes_it_along(tmp_path):
+    """SIGTERM to a script's warm `python3` ends its child, and bash sees 143 (killed by
+    SIGTERM) as from a fresh process; SIGKILL to the shim (which cannot pass it on) and
+    the broker kills the child."""
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    body = f"""
+python3 -c pass; python3 -c pass   # this environment's warm interpreter started
+for sig in TERM KILL; do
+  python3 -c "{code}" > $sig.pid & shim=$!
+  for i in $(seq 600); do [ -s $sig.pid ] && break; sleep 0.1; done
+  kill -$sig $shim; wait $shim; echo "$sig $? $shim $(cat $sig.pid)"
+done
+"""
+    proc = _script(tmp_path, body)
+    assert proc.returncode == 0, th.describe(proc)
+    (_, term, shim, child), (_, killed, kshim, kchild) = \
+        [line.split() for line in proc.stdout.splitlines()]
+    assert (int(term), int(killed)) == (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    assert shim != child and kshim != kchild  # both were warm children
+    th.wait_for(lambda: not _alive(int(kchild)), "the killed shim's child gone", timeout=30)
+    assert not _alive(int(child))
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -78,8 +78,13 @@ def _command(cmd: Sequence[str]):
     return cmd[1], cmd[2], cmd[3:]
 
 
-def _key(env: Mapping[str, str]):
-    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(RUN_TIME_ONLY)))
+def _key(env: Mapping[str, str], run_time_only: Sequence[str] = ()):
+    """What separates warm interpreters: `env` less RUN_TIME_ONLY and the caller's own
+    `run_time_only` names (`NAME*`: a prefix)."""
+    names = {n for n in run_time_only if not n.endswith("*")}
+    prefixes = RUN_TIME_ONLY + tuple(n[:-1] for n in run_time_only if n.endswith("*"))
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if not k.startswith(prefixes) and k not in names))
 
 
 
@@ -186,10 +191,10 @@ _WARM_LOCK = threading.Lock()
 _USES: "collections.Counter[tuple]" = collections.Counter()
 
 
-def _warm(env: Mapping[str, str]) -> Optional[_Warm]:
+def _warm(env: Mapping[str, str], run_time_only: Sequence[str] = ()) -> Optional[_Warm]:
     """The warm interpreter for `env`, started at the second command that asks for it (a
     test's own environment, used once, costs no start-up of one)."""
-    key = _key(env)
+    key = _key(env, run_time_only)
     with _WARM_LOCK:
         if key in _WARM:
             _WARM.move_to_end(key)
@@ -210,12 +215,13 @@ def _close_all() -> None:
 
 
 def popen(cmd: Sequence[str], env: Mapping[str, str], cwd: str, stdout: int,
-          stderr: int) -> Optional[WarmProcess]:
+          stderr: int, run_time_only: Sequence[str] = ()) -> Optional[WarmProcess]:
     """`cmd` started as a child of the warm interpreter for `env` (stdout / stderr: file
     descriptors), or None: not a Python command this can run, the first command in its
-    environment, or T5LITE_TESTS_COLD."""
+    environment, or T5LITE_TESTS_COLD. `run_time_only`: more names as RUN_TIME_ONLY's
+    for this command (`NAME*`: a prefix)."""
     parsed = None if cold() else _command(cmd)
-    warm = None if parsed is None else _warm(env)
+    warm = None if parsed is None else _warm(env, run_time_only)
     if warm is None:
         return None
     return warm.fork(*parsed, env=env, cwd=str(cwd), stdout=stdout, stderr=stderr)
