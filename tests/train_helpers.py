@@ -132,9 +132,11 @@ def run(cmd: Sequence[str], devices: int = 1, cwd: Optional[PathLike] = None,
 
 def _warmable(extra_env: Optional[Mapping[str, str]]) -> bool:
     """Whether a command may run as a child of a warm interpreter (tests/warm_python.py):
-    not one with variables of its own (a cache directory, the demo's step-heavy settings),
-    which few other commands share."""
-    return not extra_env
+    not one with variables of its own that a module reads as it is imported (the demo's
+    XLA flags and allocator settings), which few other commands share; variables read only
+    when a command runs (warm_python.RUN_TIME_ONLY: T5LITE_COMPILATION_CACHE_DIR, ...)
+    leave it the warm interpreter of the tests' environment."""
+    return all(name.startswith(warm_python.RUN_TIME_ONLY) for name in extra_env or {})
 
 
 HEAVY_PACKAGES = ("tensorflow", "tensorflow_datasets", "seqio", "t5", "clu")
