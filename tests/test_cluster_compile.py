@@ -9,7 +9,6 @@ twice as long to compile for the GPUs), and the vocabulary is cut to 512 (50,304
 shipped): the tied embedding's traffic no longer outweighs the layers' in the bytes
 compared across hosts, and the collectives' kinds, axes and launches do not depend on it."""
 import json
-import subprocess
 import sys
 
 import pytest
@@ -42,8 +41,8 @@ for argv in json.loads(sys.argv[1]):
 def reports():
     """Both layouts' `info --json` reports, compiled in one process (~10 s each)."""
     argvs = [GPT8 + flags for flags in LAYOUTS.values()]
-    proc = subprocess.run([sys.executable, "-c", _BOTH, json.dumps(argvs)], cwd=th.REPO,
-                          env=th.env(devices=1), capture_output=True, text=True, timeout=900)
+    proc = th.run([sys.executable, "-c", _BOTH, json.dumps(argvs)], devices=1, cwd=th.REPO,
+                  timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(found) == 2, proc.stdout[-2000:]
@@ -88,9 +87,8 @@ def test_fsdp_over_two_hosts_gathers_weights_across_them(reports):
 
 
 def test_info_hosts_needs_a_gpu():
-    proc = subprocess.run([sys.executable, "-m", "t5lite.info",
-                           "--gin_file=configs/models/gpt/tiny.gin", "--hosts=2"], cwd=th.REPO,
-                          env=th.env(devices=1), capture_output=True, text=True, timeout=300)
+    proc = th.run([sys.executable, "-m", "t5lite.info", "--gin_file=configs/models/gpt/tiny.gin",
+                   "--hosts=2"], devices=1, cwd=th.REPO, timeout=300)
     th.assert_one_error(proc, "--hosts compiles for a GPU cluster", "--gpu=h100")
 
 

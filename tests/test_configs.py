@@ -1,7 +1,6 @@
 """Shipped gin configs, flag parsing, and one-line configuration errors."""
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -137,9 +136,8 @@ def test_required_macro_is_reported_with_its_file(tmp_path):
 # --------------------------------------------------------------------------- subprocess
 
 def _info(*args, cwd=REPO):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return th.run([sys.executable, "-m", "t5lite.info", *args], devices=8, cwd=cwd,
+                  timeout=120)
 
 
 T5_BASE = "configs/models/t5_1_1/base.gin"

@@ -1,8 +1,6 @@
 """`python -m t5lite.convert --from=hf`: Orbax params + model.gin from an HF directory."""
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +8,8 @@ import gin
 import jax
 import numpy as np
 import pytest
+
+import train_helpers as th
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,9 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args):
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "t5lite.convert", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return th.run([sys.executable, "-m", "t5lite.convert", *args], cwd=REPO, timeout=120)
 
 
 def assert_one_line_error(proc, *fragments):

@@ -28,9 +28,8 @@ SMALL_T5, SMALL_T5_FLAGS = mh.small_bindings(), mh.small_flags()
 
 
 def _info(*args, extra=None):
-    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=th.REPO,
-                          env=th.env(devices=1, extra=extra), capture_output=True, text=True,
-                          timeout=600)
+    return th.run([sys.executable, "-m", "t5lite.info", *args], devices=1, cwd=th.REPO,
+                  timeout=600, extra_env=extra)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 the remat switch as it must, `info` counts the optimizer the config binds, and its
 answer says plainly whether a step fits."""
 import json
-import subprocess
 import sys
 
 import jax
@@ -139,8 +138,8 @@ def test_placeholders_fill_only_unset_run_macros(tmp_path):
 # --------------------------------------------------------------------------- the command
 
 def _info(*args):
-    return subprocess.run([sys.executable, "-m", "t5lite.info", *args], cwd=th.REPO,
-                          env=th.env(devices=1), capture_output=True, text=True, timeout=300)
+    return th.run([sys.executable, "-m", "t5lite.info", *args], devices=1, cwd=th.REPO,
+                  timeout=300)
 
 
 # The tiny T5 and GPT cut further where their size is not what a test reads (vocabulary
