@@ -30,12 +30,25 @@ def _abandoned_read(exc: Optional[BaseException], text: str) -> bool:
     return any(mark in text for mark in _ABANDONED_READ_MARKS)
 
 
+def _reads_of(path: str) -> background_reports.Rule:
+    """Reports that name `path`: reads of a restore that failed still in flight when it
+    raised; asyncio reports their futures' errors ("Future exception was never
+    retrieved") when they are collected, which may be after the restore's stderr is
+    back on the terminal."""
+    names = {path, os.path.abspath(path)}
+
+    def rule(exc: Optional[BaseException], text: str) -> bool:
+        return any(name in text for name in names)
+    return rule
+
+
 @contextlib.contextmanager
-def failure_output_dropped():
+def failure_output_dropped(path=None):
     """A restore whose stderr is kept only if it succeeds. A damaged checkpoint makes
     Orbax and TensorStore print hundreds of lines (a traceback per array, asyncio's
     "Event loop is closed" from their reader threads) besides raising; the raised error
-    is what the user gets, in one line."""
+    is what the user gets, in one line. `path`: what is read (a step's directory); when
+    the restore fails, later reports that name it are dropped too."""
     sys.stderr.flush()
     saved_fd = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -49,6 +62,8 @@ def failure_output_dropped():
         finally:
             if failed:
                 background_reports.drop(_abandoned_read)
+                if path is not None:
+                    background_reports.drop(_reads_of(os.fspath(path)))
                 gc.collect()      # abandoned reads report now, into the capture
                 time.sleep(0.2)
             sys.stderr.flush()

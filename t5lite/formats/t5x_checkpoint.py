@@ -153,7 +153,7 @@ def _read_orbax(item: Path, arrays: bool) -> Dict[str, Any]:
     from t5lite.formats import restore_noise
     from t5lite.formats.checkpoint_trees import item_metadata_tree
     try:
-        with restore_noise.failure_output_dropped():
+        with restore_noise.failure_output_dropped(str(item)):
             meta = item_metadata_tree(item)
             if not arrays:
                 meta = {"state": {"step": meta["state"]["step"]}}

@@ -45,7 +45,7 @@ def verify_step(step_dir: epath.Path) -> Tuple[bool, str]:
     if "unreadable" in step.record:
         return False, f"DAMAGED: {step.record['unreadable']}"
     try:
-        with restore_noise.failure_output_dropped():
+        with restore_noise.failure_output_dropped(str(step_dir)):
             tree = step.read()
     except Exception as e:  # noqa: BLE001 - whatever stops Orbax reading it is damage
         return False, f"DAMAGED: unreadable ({restore_noise.short_reason(e)})"
