@@ -114,7 +114,7 @@ def _warm(broker, args):
     request = {"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}
     socket.send_fds(conn, [json.dumps(request).encode()], [1, 2])
     reply = conn.recv(64).decode()
-    if reply == "cold":
+    if not reply.startswith("pid "):  # "cold", or the broker could not start it
         conn.close()
         return None
     pid = int(reply.split()[1])
