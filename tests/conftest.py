@@ -15,7 +15,7 @@ import pytest
 # take longer to compile than to run. Measured on this 2-core machine, the in-process
 # test_switches + test_lora + test_trainer: 290 -> 193 s; the subprocess-heavy
 # test_train_cli + test_train_tasks: 406 -> 391 s. Steps run slower (the demo's 0.088 ->
-# 0.130 s), so the demo test, 600 steps as shipped, runs with the default (`th.optimized`).
+# 0.130 s), so the demo test, 600 steps as shipped, runs at LLVM -O1 (`th.optimized`).
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

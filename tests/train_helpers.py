@@ -63,9 +63,13 @@ STEP_HEAVY_MALLOC = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
 
 def optimized(devices: int = 1) -> Dict[str, str]:
     """The environment additions of a subprocess that runs many steps: `devices` fake
-    host devices, without the tests' fast-compile flags (conftest.FAST_COMPILE), and
-    glibc's allocator keeping its memory (STEP_HEAVY_MALLOC; results are the same)."""
-    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={int(devices)}",
+    host devices, XLA's CPU backend at LLVM -O1 instead of the tests' fast-compile flags
+    (conftest.FAST_COMPILE), and glibc's allocator keeping its memory (STEP_HEAVY_MALLOC;
+    results are the same). -O1, not the default -O2: the demo test (pretraining 300
+    steps, then finetune / eval / infer) 175 -> 155 CPU s, its steps no slower (0.09 s);
+    measured alone, pretraining 97.6 -> 73.0 CPU s with the same losses."""
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={int(devices)} "
+                         "--xla_backend_optimization_level=1",
             "GLIBC_TUNABLES": STEP_HEAVY_MALLOC}
 
 
