@@ -66,8 +66,8 @@ def optimized(devices: int = 1) -> Dict[str, str]:
     host devices, XLA's CPU backend at LLVM -O1 instead of the tests' fast-compile flags
     (conftest.FAST_COMPILE), and glibc's allocator keeping its memory (STEP_HEAVY_MALLOC;
     results are the same). -O1, not the default -O2: the demo test (pretraining 300
-    steps, then finetune / eval / infer) 175 -> 155 CPU s, its steps no slower (0.09 s);
-    measured alone, pretraining 97.6 -> 73.0 CPU s with the same losses."""
+    steps, then finetune / eval / infer) 175 -> 155 CPU s, its steps no slower (0.08-0.09
+    s); measured alone, pretraining 97.6 -> 73-80 CPU s with the same losses."""
     return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={int(devices)} "
                          "--xla_backend_optimization_level=1",
             "GLIBC_TUNABLES": STEP_HEAVY_MALLOC}

@@ -43,7 +43,7 @@ def _reads_of(path: str) -> background_reports.Rule:
 
 
 @contextlib.contextmanager
-def failure_output_dropped(path=None):
+def failure_output_dropped(path: Optional[str] = None):
     """A restore whose stderr is kept only if it succeeds. A damaged checkpoint makes
     Orbax and TensorStore print hundreds of lines (a traceback per array, asyncio's
     "Event loop is closed" from their reader threads) besides raising; the raised error
@@ -63,7 +63,7 @@ def failure_output_dropped(path=None):
             if failed:
                 background_reports.drop(_abandoned_read)
                 if path is not None:
-                    background_reports.drop(_reads_of(os.fspath(path)))
+                    background_reports.drop(_reads_of(str(path)))
                 gc.collect()      # abandoned reads report now, into the capture
                 time.sleep(0.2)
             sys.stderr.flush()

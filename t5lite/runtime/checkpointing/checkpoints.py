@@ -356,8 +356,7 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
     damaged: List[Tuple[int, str]] = []
     for step in reversed(checkpointer.all_steps()):
         try:
-            with restore_noise.failure_output_dropped(
-                    os.path.join(str(checkpointer.directory), str(step))):
+            with restore_noise.failure_output_dropped(str(checkpointer.step_dir(step))):
                 state, data = checkpointer.restore(step, abstract_state)
         except CheckpointDamagedError as e:  # its bytes changed on disk: the one before
             damaged.append((step, str(e).split(" is damaged: ", 1)[-1]))
