@@ -72,19 +72,34 @@ def test_the_fingerprint_is_the_two_sums_and_sees_every_bit_and_a_swap():
         record, {**tree, "new": np.zeros(2, np.float32)})
 
 
-def test_the_sums_are_one_function_per_kind_of_array_called_for_each():
-    """The program lowers the sums once per shape and dtype (T5 large's 2,236 arrays are
-    14 kinds; docs/performance.md) and calls them once per array, each with its own value."""
-    import re
-    kinds = [((4, 3), jnp.float32)] * 5 + [((7,), jnp.bfloat16)] * 3 + [((), jnp.int32)] * 2
-    text = jax.jit(fingerprints.checkpoint_fingerprints).lower(
-        [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in kinds]).as_text()
-    assert len(re.findall(r"func\.func private @_sums", text)) == 3, text[:2000]
-    assert len(re.findall(r"call @_sums", text)) == 10
+def test_on_devices_the_sums_are_one_program_per_kind_of_array_and_agree_with_numpy():
+    """Where the arrays live (host_elements=0: none summed in numpy), one program is
+    compiled for each kind of array (shape, dtype, sharding: T5 large's 2,236 arrays are
+    14 kinds; docs/performance.md) and called for each array, each with its own value;
+    the words are numpy's, on one device and sharded over eight, and the numpy path's
+    (the default for small arrays in host memory)."""
+    from jax.sharding import NamedSharding, PartitionSpec
     rng = np.random.default_rng(1)
-    tree = {f"x{i}": rng.normal(size=shape).astype(np.float32) for i, (shape, _) in
-            enumerate(kinds[:5])}  # one function for five arrays: five different sums
-    assert len(set(fingerprints.array_fingerprints(tree).values())) == 5
+    kinds = [((4, 8), np.float32)] * 5 + [((7,), jnp.bfloat16)] * 3 + [((), np.int32)] * 2
+    tree = {f"x{i}": np.asarray(jnp.asarray(rng.normal(size=shape) * 50, dtype))
+            for i, (shape, dtype) in enumerate(kinds)}
+    tree["pred"] = rng.random(6) > 0.5
+    tree["u8"] = rng.integers(0, 255, size=(3, 5)).astype(np.uint8)
+    on_host = fingerprints.array_fingerprints(tree)
+    for name in ("x0", "x5", "x9", "u8"):
+        assert on_host[name].endswith(":%08x:%08x" % _reference(tree[name])), name
+    before = fingerprints._device_sums._cache_size()
+    on_device = fingerprints.array_fingerprints(jax.tree.map(jnp.asarray, tree),
+                                                host_elements=0)
+    assert fingerprints._device_sums._cache_size() - before == 5  # kinds, not arrays
+    assert on_device == on_host
+    assert len({on_host[f"x{i}"] for i in range(5)}) == 5
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
+    sharded = {"x0": jax.device_put(tree["x0"], NamedSharding(mesh, PartitionSpec("a", "b"))),
+               "u8": jax.device_put(tree["u8"], NamedSharding(mesh, PartitionSpec()))}
+    assert fingerprints.array_fingerprints(sharded, host_elements=0) == {
+        k: on_host[k] for k in sharded}
+    assert fingerprints.array_fingerprints(sharded) == {k: on_host[k] for k in sharded}
 
 
 def test_the_data_iterators_bytes_carry_their_sum(tmp_path, monkeypatch):

@@ -105,12 +105,17 @@ def test_one_process_saves_replicated_arrays_whole_without_slicing_them(tmp_path
     replicated = lambda x: NamedSharding(mesh, P())  # noqa: E731
     state = place(make_state(kernel_shape=(24, 40), seed=5), replicated)
     caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
+    def probe(x):  # a program compiled beside the save: the log is read
+        return x + 1
+
     with jax.log_compiles(True):
+        jax.jit(probe)(np.float32(1))
         with Checkpointer(tmp_path, keep=None, async_save=False) as ckpt:
             assert ckpt.save(3, state)
     compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()
                 or "compilation of" in r.getMessage()]
-    assert compiled and not [m for m in compiled if "slice" in m], compiled
+    assert [m for m in compiled if "probe" in m], compiled
+    assert not [m for m in compiled if "slice" in m], compiled
     with Checkpointer(tmp_path, keep=None) as ckpt:
         restored, _ = ckpt.restore(3, abstract(state, replicated))
     assert_trees_equal(restored, state)

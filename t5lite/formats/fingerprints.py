@@ -16,10 +16,12 @@ flat index in the global array:
 `mix` is MurmurHash3's 32-bit finalizer (xor-shifts and two odd multiplies: a bijection).
 Recorded with the dtype and shape as "<dtype>[<shape>]:<a>:<b>" (hex). Integer sums mod
 2^32 do not depend on the order they are added in, so the fingerprint is the same
-whatever the mesh that computes it. They are computed where the array lives, sharded as
-it is (each device sums its shard, one all-reduce of two words per array), so a save or a
-restore reads nothing back but those words: the state is read once more where it lives
-(what that costs: docs/checkpoints.md).
+whatever the mesh, or the library, that computes it. They are computed where the array
+lives, sharded as it is (each device sums its shard, one all-reduce of two words per
+array; one compiled program for each kind of array), so a save or a restore reads
+nothing back but those words: the state is read once more where it lives (what that
+costs: docs/checkpoints.md). A small array already in this process's memory (numpy, or
+on CPU devices) is summed in numpy instead, to the same two words (HOST_ELEMENTS).
 
 What it catches: any change to one element (for a fixed i both terms are bijections of
 w_i, so the sums move), any change to a few elements or two elements swapped unless the
@@ -32,6 +34,7 @@ far: that checkpoint is unreadable, as before.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -91,14 +94,52 @@ def _sums(x: jax.Array) -> jax.Array:
                       jnp.sum(mixed, dtype=jnp.uint32)])
 
 
-_shared_sums = jax.jit(_sums)
-"""`_sums` as a function of its own inside the program: traced and lowered once for each
-shape and dtype, not once for each array (T5 large's state: 2,236 arrays, 14 kinds)."""
+HOST_ELEMENTS = 1 << 18
+"""Arrays of at most this many elements whose bytes are in this process's memory (numpy,
+or jax arrays on CPU devices, all of them in this process) are summed in numpy: no
+program to compile, where compiling one costs more than summing them many times over."""
 
 
-def checkpoint_fingerprints(arrays):
-    """[a, b] of each array (the program jit compiles: its name in the logs)."""
-    return [_shared_sums(x) for x in arrays]
+def _host_sums(x: Any) -> tuple:
+    """(a, b) of one array in host memory, in numpy's uint32 arithmetic (mod 2^32, as on
+    a device); 1-d, so that numpy wraps without warnings."""
+    x = np.asarray(x).reshape(-1)
+    if x.dtype == np.bool_:
+        w = x.astype(np.uint32)
+    else:
+        width = {4: np.uint32, 2: np.uint16, 1: np.uint8}.get(x.dtype.itemsize)
+        if width is None:
+            raise ValueError(f"no fingerprint for {x.dtype} arrays")
+        w = x.view(width).astype(np.uint32)
+    index = np.arange(w.size, dtype=np.uint32)
+    h = w ^ (index * np.uint32(0x9E3779B9))
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return (int(np.sum(w * (index * np.uint32(2) + np.uint32(1)), dtype=np.uint32)),
+            int(np.sum(h, dtype=np.uint32)))
+
+
+def checkpoint_fingerprints(x: jax.Array) -> jax.Array:
+    """[a, b] (uint32) of one array on its devices (`_sums`; the program's name in the
+    logs)."""
+    return _sums(x)
+
+
+_device_sums = jax.jit(checkpoint_fingerprints)
+"""Compiled once for each kind of array (shape, dtype, sharding) and called for each
+array: T5 large's state is 2,236 arrays of 14 kinds. (One program holding every array's
+sums took 7.3 s to compile on a CPU, and its peak memory was twice the state's.)"""
+
+
+@functools.lru_cache(maxsize=None)
+def _replicated_sums(mesh: jax.sharding.Mesh):
+    """`_device_sums` with its two words replicated over `mesh`, so that every process
+    reads them."""
+    return jax.jit(checkpoint_fingerprints, out_shardings=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
 
 
 def _label(x) -> str:
@@ -106,24 +147,36 @@ def _label(x) -> str:
     return f"{_SHORT.get(name, name)}[{','.join(str(d) for d in x.shape)}]"
 
 
-def array_fingerprints(tree: Any) -> Dict[str, str]:
-    """{path: "<dtype>[<shape>]:<a>:<b>"} for every array of `tree` (on devices, sharded
-    or not, or numpy on the host: summed on the CPU), read back replicated so that every
-    process records the same."""
-    named = leaves(tree)
-    if not named:
-        return {}
-    arrays = list(named.values())
-    mesh = getattr(getattr(arrays[0], "sharding", None), "mesh", None)
-    kwargs = {}
-    if isinstance(mesh, jax.sharding.Mesh):
-        kwargs["out_shardings"] = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    if all(isinstance(a, np.ndarray) or np.isscalar(a) for a in arrays):
+def _in_host_memory(x: Any) -> bool:
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+        return True
+    sharding = getattr(x, "sharding", None)
+    return (sharding is not None and x.is_fully_addressable
+            and all(d.platform == "cpu" for d in sharding.device_set))
+
+
+def _sums_of(x: Any, host_elements: int):
+    """[a, b] of one array: on the host (numpy) when it is in host memory and small, else
+    where it lives (a numpy array too large: on the CPU device)."""
+    if _in_host_memory(x) and np.size(x) <= host_elements:
+        return _host_sums(x)
+    if isinstance(x, np.ndarray) or np.isscalar(x):
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            sums = jax.device_get(jax.jit(checkpoint_fingerprints)(
-                [jnp.asarray(a) for a in arrays]))
-    else:
-        sums = jax.device_get(jax.jit(checkpoint_fingerprints, **kwargs)(arrays))
+            return _device_sums(jnp.asarray(x))
+    mesh = getattr(x.sharding, "mesh", None)
+    if isinstance(mesh, jax.sharding.Mesh):
+        return _replicated_sums(mesh)(x)
+    return _device_sums(x)
+
+
+def array_fingerprints(tree: Any, host_elements: int = HOST_ELEMENTS) -> Dict[str, str]:
+    """{path: "<dtype>[<shape>]:<a>:<b>"} for every array of `tree` (on devices, sharded
+    or not, or numpy on the host), read back replicated so that every process records
+    the same. An array of at most `host_elements` elements in host memory is summed in
+    numpy (HOST_ELEMENTS); the others where they live, each kind of array by one
+    compiled program. (Both give the same sums: the module docstring's.)"""
+    named = leaves(tree)
+    sums = jax.device_get([_sums_of(x, host_elements) for x in named.values()])
     return {path: f"{_label(a)}:{int(s[0]):08x}:{int(s[1]):08x}"
             for (path, a), s in zip(named.items(), sums)}
 
