@@ -203,8 +203,10 @@ done
 
 
 def _alive(pid):
+    """Whether `pid` runs (not a zombie); a process reaped between the open and the read
+    of its stat file reads as ESRCH (ProcessLookupError): gone too."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
