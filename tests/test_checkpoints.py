@@ -105,6 +105,7 @@ def test_one_process_saves_replicated_arrays_whole_without_slicing_them(tmp_path
     replicated = lambda x: NamedSharding(mesh, P())  # noqa: E731
     state = place(make_state(kernel_shape=(24, 40), seed=5), replicated)
     caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
+
     def probe(x):  # a program compiled beside the save: the log is read
         return x + 1
 

@@ -70,28 +70,36 @@ def _words(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, width).astype(jnp.uint32)
 
 
-def _mix(h: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finalizer (uint32 in, uint32 out; a bijection)."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
+def _mix(h, xp):
+    """MurmurHash3's 32-bit finalizer (uint32 in, uint32 out; a bijection); `xp` is
+    jax.numpy or numpy. In place for a numpy `h` (augmented assignments: a jax array is
+    rebound instead), which the caller makes for it."""
+    h ^= h >> 16
+    h *= xp.uint32(0x85EBCA6B)
+    h ^= h >> 13
+    h *= xp.uint32(0xC2B2AE35)
+    h ^= h >> 16
+    return h
 
 
-def _sums(x: jax.Array) -> jax.Array:
-    """[a, b] (uint32) of one array (module docstring); no reshape, so no resharding."""
-    w = _words(x)
+def _two_sums(w, index, xp):
+    """(a, b) of the module docstring from the words w_i and their flat indices i (both
+    uint32, same shape), in `xp`'s uint32 arithmetic (jax.numpy or numpy: mod 2^32)."""
+    weight = index * xp.uint32(2) + xp.uint32(1)
+    mixed = _mix(w ^ (index * xp.uint32(0x9E3779B9)), xp)
+    return xp.sum(w * weight, dtype=xp.uint32), xp.sum(mixed, dtype=xp.uint32)
+
+
+def checkpoint_fingerprints(x: jax.Array) -> jax.Array:
+    """[a, b] (uint32) of one array on its devices (the program's name in the logs); no
+    reshape, so no resharding."""
     index = jnp.zeros(x.shape, jnp.uint32)
     stride = 1
     for dim in reversed(range(x.ndim)):
         index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, dim) * jnp.uint32(
             stride % 2**32)
         stride *= x.shape[dim]
-    weight = index * jnp.uint32(2) + jnp.uint32(1)
-    mixed = _mix(w ^ (index * jnp.uint32(0x9E3779B9)))
-    return jnp.stack([jnp.sum(w * weight, dtype=jnp.uint32),
-                      jnp.sum(mixed, dtype=jnp.uint32)])
+    return jnp.stack(_two_sums(_words(x), index, jnp))
 
 
 HOST_ELEMENTS = 1 << 18
@@ -101,8 +109,8 @@ program to compile, where compiling one costs more than summing them many times 
 
 
 def _host_sums(x: Any) -> tuple:
-    """(a, b) of one array in host memory, in numpy's uint32 arithmetic (mod 2^32, as on
-    a device); 1-d, so that numpy wraps without warnings."""
+    """(a, b) of one array in host memory, in numpy (1-d, so that numpy wraps without
+    warnings)."""
     x = np.asarray(x).reshape(-1)
     if x.dtype == np.bool_:
         w = x.astype(np.uint32)
@@ -111,21 +119,8 @@ def _host_sums(x: Any) -> tuple:
         if width is None:
             raise ValueError(f"no fingerprint for {x.dtype} arrays")
         w = x.view(width).astype(np.uint32)
-    index = np.arange(w.size, dtype=np.uint32)
-    h = w ^ (index * np.uint32(0x9E3779B9))
-    h ^= h >> np.uint32(16)
-    h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
-    h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
-    return (int(np.sum(w * (index * np.uint32(2) + np.uint32(1)), dtype=np.uint32)),
-            int(np.sum(h, dtype=np.uint32)))
-
-
-def checkpoint_fingerprints(x: jax.Array) -> jax.Array:
-    """[a, b] (uint32) of one array on its devices (`_sums`; the program's name in the
-    logs)."""
-    return _sums(x)
+    a, b = _two_sums(w, np.arange(w.size, dtype=np.uint32), np)
+    return int(a), int(b)
 
 
 _device_sums = jax.jit(checkpoint_fingerprints)
