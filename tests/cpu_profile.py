@@ -14,7 +14,12 @@ room for another, else at the worker's exit, after the last test (not in any lin
 
 A line a test: {"id", "self" (the worker's CPU s, setup and teardown included: a module
 fixture counts to the first test that uses it), "children" (its subprocesses' CPU s),
-"procs" (subprocesses started), "wall" (s)}.
+"procs" (subprocesses started), "wall" (s), and what jax did in the test process (from
+jax.monitoring's events, counted from the end of the first test that imports jax): "compiles" (XLA compilations, a persistent-cache hit included),
+"compile_s" (their seconds), "cache_hits" (those the compilation cache answered),
+"trace_s" (tracing to jaxprs, nested traces counted in each enclosing one)}. Most of the
+suite's in-process CPU is XLA compilation, one program at a time; a test's "compiles"
+says how many it asked for, its "compile_s" what they cost.
 """
 from __future__ import annotations
 
@@ -25,10 +30,52 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 from typing import Dict, List
 
 import pytest
+
+# jax.monitoring's names for what a test line counts
+JAX_EVENTS = {"compile_s": "/jax/core/compile/backend_compile_duration",
+              "trace_s": "/jax/core/compile/jaxpr_trace_duration"}
+CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+class JaxCounts:
+    """Running totals of jax's compile events in this process, once jax is imported."""
+
+    def __init__(self):
+        self.totals = collections.Counter()
+        self.listening = False
+
+    def _on_duration(self, event, duration, **_):
+        for name, watched in JAX_EVENTS.items():
+            if event == watched:
+                self.totals[name] += duration
+                if name == "compile_s":
+                    self.totals["compiles"] += 1
+
+    def _on_event(self, event, **_):
+        if event == CACHE_HIT:
+            self.totals["cache_hits"] += 1
+
+    def snapshot(self) -> collections.Counter:
+        """The totals so far; starts listening when jax has been imported (not before:
+        importing it here would read its settings before conftest sets them)."""
+        if not self.listening and "jax" in sys.modules:
+            import jax.monitoring
+            jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+            jax.monitoring.register_event_listener(self._on_event)
+            self.listening = True
+        return collections.Counter(self.totals)
+
+    def stop(self) -> None:
+        if self.listening:
+            from jax._src import monitoring
+            monitoring.unregister_event_duration_listener(self._on_duration)
+            monitoring.unregister_event_listener(self._on_event)
+            self.listening = False
 
 
 class CpuProfile:
@@ -39,6 +86,7 @@ class CpuProfile:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.path = os.path.join(directory, f"cpu_{worker}.jsonl")
         self.started = [0]
+        self.jax = JaxCounts()
         self._original = original = subprocess.Popen.__init__
         started = self.started
 
@@ -50,6 +98,7 @@ class CpuProfile:
     def restore(self) -> None:
         """Stop counting subprocesses (a whole run never needs to)."""
         subprocess.Popen.__init__ = self._original
+        self.jax.stop()
 
     @staticmethod
     def _cpu():
@@ -66,12 +115,16 @@ class CpuProfile:
         import warm_python
         (own, children), wall = self._cpu(), time.monotonic()
         procs = self.started[0] + warm_python.STATS["started"]
+        jax_before = self.jax.snapshot()
         yield
         own_after, children_after = self._cpu()
+        jax_after = self.jax.snapshot()
         line = {"id": item.nodeid, "self": round(own_after - own, 2),
                 "children": round(children_after - children, 2),
                 "procs": self.started[0] + warm_python.STATS["started"] - procs,
                 "wall": round(time.monotonic() - wall, 2)}
+        for name in ("compiles", "compile_s", "cache_hits", "trace_s"):
+            line[name] = round(jax_after[name] - jax_before[name], 3)
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -83,21 +136,27 @@ def read(directory: str) -> List[Dict]:
 
 def summary(rows: List[Dict], top: int = 30) -> str:
     cpu = lambda r: r["self"] + r["children"]  # noqa: E731
-    files = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])
+    files = collections.defaultdict(collections.Counter)
     for r in rows:
         f = files[r["id"].split("::")[0]]
-        f[0] += r["self"]
-        f[1] += r["children"]
-        f[2] += r["procs"]
-        f[3] += 1
-    total_self, total_children = sum(r["self"] for r in rows), sum(r["children"] for r in rows)
-    out = [f"{len(rows)} tests: {total_self + total_children:.0f} CPU s ({total_self:.0f} in "
-           f"the test processes, {total_children:.0f} in {sum(r['procs'] for r in rows)} "
-           "subprocesses)", "", "CPU s   own  subproc  procs tests  file"]
-    for name, (own, children, procs, n) in sorted(files.items(), key=lambda x: -x[1][0] - x[1][1]):
-        out.append(f"{own + children:5.0f} {own:5.0f} {children:8.0f} {procs:6d} {n:5d}  {name}")
-    out += ["", "CPU s procs  test"]
-    out += [f"{cpu(r):5.1f} {r['procs']:5d}  {r['id']}"
+        for name in ("self", "children", "procs", "compiles", "compile_s"):
+            f[name] += r.get(name, 0)  # lines written before jax's counts had none
+        f["tests"] += 1
+    total = collections.Counter()
+    for f in files.values():
+        total.update(f)
+    out = [f"{len(rows)} tests: {total['self'] + total['children']:.0f} CPU s "
+           f"({total['self']:.0f} in the test processes, {total['children']:.0f} in "
+           f"{total['procs']} subprocesses); in the test processes {total['compiles']} XLA "
+           f"compilations took {total['compile_s']:.0f} s", "",
+           "CPU s   own  subproc  procs tests compiles compile_s  file"]
+    for name, f in sorted(files.items(), key=lambda x: -x[1]["self"] - x[1]["children"]):
+        out.append(f"{f['self'] + f['children']:5.0f} {f['self']:5.0f} {f['children']:8.0f} "
+                   f"{f['procs']:6d} {f['tests']:5d} {f['compiles']:8d} {f['compile_s']:9.0f}  "
+                   f"{name}")
+    out += ["", "CPU s procs compiles compile_s  test"]
+    out += [f"{cpu(r):5.1f} {r['procs']:5d} {r.get('compiles', 0):8d} "
+            f"{r.get('compile_s', 0):9.1f}  {r['id']}"
             for r in sorted(rows, key=cpu, reverse=True)[:top]]
     return "\n".join(out)
 

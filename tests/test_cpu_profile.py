@@ -45,6 +45,36 @@ def test_a_tests_own_cpu_and_its_subprocesses_are_counted_apart(tmp_path):
     assert files == ["test_a.py", "test_b.py"]  # costliest first
 
 
+def _scaled():
+    def scaled(x):  # a new function object each call, the same program
+        return x * 7.0 - 1.0
+    return scaled
+
+
+def test_a_tests_xla_compilations_and_cache_hits_are_counted(tmp_path):
+    """A test that compiles a program, then the same program again through a new function
+    (jax's in-memory cache misses, the persistent one answers when the run has one):
+    two compilations, their seconds, and one cache hit."""
+    import jax
+    import jax.numpy as jnp
+    profile = cpu_profile.CpuProfile(str(tmp_path))
+    x = jnp.ones((3, 5 + time.time_ns() % 89))  # a shape no other test compiled for
+    try:
+        hook = profile.pytest_runtest_protocol(types.SimpleNamespace(nodeid="t.py::c"), None)
+        next(hook)
+        jax.jit(_scaled())(x).block_until_ready()
+        jax.jit(_scaled())(x).block_until_ready()
+        with pytest.raises(StopIteration):
+            hook.send(None)
+    finally:
+        profile.restore()
+    (line,) = cpu_profile.read(str(tmp_path))
+    assert line["compiles"] == 2 and line["compile_s"] > 0 and line["trace_s"] > 0, line
+    cached = bool(jax.config.jax_compilation_cache_dir)  # the suite's own, tests/conftest.py
+    assert line["cache_hits"] == (1 if cached else 0), line
+    assert "2 XLA compilations" in cpu_profile.summary([line]).splitlines()[0]
+
+
 def test_the_summary_command_reads_a_directory_and_refuses_an_empty_one(tmp_path, capsys):
     assert cpu_profile.main([str(tmp_path)]) == 1
     assert capsys.readouterr().out.startswith(f"error: no cpu_*.jsonl lines in {tmp_path}")
@@ -52,4 +82,4 @@ def test_the_summary_command_reads_a_directory_and_refuses_an_empty_one(tmp_path
         '{"id": "t.py::x", "self": 1.5, "children": 2.0, "procs": 3, "wall": 4.0}\n')
     assert cpu_profile.main([str(tmp_path), "--top", "1"]) == 0
     out = capsys.readouterr().out
-    assert "1 tests: 4 CPU s" in out and "  3.5     3  t.py::x" in out
+    assert "1 tests: 4 CPU s" in out and "  3.5     3        0       0.0  t.py::x" in out
