@@ -138,6 +138,33 @@ def test_layout_round_trip_is_exact(reference):
     jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
 
 
+def test_host_parameters_convert_in_numpy_like_jax_numpy_and_compile_nothing(reference):
+    """Parameters in host memory (this process's jax arrays on CPU devices, as here, or
+    numpy's) convert with numpy: numpy arrays back, the values jax.numpy's conversion
+    gives under jit (where the leaves are traced), and no XLA program compiled (before,
+    one per operation and leaf shape)."""
+    from jax._src import monitoring
+    cfg, params = reference
+    cfg2 = dataclasses.replace(cfg, fuse_qkv=True, scan_layers=True)
+    traced = jax.jit(lambda p: layouts.convert_params(p, cfg, cfg2))(params)
+    compiled = []
+
+    def count(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        for tree in (params, jax.device_get(params)):  # jax arrays on the CPU; numpy
+            host = layouts.convert_params(tree, cfg, cfg2)
+            assert all(isinstance(a, np.ndarray) for a in jax.tree_util.tree_leaves(host))
+            jax.tree_util.tree_map(np.testing.assert_array_equal, host, traced)
+            back = layouts.convert_params(host, cfg2, cfg)
+            jax.tree_util.tree_map(np.testing.assert_array_equal, back, params)
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert compiled == []
+
+
 def test_fused_gqa_layout_puts_query_groups_first():
     q = jnp.arange(2 * 4 * 3).reshape(2, 4, 3)  # [embed, heads=4, kv]; 2 kv heads, group 2
     k = 100 + jnp.arange(2 * 2 * 3).reshape(2, 2, 3)

@@ -24,6 +24,12 @@ Layouts (see `t5lite.models.configs` for the full tree):
   2), r] holds one adapter per projection, its `lora_b` fuses like the kernel.
 
 Conversions are pure functions on the variables dict `{"params": ..., [FP8 collection]}`.
+They move data and never change a value. Arrays in host memory (numpy's, and
+`convert_params`' jax arrays on CPU devices that this process holds whole) are converted
+with numpy and come back as numpy arrays: jax.numpy would compile a program for each
+operation and leaf shape (a tiny T5's conversion took about 100 of them, 25 ms each on
+the CPU). Other arrays (on accelerators, sharded across processes, traced) stay in
+jax.numpy.
 """
 from __future__ import annotations
 
@@ -31,11 +37,27 @@ import dataclasses
 import re
 from typing import Any, Dict, Mapping
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 Tree = Dict[str, Any]
 _LAYER = re.compile(r"^layers_(\d+)$")
 _STACKS = ("encoder", "decoder")
+
+
+def _xp(*arrays):
+    """numpy when every array is numpy's, else jax.numpy."""
+    return np if all(isinstance(a, (np.ndarray, np.generic)) for a in arrays) else jnp
+
+
+def _in_host_memory(x):
+    """`x` as a numpy array when it is a jax array on CPU devices that this process holds
+    whole (a view, no copy, when it lives on one device); any other leaf as it is."""
+    if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())):
+        return np.asarray(x)
+    return x
 
 
 # ----------------------------------------------------------------------------- qkv fusion
@@ -43,19 +65,21 @@ _STACKS = ("encoder", "decoder")
 
 def fuse_qkv_arrays(q, k, v):
     """q [..., heads, kv], k / v [..., kv_heads, kv] -> [..., group + 2, kv_heads, kv]."""
+    xp = _xp(q, k, v)
     hkv, d = k.shape[-2:]
     group = q.shape[-2] // hkv
     lead = q.shape[:-2]
-    qg = jnp.moveaxis(jnp.reshape(q, lead + (hkv, group, d)), -2, -3)  # [..., group, hkv, d]
-    return jnp.concatenate([qg, k[..., None, :, :], v[..., None, :, :]], axis=-3)
+    qg = xp.moveaxis(xp.reshape(q, lead + (hkv, group, d)), -2, -3)  # [..., group, hkv, d]
+    return xp.concatenate([qg, k[..., None, :, :], v[..., None, :, :]], axis=-3)
 
 
 def unfuse_qkv_arrays(qkv):
     """Inverse of `fuse_qkv_arrays`."""
+    xp = _xp(qkv)
     group = qkv.shape[-3] - 2
     hkv, d = qkv.shape[-2:]
-    q = jnp.moveaxis(qkv[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
-    q = jnp.reshape(q, qkv.shape[:-3] + (hkv * group, d))
+    q = xp.moveaxis(qkv[..., :group, :, :], -3, -2)  # [..., hkv, group, d]
+    q = xp.reshape(q, qkv.shape[:-3] + (hkv * group, d))
     return q, qkv[..., group, :, :], qkv[..., group + 1, :, :]
 
 
@@ -79,13 +103,13 @@ def _fuse_attention(att: Tree, is_cross: bool) -> Tree:
     if is_cross:
         _check_adapters((att["key"], att["value"]), "key and value")
         out["query"] = att["query"]
-        out["kv"] = {n: jnp.stack([att["key"][n], att["value"][n]],
-                                  axis=-2 if n == "lora_a" else -3)
+        out["kv"] = {n: _stack([att["key"][n], att["value"][n]],
+                               axis=-2 if n == "lora_a" else -3)
                      for n in _leaf_names(att["key"], att["value"])}
     else:
         parts = (att["query"], att["key"], att["value"])
         _check_adapters(parts, "query, key and value")
-        out["qkv"] = {n: (jnp.stack([p[n] for p in parts], axis=-2) if n == "lora_a"
+        out["qkv"] = {n: (_stack([p[n] for p in parts], axis=-2) if n == "lora_a"
                           else fuse_qkv_arrays(*(p[n] for p in parts)))
                       for n in _leaf_names(*parts)}
     return out
@@ -131,11 +155,15 @@ def unfuse_qkv(params: Tree) -> Tree:
 # ----------------------------------------------------------------------------- scanning
 
 
+def _stack(arrays, axis):
+    return _xp(*arrays).stack(arrays, axis=axis)
+
+
 def _stack_trees(trees):
     first = trees[0]
     if isinstance(first, Mapping):
         return {k: _stack_trees([t[k] for t in trees]) for k in first}
-    return jnp.stack(trees, axis=0)
+    return _stack(trees, axis=0)
 
 
 def _index_tree(tree, i):
@@ -236,13 +264,13 @@ def _map_leaves(tree, fn):
 
 def split_repeats(tree: Tree, runs: int) -> Tree:
     """A stack's `layers` [n, ...] -> `repeats` [runs, n / runs, ...]."""
-    return _map_stacks(tree, "layers", "repeats", lambda a: jnp.reshape(
+    return _map_stacks(tree, "layers", "repeats", lambda a: _xp(a).reshape(
         a, (runs, a.shape[0] // runs) + tuple(a.shape[1:])))
 
 
 def join_repeats(tree: Tree) -> Tree:
     """Inverse of `split_repeats` (a tree without `repeats` comes back as it is)."""
-    return _map_stacks(tree, "repeats", "layers", lambda a: jnp.reshape(
+    return _map_stacks(tree, "repeats", "layers", lambda a: _xp(a).reshape(
         a, (a.shape[0] * a.shape[1],) + tuple(a.shape[2:])))
 
 
@@ -253,9 +281,10 @@ def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
     """Convert a variables dict from `src_cfg`'s layout to `dst_cfg`'s (fuse_qkv,
     stacked, repeats). Another collection (the FP8 state), if any, follows the stacking;
     it is dropped when the QKV fusion changes (its per-matmul statistics no longer apply;
-    the model re-initializes it)."""
+    the model re-initializes it). Leaves in host memory come back as numpy arrays (module
+    docstring)."""
     out = {}
-    for collection, tree in variables.items():
+    for collection, tree in jax.tree.map(_in_host_memory, variables).items():
         if stacked(src_cfg):
             tree = unscan_layers(join_repeats(tree), _period(src_cfg))
         if collection == "params" and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
