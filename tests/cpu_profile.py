@@ -15,8 +15,8 @@ room for another, else at the worker's exit, after the last test (not in any lin
 A line a test: {"id", "self" (the worker's CPU s, setup and teardown included: a module
 fixture counts to the first test that uses it), "children" (its subprocesses' CPU s),
 "procs" (subprocesses started), "wall" (s), and what jax did in the test process (from
-jax.monitoring's events, counted from the end of the first test that imports jax): "compiles" (XLA compilations, a persistent-cache hit included),
-"compile_s" (their seconds), "cache_hits" (those the compilation cache answered),
+jax.monitoring's events, counted from the end of the first test that imports jax):
+"compiles" (XLA compilations, a persistent-cache hit included), "compile_s" (their seconds), "cache_hits" (those the compilation cache answered),
 "trace_s" (tracing to jaxprs, nested traces counted in each enclosing one)}. Most of the
 suite's in-process CPU is XLA compilation, one program at a time; a test's "compiles"
 says how many it asked for, its "compile_s" what they cost.

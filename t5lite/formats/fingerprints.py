@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5lite.formats.checkpoint_trees import key_name
+from t5lite.models.layouts import in_host_memory
 
 ITEM = "fingerprints"  # the checkpoint item (JSON): {"arrays": {...}, "data": "sha256:..."}
 
@@ -142,18 +143,10 @@ def _label(x) -> str:
     return f"{_SHORT.get(name, name)}[{','.join(str(d) for d in x.shape)}]"
 
 
-def _in_host_memory(x: Any) -> bool:
-    if isinstance(x, np.ndarray) or np.isscalar(x):
-        return True
-    sharding = getattr(x, "sharding", None)
-    return (sharding is not None and x.is_fully_addressable
-            and all(d.platform == "cpu" for d in sharding.device_set))
-
-
 def _sums_of(x: Any, host_elements: int):
     """[a, b] of one array: on the host (numpy) when it is in host memory and small, else
     where it lives (a numpy array too large: on the CPU device)."""
-    if _in_host_memory(x) and np.size(x) <= host_elements:
+    if in_host_memory(x) and np.size(x) <= host_elements:
         return _host_sums(x)
     if isinstance(x, np.ndarray) or np.isscalar(x):
         with jax.default_device(jax.local_devices(backend="cpu")[0]):

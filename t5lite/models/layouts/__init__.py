@@ -51,13 +51,15 @@ def _xp(*arrays):
     return np if all(isinstance(a, (np.ndarray, np.generic)) for a in arrays) else jnp
 
 
-def _in_host_memory(x):
-    """`x` as a numpy array when it is a jax array on CPU devices that this process holds
-    whole (a view, no copy, when it lives on one device); any other leaf as it is."""
-    if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-            and x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())):
-        return np.asarray(x)
-    return x
+def in_host_memory(x) -> bool:
+    """Whether `x` lives in this process's host memory: a numpy array or scalar, or a jax
+    array (not traced) on CPU devices that this process holds whole. numpy reads such an
+    array without a copy when it lives on one device."""
+    if isinstance(x, (np.ndarray, np.generic)) or np.isscalar(x):
+        return True
+    return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+            and x.is_fully_addressable
+            and all(d.platform == "cpu" for d in x.sharding.device_set))
 
 
 # ----------------------------------------------------------------------------- qkv fusion
@@ -284,7 +286,8 @@ def convert_params(variables: Tree, src_cfg, dst_cfg) -> Tree:
     the model re-initializes it). Leaves in host memory come back as numpy arrays (module
     docstring)."""
     out = {}
-    for collection, tree in jax.tree.map(_in_host_memory, variables).items():
+    host = jax.tree.map(lambda x: np.asarray(x) if in_host_memory(x) else x, variables)
+    for collection, tree in host.items():
         if stacked(src_cfg):
             tree = unscan_layers(join_repeats(tree), _period(src_cfg))
         if collection == "params" and src_cfg.fuse_qkv != dst_cfg.fuse_qkv:
