@@ -17,7 +17,8 @@ fixture counts to the first test that uses it), "children" (its subprocesses' CP
 "procs" (subprocesses started), "wall" (s), and what jax did in the test process (from
 jax.monitoring's events, counted from the end of the first test that imports jax):
 "compiles" (XLA compilations, a persistent-cache hit included), "compile_s" (their seconds), "cache_hits" (those the compilation cache answered),
-"trace_s" (tracing to jaxprs, nested traces counted in each enclosing one)}. Most of the
+"trace_s" (tracing to jaxprs, nested traces counted in each enclosing one), "programs"
+({jitted function's name: [compilations, seconds]})}. Most of the
 suite's in-process CPU is XLA compilation, one program at a time; a test's "compiles"
 says how many it asked for, its "compile_s" what they cost.
 """
@@ -47,14 +48,25 @@ class JaxCounts:
 
     def __init__(self):
         self.totals = collections.Counter()
+        self.programs = collections.Counter()  # "name" -> compilations, "name s" -> seconds
         self.listening = False
 
-    def _on_duration(self, event, duration, **_):
+    def _on_duration(self, event, duration, fun_name="?", **_):
         for name, watched in JAX_EVENTS.items():
             if event == watched:
                 self.totals[name] += duration
                 if name == "compile_s":
                     self.totals["compiles"] += 1
+                    self.programs[fun_name] += 1
+                    self.programs[fun_name + " s"] += duration
+
+    def programs_since(self, before: collections.Counter) -> Dict[str, List]:
+        """{program name: [compilations, seconds]} compiled since `before` (a copy of
+        self.programs)."""
+        return {name: [n, round(self.programs[name + " s"] - before[name + " s"], 3)]
+                for name, n in self.programs.items()
+                if not name.endswith(" s") and n > before[name]
+                for n in [n - before[name]]}
 
     def _on_event(self, event, **_):
         if event == CACHE_HIT:
@@ -116,6 +128,7 @@ class CpuProfile:
         (own, children), wall = self._cpu(), time.monotonic()
         procs = self.started[0] + warm_python.STATS["started"]
         jax_before = self.jax.snapshot()
+        programs_before = collections.Counter(self.jax.programs)
         yield
         own_after, children_after = self._cpu()
         jax_after = self.jax.snapshot()
@@ -125,6 +138,7 @@ class CpuProfile:
                 "wall": round(time.monotonic() - wall, 2)}
         for name in ("compiles", "compile_s", "cache_hits", "trace_s"):
             line[name] = round(jax_after[name] - jax_before[name], 3)
+        line["programs"] = self.jax.programs_since(programs_before)
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -158,6 +172,16 @@ def summary(rows: List[Dict], top: int = 30) -> str:
     out += [f"{cpu(r):5.1f} {r['procs']:5d} {r.get('compiles', 0):8d} "
             f"{r.get('compile_s', 0):9.1f}  {r['id']}"
             for r in sorted(rows, key=cpu, reverse=True)[:top]]
+    programs = collections.defaultdict(lambda: [0, 0.0, set()])
+    for r in rows:
+        for name, (n, seconds) in r.get("programs", {}).items():
+            p = programs[name]
+            p[0], p[1] = p[0] + n, p[1] + seconds
+            p[2].add(r["id"].split("::")[0])
+    if programs:
+        out += ["", "compile_s compiles files  program (compiled in the test processes)"]
+        out += [f"{s:9.1f} {n:8d} {len(f):5d}  {name}" for name, (n, s, f) in
+                sorted(programs.items(), key=lambda x: -x[1][1])[:top]]
     return "\n".join(out)
 
 

@@ -72,7 +72,11 @@ def test_a_tests_xla_compilations_and_cache_hits_are_counted(tmp_path):
     assert line["compiles"] == 2 and line["compile_s"] > 0 and line["trace_s"] > 0, line
     cached = bool(jax.config.jax_compilation_cache_dir)  # the suite's own, tests/conftest.py
     assert line["cache_hits"] == (1 if cached else 0), line
-    assert "2 XLA compilations" in cpu_profile.summary([line]).splitlines()[0]
+    assert list(line["programs"]) == ["jit(scaled)"] and line["programs"]["jit(scaled)"][0] == 2, line
+    assert line["programs"]["jit(scaled)"][1] == pytest.approx(line["compile_s"], abs=1e-2), line
+    text = cpu_profile.summary([line])
+    assert "2 XLA compilations" in text.splitlines()[0]
+    assert text.splitlines()[-1].split() == [f"{line['compile_s']:.1f}", "2", "1", "jit(scaled)"]
 
 
 def test_the_summary_command_reads_a_directory_and_refuses_an_empty_one(tmp_path, capsys):
