@@ -472,3 +472,82 @@ def test_bad_text_files_are_one_line(tmp_path, monkeypatch, vocab_path, setup, e
         return
     with pytest.raises(error, match=message):
         _examples("text_lm", lengths={"targets": 32})
+
+
+def _pipeline_batches(name, model_kind, pack, lengths, batches=2):
+    it = pipeline.make_iterator(name, split="train", layout=DataLayout(4), seed=1,
+                                feature_lengths=lengths, model_kind=model_kind, pack=pack,
+                                shuffle_buffer_size=8)
+    return [next(it) for _ in range(batches)]
+
+
+def _where(function):
+    function = getattr(function, "func", function)
+    return f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', '')}"
+
+
+def test_t5lites_tasks_are_traced_without_autograph_and_give_the_same_batches(
+        tmp_path, monkeypatch, vocab_path):
+    """t5lite's tasks and feature converters build their datasets with AutoGraph off
+    (tf_env.as_written): no function of theirs goes through AutoGraph (a packing
+    converter's do), and each task's batches, packed and unpacked, for both model kinds,
+    equal those of the same pipeline built with AutoGraph on (SeqIO's default). A user's own SeqIO task keeps AutoGraph: its
+    preprocessor's Python `if` on a tensor still works."""
+    from tensorflow.python.autograph.impl import api as autograph  # what tf.data calls
+    import tensorflow as tf
+    from t5lite.data import features
+    demo_corpus.write_pile(str(tmp_path / "pile"), train_files=1, docs_per_file=12,
+                           eval_docs=2)
+    demo_corpus.write_multinli(str(tmp_path / "multinli"), train=12, dev=2)
+    demo_corpus.write_squad(str(tmp_path / "squad"), train_articles=3, dev_articles=1)
+    data_env(monkeypatch, tmp_path, vocab_path, pile_dir=tmp_path / "pile",
+             mnli_dir=tmp_path / "multinli", squad_dir=tmp_path / "squad")
+    cases = [("pile_span_corruption", "encoder_decoder", True, LENGTHS),
+             ("pile_lm", "decoder_only", False, {"targets": 32}),
+             ("mnli", "decoder_only", True, {"inputs": 96, "targets": 8}),
+             ("squad_v1_1", "encoder_decoder", False, {"inputs": 128, "targets": 16})]
+    calls = []
+    real = autograph.converted_call
+    monkeypatch.setattr(autograph, "converted_call",
+                        lambda f, *a, **k: calls.append(f) or real(f, *a, **k))
+    as_written = {}
+    for name, model_kind, pack, lengths in cases:
+        as_written[name] = _pipeline_batches(name, model_kind, pack, lengths)
+        # packing alone goes through AutoGraph (seqio's Python loop over a tensor), none
+        # of the task's own functions
+        assert bool(calls) == pack and not [w for w in map(_where, calls) if w.startswith(
+            ("t5.", "t5lite.", "seqio.preprocessors.", "seqio.utils.trim_dataset"))], name
+        del calls[:]
+    for module in (tasks, features):  # AutoGraph on, as SeqIO builds any task
+        monkeypatch.setattr(module, "as_written", lambda build: build)
+    for case in cases:
+        converted = _pipeline_batches(*case)
+        assert calls, case  # these did go through AutoGraph
+        assert [b.keys() for b in converted] == [b.keys() for b in as_written[case[0]]]
+        for got, want in zip(as_written[case[0]], converted):
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=(case, key))
+    monkeypatch.undo()
+
+    @seqio.map_over_dataset
+    def clipped(ex):
+        if tf.size(ex["targets"]) > 3:  # Python control flow: AutoGraph's to convert
+            ex["targets"] = ex["targets"][:3]
+        return ex
+
+    seqio.TaskRegistry.add(
+        "users_autograph_task", source=seqio.FunctionDataSource(
+            lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
+                tf.ragged.constant([[5, 6, 7, 8, 9], [5, 6]])).map(lambda t: {"targets": t}),
+            splits=["train"]),
+        preprocessors=[clipped],
+        output_features={"targets": seqio.Feature(seqio.PassThroughVocabulary(64),
+                                                  add_eos=False)})
+    try:
+        it = pipeline.make_iterator("users_autograph_task", split="train",
+                                    layout=DataLayout(2), feature_lengths={"targets": 4},
+                                    model_kind="decoder_only", shuffle=False)
+        np.testing.assert_array_equal(next(it)["decoder_target_tokens"],
+                                      [[5, 6, 7, 0], [5, 6, 0, 0]])
+    finally:
+        seqio.TaskRegistry.remove("users_autograph_task")

@@ -128,7 +128,7 @@ def sources_of(provider, split: str) -> tuple:
         return None, None
     schedule = Schedule([g[0] for g in groups], [g[1] for g in groups], "TEXT_FILES")
     parts = {name: source for name, _, source in groups}
-    return schedule, [seqio.Task(f"{provider.name}.{name}", source=parts[name],
+    return schedule, [type(provider)(f"{provider.name}.{name}", source=parts[name],
                                  preprocessors=provider.preprocessors,
                                  output_features=provider.output_features)
                       for name in schedule.names]

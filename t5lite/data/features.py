@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional
 
-from t5lite.data.tf_env import import_tensorflow
+from t5lite.data.tf_env import as_written, import_tensorflow
 from t5lite.errors import DataError
 from t5lite.models.common.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
 
@@ -14,6 +14,15 @@ import seqio  # noqa: E402
 
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
                       bos_id: int = 0, zero_stand_in: Optional[int] = None):
+    """`convert(ds, task_feature_lengths) -> ds`: `_converter`'s conversion, traced
+    `as_written` (AutoGraph off) unless it packs: seqio's packing loops in Python over a
+    tensor (`for i in tf.range(n)`), which only AutoGraph turns into a graph loop."""
+    convert = _converter(model_kind, pack, with_inputs, bos_id, zero_stand_in)
+    return convert if pack else as_written(convert)
+
+
+def _converter(model_kind: str, pack: bool, with_inputs: bool = False,
+               bos_id: int = 0, zero_stand_in: Optional[int] = None):
     """seqio's converter to T5X model features for `model_kind`, its decoder inputs
     starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
     task as one sequence, prompt then answer, with the loss on the answer only
@@ -24,7 +33,7 @@ def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
     converter with it turned back into 0 (`ZeroKeptConverter`), after seqio's padding,
     loss weights (`targets != 0`) and packing have counted it as the token it is."""
     if zero_stand_in is not None:
-        return ZeroKeptConverter(feature_converter(model_kind, pack, with_inputs, bos_id),
+        return ZeroKeptConverter(_converter(model_kind, pack, with_inputs, bos_id),
                                  zero_stand_in)
     if model_kind == ENCODER_DECODER:
         return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
