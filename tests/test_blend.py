@@ -14,7 +14,7 @@ from data_helpers import data_env, vocabulary
 pytest.importorskip("seqio")
 
 from t5lite.data import blend, pipeline, settings, tasks  # noqa: E402
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 from t5lite.errors import ConfigError, DataNotFoundError  # noqa: E402
 
 LM = {"targets": 16}

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 
 from data_helpers import (data_env, mnli_squad_mixture, pile, pile_tfds,  # noqa: F401
                           restored_data_settings, vocabulary)

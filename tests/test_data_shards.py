@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from t5lite.data.data_layout import DataLayout
-from t5lite.data.data_shards import ShardPlan, shards_for
+from t5lite.data.sharding.layout import DataLayout
+from t5lite.data.sharding.shards import ShardPlan, shards_for
 from t5lite.errors import DataError
 
 from data_helpers import mnli_squad_mixture, pile, restored_data_settings  # noqa: F401

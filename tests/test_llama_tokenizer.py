@@ -14,7 +14,7 @@ import jax  # noqa: E402
 
 from t5lite.data import pipeline, settings, tasks  # noqa: E402,F401
 from t5lite.data.files import demo_corpus
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 from t5lite.errors import ConfigError  # noqa: E402
 from t5lite.models.common import features  # noqa: E402
 from t5lite.models.configs import DecoderConfig  # noqa: E402

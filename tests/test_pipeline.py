@@ -13,7 +13,7 @@ from data_helpers import data_env, reset_data_settings, vocabulary
 pytest.importorskip("seqio")
 
 from t5lite.data import pipeline, tasks  # noqa: E402,F401 (importing tasks registers them)
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 from t5lite.errors import DataError  # noqa: E402
 
 ENC_DEC = ("pile_span_corruption", "encoder_decoder", {"inputs": 32, "targets": 8})

@@ -21,7 +21,7 @@ import jax  # noqa: E402
 
 from t5lite.data import pipeline  # noqa: E402
 from t5lite.data.files import demo_corpus
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 from t5lite.models.configs import DecoderConfig  # noqa: E402
 from t5lite.models.model import DecoderOnlyModel  # noqa: E402
 

@@ -45,7 +45,7 @@ import seqio  # noqa: E402
 from t5lite.data import pipeline, source_resolvers, sources, stream_errors  # noqa: E402
 from t5lite.data.files import demo_corpus
 from t5lite.data.files import jsonl_cursor, readers
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 
 WORDS = ("red green blue black white stone river cloud field light house garden "
          "winter summer").split()

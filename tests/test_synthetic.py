@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from t5lite.data.data_layout import DataLayout
+from t5lite.data.sharding.layout import DataLayout
 from t5lite.data.synthetic import SyntheticIterator, SyntheticTask
 
 import train_helpers as th

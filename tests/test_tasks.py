@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t5lite.data.files import demo_corpus
-from t5lite.data.data_layout import DataLayout  # noqa: E402
+from t5lite.data.sharding.layout import DataLayout  # noqa: E402
 from t5lite.errors import (DataFormatError, DataNotFoundError, UnknownTaskError,
                                 VocabularyError)
 

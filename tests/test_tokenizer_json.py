@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from t5lite.data import features, pipeline, tasks, vocabularies  # noqa: F401
-from t5lite.data.data_layout import DataLayout
+from t5lite.data.sharding.layout import DataLayout
 from t5lite.data.files import demo_corpus
 from t5lite.errors import ConfigError, VocabularyError
 

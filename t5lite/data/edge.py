@@ -31,8 +31,8 @@ import sys
 from typing import Any, Iterator, Optional
 
 from t5lite.data import package_check  # noqa: F401  (the face's)
-from t5lite.data.data_layout import DataLayout  # noqa: F401
-from t5lite.data.data_shards import shards_for  # noqa: F401
+from t5lite.data.sharding.layout import DataLayout  # noqa: F401
+from t5lite.data.sharding.shards import shards_for  # noqa: F401
 from t5lite.data.files import (demo_corpus, jsonl_cursor, vocab_training,  # noqa: F401
                                zero_shot_files)
 from t5lite.data.settings import SETTINGS, DataSettings, how_to_set  # noqa: F401

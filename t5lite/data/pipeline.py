@@ -25,8 +25,8 @@ of data feeds of the run that began it), shard s reading shard s of S of the tas
 (seqio.ShardInfo: its own files when the source has at least S of them, else every S-th
 record), B / S rows a batch; a global batch is the shards' batches in shard order. The
 process that feeds rows [start, stop) of each batch (`DataLayout`,
-t5lite/data/data_layout.py) reads the shards those rows fall in (`ShardPlan`,
-t5lite/data/data_shards.py): with S = P, shard i of P, as before DATA_SHARDS existed.
+t5lite/data/sharding/layout.py) reads the shards those rows fall in (`ShardPlan`,
+t5lite/data/sharding/shards.py): with S = P, shard i of P, as before DATA_SHARDS existed.
 
 Order: for a given (task, split, feature lengths, batch size, data shards, seed, pack)
 the stream of batches is fixed, whatever the process count: file order, shuffle buffer
@@ -66,8 +66,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from t5lite.data.data_layout import DataLayout
-from t5lite.data.data_shards import ShardPlan
+from t5lite.data.sharding.layout import DataLayout
+from t5lite.data.sharding.shards import ShardPlan
 from t5lite.data.tf_env import import_tensorflow
 from t5lite.errors import DataError
 from t5lite.models.common.model_kinds import ENCODER_DECODER, MODEL_KINDS
@@ -98,7 +98,7 @@ class SeqioIterator:
         """`layout`: the rows of each global batch this process reads. `repeat=False` ends
         after one epoch; `drop_remainder=False` then also yields the last, shorter batch.
         `data_shards`: the shards the global stream is cut into (DATA_SHARDS,
-        t5lite/data/data_shards.py); None: `layout`'s shard count, or on `set_state` the
+        t5lite/data/sharding/shards.py); None: `layout`'s shard count, or on `set_state` the
         saved stream's."""
         if model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")

@@ -32,7 +32,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from t5lite.data.data_layout import DataLayout
+from t5lite.data.sharding.layout import DataLayout
 from t5lite.errors import check_positive_int
 from t5lite.models.common.model_kinds import ENCODER_DECODER, MODEL_KINDS
 

@@ -47,7 +47,7 @@ class TrainData:
     seed: int
     pack: bool
     data_settings: Optional[DataSettings] = None
-    data_shards: Optional[int] = None  # DATA_SHARDS (t5lite/data/data_shards.py)
+    data_shards: Optional[int] = None  # DATA_SHARDS (t5lite/data/sharding/shards.py)
 
     def __post_init__(self):
         check_positive_int("BATCH_SIZE", self.batch_size)

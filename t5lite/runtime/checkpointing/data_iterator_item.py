@@ -4,7 +4,7 @@
         shard_00000-of-00002.process_00000     shard 0's tf.data iterator state
         shard_00001-of-00002.process_00001     shard 1's, written by process 1
 
-The global stream is cut into data shards (t5lite/data/data_shards.py); each shard's
+The global stream is cut into data shards (t5lite/data/sharding/shards.py); each shard's
 state is written by the process whose rows begin it (the file names that process), with
 its SHA-256 beside it (`<name>.sha256`), and read back by every process that reads that
 shard, whatever the process count of the run that resumes: `restore` reads the shards
