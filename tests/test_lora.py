@@ -12,6 +12,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import initial_states
 from t5lite.config import command, parsing
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.errors import ConfigError
@@ -170,7 +171,9 @@ def _train(cfg, mesh_shape=(1, 1, 1), steps=3, num_microbatches=1, tx=None):
     part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices))
     fns = train_step.make_train_step(model, tx or optax.adam(1e-2), part,
                                      num_microbatches=num_microbatches, lengths=_lengths(cfg))
-    state = fns.init(jax.random.PRNGKey(0))
+    # the default optimizer's initial state made once per config (tests/initial_states.py)
+    state = (fns.init(jax.random.PRNGKey(0)) if tx is not None else
+             initial_states.get(fns, key=(cfg, "adam")))
     first = jax.device_get(state)
     task = SyntheticTask(model.feature_lengths(_lengths(cfg)), cfg.vocab_size, _kind(cfg), 3)
     losses = []

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 
+import initial_states
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.models import moe
 from t5lite.models.moe import routing
@@ -211,9 +212,6 @@ def test_router_is_float32_under_bf16_and_fp8(fp8):
 
 # ----------------------------------------------------------------------------- training
 
-_INITS = {}
-
-
 def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=(), length=8):
     model = DecoderOnlyModel(cfg)
     lengths = {"targets": length}
@@ -223,12 +221,9 @@ def _run(cfg, mesh_shape, num_microbatches=1, steps=1, rules=(), length=8):
                                     extra_rules=tuple(rules))
     fns = train_step.make_train_step(model, optax.sgd(0.1), part,
                                      num_microbatches=num_microbatches, lengths=lengths)
-    # the initial state of a model, length and mesh made once (the same init program
-    # whatever the microbatches), placed anew for each run (its step donates it)
-    key = (cfg, length, tuple(mesh_shape), tuple(rules))
-    if key not in _INITS:
-        _INITS[key] = jax.device_get(fns.init(jax.random.PRNGKey(0)))
-    state = jax.device_put(_INITS[key], fns.state_shardings)
+    # the initial state of a model made once, whatever the mesh, rules and microbatches,
+    # placed anew for each run (tests/initial_states.py)
+    state = initial_states.get(fns, key=(cfg, "sgd"))
     for step in range(steps):
         batch = part.host_to_global(task.global_batch(step, 16), part.data_layout(16))
         state, metrics = fns.train_step(state, batch)

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 
+import initial_states
 from t5lite.config import parsing
 from t5lite.data.synthetic import SyntheticTask
 from t5lite.errors import ConfigError, PartitioningError
@@ -82,7 +83,7 @@ def _step(name, mesh_shape, sequence_parallel, attention="xla"):
                                     sequence_parallel=sequence_parallel)
     fns = train_step.make_train_step(model, optax.sgd(1.0), part,
                                      lengths=model.feature_lengths(LENGTHS[name]))
-    state = fns.init(jax.random.PRNGKey(0))
+    state = initial_states.get(fns, key=(model.config, "sgd"))  # made once per model
     before = jax.device_get(state.params)
     batch = part.host_to_global(_batch(name, model), part.data_layout(BATCH))
     state, metrics = fns.train_step(state, batch)

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+import initial_states
 from t5lite.optim import optimizers
 from t5lite.runtime import partitioning, train_step
 from t5lite.runtime.checkpointing.checkpoints import Checkpointer
@@ -41,20 +42,23 @@ def _model(cfg):
     return model, SyntheticTask(lengths, cfg.vocab_size, kind, seed=3), lengths
 
 
-def _run(cfg, mesh_shape, num_microbatches=1, tx=None, steps=STEPS, optimizer=None,
+def _run(cfg, mesh_shape, num_microbatches=1, steps=STEPS, optimizer_name="adam",
          shard_optimizer_over_data=False):
     """Losses, the host state and the device state after `steps` steps, and the step
-    functions. `optimizer` (a t5lite Optimizer, factored by the model's axis names) instead
-    of `tx` (default Adam)."""
+    functions. Adam at 1e-2, or with `optimizer_name="adafactor"` t5lite's Adafactor
+    (factored by the model's axis names). The initial state is made once per model and
+    optimizer (tests/initial_states.py)."""
     model, task, lengths = _model(cfg)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
     part = partitioning.Partitioner(partitioning.make_mesh(mesh_shape, devices=devices),
                                     shard_optimizer_over_data=shard_optimizer_over_data)
-    if optimizer is not None:
-        tx = optimizer.transformation(model.logical_axes()["params"])
-    fns = train_step.make_train_step(model, tx or optax.adam(1e-2), part,
-                                  num_microbatches=num_microbatches, lengths=lengths)
-    state = fns.init(jax.random.PRNGKey(0))
+    if optimizer_name == "adafactor":
+        tx = optimizers.adafactor(1e-2).transformation(model.logical_axes()["params"])
+    else:
+        tx = optax.adam(1e-2)
+    fns = train_step.make_train_step(model, tx, part, num_microbatches=num_microbatches,
+                                     lengths=lengths)
+    state = initial_states.get(fns, key=(cfg, optimizer_name))
     losses = []
     for step in range(steps):
         batch = part.host_to_global(task.global_batch(step, BATCH), part.data_layout(BATCH))
@@ -78,8 +82,7 @@ def _assert_same(run, ref):
 def _data_parallel(cfg, optimizer_name="adam", shard_optimizer_over_data=False):
     """`_run` on eight data-parallel devices, run once per arguments for the tests that
     read it (the mesh test's data mesh, the sharded optimizer's reference)."""
-    optimizer = (optimizers.adafactor(1e-2) if optimizer_name == "adafactor" else None)
-    return _run(cfg, (8, 1, 1), optimizer=optimizer,
+    return _run(cfg, (8, 1, 1), optimizer_name=optimizer_name,
                 shard_optimizer_over_data=shard_optimizer_over_data)
 
 
