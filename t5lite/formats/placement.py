@@ -52,10 +52,9 @@ def convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping
     checked against `abstract_params`' shapes (CheckpointMismatchError(mismatch(the first
     difference))), then cast and placed as `abstract_params` ({"params": ...}, or a bare
     params tree: the result is alike) describes them."""
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        converted = layouts.convert_params({"params": params}, layout_config(model, src_layout),
-                                           layout_config(model, dst_layout))
-        converted = jax.tree.map(np.asarray, converted)
+    host = jax.tree.map(np.asarray, dict(params))  # numpy: the conversion compiles nothing
+    converted = layouts.convert_params({"params": host}, layout_config(model, src_layout),
+                                       layout_config(model, dst_layout))
     bare = "params" not in abstract_params
     target = {"params": abstract_params if bare else abstract_params["params"]}
     diff = first_difference(flat_shapes(converted), flat_shapes(target))

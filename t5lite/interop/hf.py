@@ -284,8 +284,8 @@ def load_pretrained(path: PathLike, **config_overrides) -> Tuple[Model, Dict[str
                              f"config gives {shape} (config override?)")
     variables = {"params": unflatten(flat)}
 
-    if cfg.fuse_qkv or layouts.stacked(cfg):
-        variables = _on_host(layouts.convert_params, variables, load_cfg, cfg)
+    if cfg.fuse_qkv or layouts.stacked(cfg):  # numpy in, numpy out: nothing compiled
+        variables = layouts.convert_params(variables, load_cfg, cfg)
     model = model_for_config(cfg)
     if cfg.fp8:  # FP8 statistics are not in HF files: start them fresh
         import jax
@@ -307,8 +307,9 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
     cfg = model.config
     tree = variables["params"] if "params" in variables else variables
     base = layouts.canonical_config(cfg)
-    if cfg.fuse_qkv or layouts.stacked(cfg):
-        tree = _on_host(layouts.convert_params, {"params": tree}, cfg, base)["params"]
+    tree = unflatten({k: np.asarray(v) for k, v in flatten(tree).items()})  # on the host
+    if cfg.fuse_qkv or layouts.stacked(cfg):  # in numpy: nothing compiled
+        tree = layouts.convert_params({"params": tree}, cfg, base)["params"]
     flat = {k: np.asarray(v, dtype=np.float32) for k, v in flatten(tree).items()}
     family = family_of(cfg)
     hf_cfg, entries = family.hf_config(cfg), family.entries(cfg)
