@@ -411,6 +411,12 @@ def test_restore_or_init_order(tmp_path):
     assert len(calls) == n  # no initialization on resume
     assert_trees_equal(state, own)
 
+    # an initial checkpoint that cannot be read is refused before the model is
+    # initialized: a run that cannot start compiles and allocates nothing for it
+    with Checkpointer(tmp_path / "c") as ckpt, pytest.raises(FileNotFoundError):
+        restore_or_init(ckpt, target, init_fn, str(tmp_path / "nope"))
+    assert len(calls) == n
+
 
 def test_a_start_says_where_the_state_came_from_in_the_start_line_and_in_words():
     """The typed start `restore_or_init` returns: its start-line form (the log line the

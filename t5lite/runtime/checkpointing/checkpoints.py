@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -381,15 +382,17 @@ def restore_or_init(checkpointer: Checkpointer, abstract_state: TrainState,
         state = finetune_restore.continue_t5x_run(initial_checkpoint_path, model,
                                                      abstract_state, init_fn, factoring)
         return state, None, Start("t5x_continue", path=str(initial_checkpoint_path))
+    # the init runs (once) after the initial checkpoint is read and checked, or when its
+    # reader asks for fresh weights: a refused checkpoint costs no initialization
+    fresh = functools.lru_cache(maxsize=None)(init_fn)
     if initial_checkpoint_path and initial_checkpoint_state == "upcycle":
-        state = init_fn()  # the routers' fresh weights come from it
-        params = upcycle.restore_upcycled(initial_checkpoint_path, model,
-                                          abstract_state.params, lambda: state.params)
-        return state.replace(params=params), None, Start("upcycle", path=str(initial_checkpoint_path))
+        params = upcycle.restore_upcycled(initial_checkpoint_path, model,  # the routers'
+                                          abstract_state.params,          # weights fresh
+                                          lambda: fresh().params)
+        return fresh().replace(params=params), None, Start("upcycle", path=str(initial_checkpoint_path))
     if initial_checkpoint_path:
-        state = init_fn()  # a LoRA run's fresh adapters come from it (`lora_restore`)
         params = restore_params_for_finetuning(initial_checkpoint_path, model,
-                                               abstract_state.params,
-                                               fresh=lambda: state.params)
-        return state.replace(params=params), None, Start("initial", path=str(initial_checkpoint_path))
+                                               abstract_state.params,  # LoRA's adapters
+                                               fresh=lambda: fresh().params)  # fresh
+        return fresh().replace(params=params), None, Start("initial", path=str(initial_checkpoint_path))
     return init_fn(), None, FRESH
