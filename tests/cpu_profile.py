@@ -16,9 +16,10 @@ A line a test: {"id", "self" (the worker's CPU s, setup and teardown included: a
 fixture counts to the first test that uses it), "children" (its subprocesses' CPU s),
 "procs" (subprocesses started), "wall" (s), and what jax did in the test process (from
 jax.monitoring's events, counted from the end of the first test that imports jax):
-"compiles" (XLA compilations, a persistent-cache hit included), "compile_s" (their seconds), "cache_hits" (those the compilation cache answered),
-"trace_s" (tracing to jaxprs, nested traces counted in each enclosing one), "programs"
-({jitted function's name: [compilations, seconds]})}. Most of the
+"compiles" (XLA compilations, a persistent-cache hit included), "compile_s" (their
+seconds), "cache_hits" (those the compilation cache answered), "trace_s" (tracing to
+jaxprs, nested traces counted in each enclosing one), "programs" ({jitted function's
+name: [compilations, seconds]})}. Most of the
 suite's in-process CPU is XLA compilation, one program at a time; a test's "compiles"
 says how many it asked for, its "compile_s" what they cost.
 """
@@ -48,7 +49,8 @@ class JaxCounts:
 
     def __init__(self):
         self.totals = collections.Counter()
-        self.programs = collections.Counter()  # "name" -> compilations, "name s" -> seconds
+        self.compiled = collections.Counter()  # program name -> compilations
+        self.compiled_s = collections.Counter()  # program name -> their seconds
         self.listening = False
 
     def _on_duration(self, event, duration, fun_name="?", **_):
@@ -57,16 +59,15 @@ class JaxCounts:
                 self.totals[name] += duration
                 if name == "compile_s":
                     self.totals["compiles"] += 1
-                    self.programs[fun_name] += 1
-                    self.programs[fun_name + " s"] += duration
+                    self.compiled[fun_name] += 1
+                    self.compiled_s[fun_name] += duration
 
-    def programs_since(self, before: collections.Counter) -> Dict[str, List]:
-        """{program name: [compilations, seconds]} compiled since `before` (a copy of
-        self.programs)."""
-        return {name: [n, round(self.programs[name + " s"] - before[name + " s"], 3)]
-                for name, n in self.programs.items()
-                if not name.endswith(" s") and n > before[name]
-                for n in [n - before[name]]}
+    def programs_since(self, compiled: collections.Counter, compiled_s: collections.Counter
+                       ) -> Dict[str, List]:
+        """{program name: [compilations, seconds]} since copies of `self.compiled` and
+        `self.compiled_s` were taken."""
+        return {name: [n - compiled[name], round(self.compiled_s[name] - compiled_s[name], 3)]
+                for name, n in self.compiled.items() if n > compiled[name]}
 
     def _on_event(self, event, **_):
         if event == CACHE_HIT:
@@ -128,7 +129,8 @@ class CpuProfile:
         (own, children), wall = self._cpu(), time.monotonic()
         procs = self.started[0] + warm_python.STATS["started"]
         jax_before = self.jax.snapshot()
-        programs_before = collections.Counter(self.jax.programs)
+        programs_before = (collections.Counter(self.jax.compiled),
+                           collections.Counter(self.jax.compiled_s))
         yield
         own_after, children_after = self._cpu()
         jax_after = self.jax.snapshot()
@@ -138,7 +140,7 @@ class CpuProfile:
                 "wall": round(time.monotonic() - wall, 2)}
         for name in ("compiles", "compile_s", "cache_hits", "trace_s"):
             line[name] = round(jax_after[name] - jax_before[name], 3)
-        line["programs"] = self.jax.programs_since(programs_before)
+        line["programs"] = self.jax.programs_since(*programs_before)
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

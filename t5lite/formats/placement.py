@@ -52,9 +52,8 @@ def convert_and_place(params: Mapping[str, Any], model: Any, src_layout: Mapping
     checked against `abstract_params`' shapes (CheckpointMismatchError(mismatch(the first
     difference))), then cast and placed as `abstract_params` ({"params": ...}, or a bare
     params tree: the result is alike) describes them."""
-    host = jax.tree.map(np.asarray, dict(params))  # numpy: the conversion compiles nothing
-    converted = layouts.convert_params({"params": host}, layout_config(model, src_layout),
-                                       layout_config(model, dst_layout))
+    converted = layouts.convert_params({"params": params}, layout_config(model, src_layout),
+                                       layout_config(model, dst_layout))  # numpy: no compile
     bare = "params" not in abstract_params
     target = {"params": abstract_params if bare else abstract_params["params"]}
     diff = first_difference(flat_shapes(converted), flat_shapes(target))

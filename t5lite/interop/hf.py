@@ -307,8 +307,7 @@ def to_hf_state_dict(model: Model, variables: Mapping[str, Any]
     cfg = model.config
     tree = variables["params"] if "params" in variables else variables
     base = layouts.canonical_config(cfg)
-    tree = unflatten({k: np.asarray(v) for k, v in flatten(tree).items()})  # on the host
-    if cfg.fuse_qkv or layouts.stacked(cfg):  # in numpy: nothing compiled
+    if cfg.fuse_qkv or layouts.stacked(cfg):  # host arrays convert in numpy
         tree = layouts.convert_params({"params": tree}, cfg, base)["params"]
     flat = {k: np.asarray(v, dtype=np.float32) for k, v in flatten(tree).items()}
     family = family_of(cfg)
