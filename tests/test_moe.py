@@ -523,8 +523,9 @@ def test_moe_macros_wrong_in_type_or_range_are_one_line(tmp_path):
 def test_checkpoint_saved_on_8_restores_on_1_and_4_with_factored_adafactor(tmp_path):
     """Two Adafactor steps on data 1 x fsdp 2 x expert 4 (each expert's kernel factored:
     the expert axis is a batch axis), saved; restored onto one device and onto an expert
-    axis of 4, every array equal to what was saved, and one more step from each equal to
-    the step taken on the 8 (float reordering only)."""
+    axis of 4, every array equal to what was saved, and one more step on the expert axis
+    of 4 equal to the step taken on the 8 (float reordering only). (One device's step
+    equal to an expert mesh's: test_expert_meshes_match_one_device.)"""
     from t5lite.optim import optimizers
     from t5lite.runtime.checkpointing.checkpoints import Checkpointer
     cfg = dataclasses.replace(MOE, moe_every=2, num_layers=2)
@@ -566,6 +567,8 @@ def test_checkpoint_saved_on_8_restores_on_1_and_4_with_factored_adafactor(tmp_p
             assert data == {"i": 2}
             jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(restored),
                                    saved)
+            if mesh_shape == (1, 1, 1):
+                continue
             after = jax.device_get(step(part, fns, restored, 2)[0])
             jax.tree_util.tree_map(
                 lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
