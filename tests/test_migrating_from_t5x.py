@@ -55,14 +55,17 @@ def test_every_command_of_the_migration_guide_runs(env, tmp_path, capsys):
     vocab = VOCAB_SIZE + 100
     torch.manual_seed(7)
     hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=vocab, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        vocab_size=vocab, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False))
-    target = tx.t5x_tree_from_hf(hf.state_dict(), 2)
+    target = tx.t5x_tree_from_hf(hf.state_dict(), 1)
     slots = tx.adafactor_slots(param_paths.flatten(target), np.random.default_rng(0))
     t5x = tx.write_t5x_checkpoint(tmp_path / "t5x" / f"checkpoint_{T5X_STEP}", target,
                                   step=T5X_STEP, param_states=tx.param_states(slots))
     model_gin = tmp_path / "tiny.gin"
-    model_gin.write_text(f"include 'models/t5_1_1/tiny.gin'\nT5Config.vocab_size = {vocab}\n")
+    # one layer a side (tiny.gin's two only cost compile time: what is under test is that
+    # each command of the page runs)
+    model_gin.write_text(f"include 'models/t5_1_1/tiny.gin'\nT5Config.vocab_size = {vocab}\n"
+                         "T5Config.num_encoder_layers = 1\nT5Config.num_decoder_layers = 1\n")
     data = {"MNLI_DIR": env["mnli"], "TFDS_DATA_DIR": env["tfds"],
             "VOCABULARY_PATH": env["vocab"]}
     places = {}  # a documented /ckpt or /runs path -> this test's

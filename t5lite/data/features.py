@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional
 
+from t5lite.data import packing
 from t5lite.data.tf_env import as_written, import_tensorflow
 from t5lite.errors import DataError
 from t5lite.models.common.model_kinds import DECODER_ONLY, ENCODER_DECODER, MODEL_KINDS
@@ -15,10 +16,31 @@ import seqio  # noqa: E402
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
                       bos_id: int = 0, zero_stand_in: Optional[int] = None):
     """`convert(ds, task_feature_lengths) -> ds`: `_converter`'s conversion, traced
-    `as_written` (AutoGraph off) unless it packs: seqio's packing loops in Python over a
-    tensor (`for i in tf.range(n)`), which only AutoGraph turns into a graph loop."""
-    convert = _converter(model_kind, pack, with_inputs, bos_id, zero_stand_in)
-    return convert if pack else as_written(convert)
+    `as_written` (AutoGraph off), packing included (`packing.py`)."""
+    return as_written(_converter(model_kind, pack, with_inputs, bos_id, zero_stand_in))
+
+
+class _PackedAsWritten:
+    """A seqio converter whose packing is `packing.pack_dataset` (SeqIO's rows, its loop
+    written as graph code) instead of `seqio.utils.trim_and_pack_dataset` (a Python loop
+    over a tensor, which only AutoGraph makes a graph)."""
+
+    def _pack_or_pad(self, ds, packed_lengths: Mapping[str, int]):
+        if self.pack and not self._use_custom_packing_ops:
+            return packing.pack_dataset(ds, packed_lengths)
+        return super()._pack_or_pad(ds, packed_lengths)
+
+
+class EncDecConverter(_PackedAsWritten, seqio.EncDecFeatureConverter):
+    pass
+
+
+class LMConverter(_PackedAsWritten, seqio.LMFeatureConverter):
+    pass
+
+
+class PrefixLMConverter(_PackedAsWritten, seqio.PrefixLMFeatureConverter):
+    pass
 
 
 def _converter(model_kind: str, pack: bool, with_inputs: bool = False,
@@ -36,12 +58,11 @@ def _converter(model_kind: str, pack: bool, with_inputs: bool = False,
         return ZeroKeptConverter(_converter(model_kind, pack, with_inputs, bos_id),
                                  zero_stand_in)
     if model_kind == ENCODER_DECODER:
-        return seqio.EncDecFeatureConverter(pack=pack, bos_id=bos_id)
+        return EncDecConverter(pack=pack, bos_id=bos_id)
     if model_kind == DECODER_ONLY:
         if with_inputs:
-            return seqio.PrefixLMFeatureConverter(pack=pack, loss_on_targets_only=True,
-                                                  bos_id=bos_id)
-        return seqio.LMFeatureConverter(pack=pack, bos_id=bos_id)
+            return PrefixLMConverter(pack=pack, loss_on_targets_only=True, bos_id=bos_id)
+        return LMConverter(pack=pack, bos_id=bos_id)
     raise ValueError(f"model_kind must be one of {MODEL_KINDS}, got {model_kind!r}")
 
 
