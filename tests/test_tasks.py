@@ -489,11 +489,11 @@ def _where(function):
 def test_t5lites_tasks_are_traced_without_autograph_and_give_the_same_batches(
         tmp_path, monkeypatch, vocab_path):
     """t5lite's tasks and feature converters build their datasets with AutoGraph off
-    (tf_env.as_written), packing included (data/packing.py): no function goes through
-    AutoGraph, and each task's batches, packed and unpacked, for both model kinds, equal
-    those of the same pipeline as SeqIO builds it (AutoGraph on, SeqIO's own packing). A
-    user's own SeqIO task keeps AutoGraph: its preprocessor's Python `if` on a tensor
-    still works."""
+    (tf_env.as_written), packing included (data/packing.py), and so does seqio's
+    Evaluator with t5lite's converter: no function goes through AutoGraph. Each task's
+    batches, packed and unpacked, for both model kinds, equal those of the same pipeline
+    as SeqIO builds it (AutoGraph on, SeqIO's own packing). A user's own SeqIO task keeps
+    AutoGraph: its preprocessor's Python `if` on a tensor still works."""
     from tensorflow.python.autograph.impl import api as autograph  # what tf.data calls
     import tensorflow as tf
     from t5lite.data import features
@@ -515,10 +515,16 @@ def test_t5lites_tasks_are_traced_without_autograph_and_give_the_same_batches(
     for name, model_kind, pack, lengths in cases:
         as_written[name] = _pipeline_batches(name, model_kind, pack, lengths)
         assert not calls, (name, sorted(set(map(_where, calls))))
+    # seqio's Evaluator (in-training and t5lite.eval evaluations) converts with them too
+    from t5lite.inference import task_eval
+    evaluator = task_eval.TaskEvaluator("mnli", "validation_matched",
+                                        {"inputs": 96, "targets": 16})
+    assert evaluator.num_examples == {"mnli": 2}
+    assert not calls, sorted(set(map(_where, calls)))
     for module in (tasks, features):  # AutoGraph on, as SeqIO builds any task
         monkeypatch.setattr(module, "as_written", lambda build: build)
     # and SeqIO's own packing (seqio.utils.trim_and_pack_dataset)
-    monkeypatch.delattr(features._PackedAsWritten, "_pack_or_pad")
+    monkeypatch.delattr(features._AsWritten, "_pack_or_pad")
     for case in cases:
         converted = _pipeline_batches(*case)
         assert calls, case  # these did go through AutoGraph

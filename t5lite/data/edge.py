@@ -18,6 +18,7 @@ hidden, a line logged: it takes seconds):
     iterator = make_iterator("pile_span_corruption", split="train", ...)  # training
     vocabulary()                         the SentencePiece vocabulary of the settings
     has_inputs, cut_labels               an evaluation's features and labels cut short
+    feature_converter(model_kind, pack)  the converter to a model kind's features
     stream_scope, numpy_iterator, raise_deferred_error   bad records in a tf.data stream
     import_tensorflow()                  TensorFlow itself, set up as above
 
@@ -84,6 +85,13 @@ def has_inputs(provider) -> bool:
     """Whether a task or mixture has an `inputs` feature (an encoder's)."""
     from t5lite.data import features
     return features.has_inputs(provider)
+
+
+def feature_converter(model_kind: str, pack: bool, **kwargs):
+    """The seqio feature converter to `model_kind`'s features (`features.feature_converter`:
+    traced with AutoGraph off), e.g. for seqio's Evaluator."""
+    from t5lite.data import features
+    return features.feature_converter(model_kind, pack, **kwargs)
 
 
 def cut_labels(examples, vocabulary, targets_length: int, **kwargs):

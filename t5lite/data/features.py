@@ -15,15 +15,19 @@ import seqio  # noqa: E402
 
 def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
                       bos_id: int = 0, zero_stand_in: Optional[int] = None):
-    """`convert(ds, task_feature_lengths) -> ds`: `_converter`'s conversion, traced
-    `as_written` (AutoGraph off), packing included (`packing.py`)."""
-    return as_written(_converter(model_kind, pack, with_inputs, bos_id, zero_stand_in))
+    """`convert(ds, task_feature_lengths) -> ds`: `_converter`'s conversion."""
+    return _converter(model_kind, pack, with_inputs, bos_id, zero_stand_in)
 
 
-class _PackedAsWritten:
-    """A seqio converter whose packing is `packing.pack_dataset` (SeqIO's rows, its loop
-    written as graph code) instead of `seqio.utils.trim_and_pack_dataset` (a Python loop
-    over a tensor, which only AutoGraph makes a graph)."""
+class _AsWritten:
+    """A seqio converter traced `as_written` (AutoGraph off: its control flow is already
+    TensorFlow ops), its packing `packing.pack_dataset` (SeqIO's rows, its loop written
+    as graph code) instead of `seqio.utils.trim_and_pack_dataset` (a Python loop over a
+    tensor, which only AutoGraph makes a graph). Wherever it is called (t5lite's
+    pipeline, seqio's Evaluator), on a dataset whose task already made its examples."""
+
+    def __call__(self, ds, task_feature_lengths: Mapping[str, int]):
+        return as_written(super().__call__)(ds, task_feature_lengths)
 
     def _pack_or_pad(self, ds, packed_lengths: Mapping[str, int]):
         if self.pack and not self._use_custom_packing_ops:
@@ -31,15 +35,15 @@ class _PackedAsWritten:
         return super()._pack_or_pad(ds, packed_lengths)
 
 
-class EncDecConverter(_PackedAsWritten, seqio.EncDecFeatureConverter):
+class EncDecConverter(_AsWritten, seqio.EncDecFeatureConverter):
     pass
 
 
-class LMConverter(_PackedAsWritten, seqio.LMFeatureConverter):
+class LMConverter(_AsWritten, seqio.LMFeatureConverter):
     pass
 
 
-class PrefixLMConverter(_PackedAsWritten, seqio.PrefixLMFeatureConverter):
+class PrefixLMConverter(_AsWritten, seqio.PrefixLMFeatureConverter):
     pass
 
 
@@ -81,7 +85,7 @@ class ZeroKeptConverter:
             return {k: tf.where(v == self.stand_in, 0, v) if k.endswith("_tokens") else v
                     for k, v in ex.items()}
 
-        return self.converter(ds, task_feature_lengths).map(restore)
+        return as_written(lambda: self.converter(ds, task_feature_lengths).map(restore))()
 
 
 def has_inputs(provider) -> bool:

@@ -52,6 +52,7 @@ def sample_cuts(provider, split: str, feature_lengths: Mapping[str, int],
     and cuts nothing."""
     import tensorflow as tf
     from t5lite.data import stream_errors
+    from t5lite.data.tf_env import as_written
     lengths = {k: int(v) for k, v in feature_lengths.items() if k in ("inputs", "targets")}
     with stream_errors.stream_scope() as stream:
         try:
@@ -60,7 +61,8 @@ def sample_cuts(provider, split: str, feature_lengths: Mapping[str, int],
         except (TypeError, KeyError, ValueError, tf.errors.OpError) as e:
             log.debug("data: no length check for %s: %s", getattr(provider, "name", "?"), e)
             return None
-        ds = ds.map(lambda ex: {k: tf.size(ex[k]) for k in lengths if k in ex}).take(examples)
+        ds = as_written(ds.map)(lambda ex: {k: tf.size(ex[k]) for k in lengths if k in ex})
+        ds = ds.take(examples)
         sizes = list(stream_errors.numpy_iterator(ds, stream))
     stream_errors.raise_deferred_error(stream)
     return _count(sizes, {k: n for k, n in lengths.items() if all(k in s for s in sizes)})

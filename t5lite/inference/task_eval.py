@@ -74,7 +74,8 @@ class TaskEvaluator:
         with edge.stream_scope() as stream:
             self._evaluator = seqio.Evaluator(
                 mixture_or_task_name=name,
-                feature_converter=seqio.EncDecFeatureConverter(pack=False), eval_split=split,
+                feature_converter=edge.feature_converter("encoder_decoder", pack=False),
+                eval_split=split,
                 sequence_length=dict(feature_lengths), num_examples=num_examples,
                 use_memory_cache=True, async_compute_metrics=False)
         edge.raise_deferred_error(stream)  # a bad record met while caching the targets
