@@ -2,7 +2,7 @@
 equal to SeqIO's (`seqio.utils.trim_and_pack_dataset`, which the feature converters
 call), with its loop written as `tf.while_loop` and `tf.cond` instead of Python control
 flow over tensors. SeqIO's loop only becomes a graph through AutoGraph, whose conversion
-of it and of everything it calls cost about 1 CPU s at the start of every process that
+of it and of everything it calls cost about 0.8 CPU s at the start of every process that
 builds a packed pipeline; this one is traced as written (`tf_env.as_written`).
 
 The contract, SeqIO's: each feature of `lengths` is cut to its length; the examples of
