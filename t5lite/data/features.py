@@ -13,12 +13,6 @@ import_tensorflow()  # (hidden GPUs, quiet start-up) before SeqIO imports it
 import seqio  # noqa: E402
 
 
-def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
-                      bos_id: int = 0, zero_stand_in: Optional[int] = None):
-    """`convert(ds, task_feature_lengths) -> ds`: `_converter`'s conversion."""
-    return _converter(model_kind, pack, with_inputs, bos_id, zero_stand_in)
-
-
 class _AsWritten:
     """A seqio converter traced `as_written` (AutoGraph off: its control flow is already
     TensorFlow ops), its packing `packing.pack_dataset` (SeqIO's rows, its loop written
@@ -47,19 +41,20 @@ class PrefixLMConverter(_AsWritten, seqio.PrefixLMFeatureConverter):
     pass
 
 
-def _converter(model_kind: str, pack: bool, with_inputs: bool = False,
-               bos_id: int = 0, zero_stand_in: Optional[int] = None):
-    """seqio's converter to T5X model features for `model_kind`, its decoder inputs
-    starting with `bos_id` (the model's). A decoder-only model reads an inputs -> targets
-    task as one sequence, prompt then answer, with the loss on the answer only
-    (seqio.PrefixLMFeatureConverter, as T5X's decoder-only models do).
+def feature_converter(model_kind: str, pack: bool, with_inputs: bool = False,
+                      bos_id: int = 0, zero_stand_in: Optional[int] = None):
+    """`convert(ds, task_feature_lengths) -> ds`: seqio's converter to T5X model
+    features for `model_kind`, its decoder inputs starting with `bos_id` (the model's).
+    A decoder-only model reads an inputs -> targets task as one sequence, prompt then
+    answer, with the loss on the answer only (seqio.PrefixLMFeatureConverter, as T5X's
+    decoder-only models do).
 
     `zero_stand_in` (a vocabulary whose id 0 is a token of text writes it so in a task's
     stream, `vocabularies.TokenizerJsonVocabulary`): the token features leave the
     converter with it turned back into 0 (`ZeroKeptConverter`), after seqio's padding,
     loss weights (`targets != 0`) and packing have counted it as the token it is."""
     if zero_stand_in is not None:
-        return ZeroKeptConverter(_converter(model_kind, pack, with_inputs, bos_id),
+        return ZeroKeptConverter(feature_converter(model_kind, pack, with_inputs, bos_id),
                                  zero_stand_in)
     if model_kind == ENCODER_DECODER:
         return EncDecConverter(pack=pack, bos_id=bos_id)
@@ -85,7 +80,8 @@ class ZeroKeptConverter:
             return {k: tf.where(v == self.stand_in, 0, v) if k.endswith("_tokens") else v
                     for k, v in ex.items()}
 
-        return as_written(lambda: self.converter(ds, task_feature_lengths).map(restore))()
+        # (the inner converter already runs as written; so does this map)
+        return as_written(self.converter(ds, task_feature_lengths).map)(restore)
 
 
 def has_inputs(provider) -> bool:

@@ -33,7 +33,15 @@ def pack_dataset(ds: "tf.data.Dataset", lengths: Mapping[str, int]) -> "tf.data.
     ds = ds.padded_batch(window, padded_shapes={k: [-1] for k in lengths})
     ds = ds.map(lambda batch: _pack_window(batch, lengths),
                 num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-    return ds.map(lambda row: _with_shapes(row, lengths), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.map(lambda row: _with_shapes(row, _row_lengths(lengths)),
+                  num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _row_lengths(lengths: Dict[str, int]) -> Dict[str, int]:
+    """Each feature of a packed row -> its length: a feature's, its `_positions`' and its
+    `_segment_ids`'."""
+    return {k + suffix: n for k, n in lengths.items()
+            for suffix in ("", "_positions", "_segment_ids")}
 
 
 def _pack_window(batch: Dict[str, "tf.Tensor"], lengths: Dict[str, int]):
@@ -41,7 +49,7 @@ def _pack_window(batch: Dict[str, "tf.Tensor"], lengths: Dict[str, int]):
     feature, `_positions` and `_segment_ids` beside each."""
     keys = list(lengths)
     slots = [k + suffix for k in keys for suffix in ("", "_positions")]
-    length_of = {k + suffix: lengths[k] for k in keys for suffix in ("", "_positions")}
+    length_of = _row_lengths(lengths)
 
     def empty():
         return {s: tf.zeros([0], tf.int32) for s in slots}
@@ -85,12 +93,8 @@ def _pack_window(batch: Dict[str, "tf.Tensor"], lengths: Dict[str, int]):
     return packed
 
 
-def _with_shapes(row: Dict[str, "tf.Tensor"], lengths: Dict[str, int]):
+def _with_shapes(row: Dict[str, "tf.Tensor"], row_lengths: Dict[str, int]):
     """Each feature's static shape [L] (lost through the loop and unbatch)."""
     for name, value in row.items():
-        base = name
-        for suffix in ("_segment_ids", "_positions"):
-            if base not in lengths and base.endswith(suffix):
-                base = base[:-len(suffix)]
-        value.set_shape([lengths[base]])
+        value.set_shape([row_lengths[name]])
     return row
